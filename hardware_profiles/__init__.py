@@ -1,0 +1,10 @@
+"""hardware_profiles: what a cluster is made of (devices, links, measured curves), as a frozen `Cluster`.
+
+Loaded from YAML or a bundled preset (presets/), or written by `plan profile` from measurements. Imports nothing
+else of shardwise.
+"""
+from hardware_profiles.schema import (Cluster, CollectiveCurve, DeviceSpec, LinkSpec, ProfileError,
+                                      cluster_from_dict, cluster_to_dict)
+
+__all__ = ["Cluster", "CollectiveCurve", "DeviceSpec", "LinkSpec", "ProfileError", "cluster_from_dict",
+           "cluster_to_dict"]

@@ -1,0 +1,265 @@
+"""The cluster profile schema: frozen dataclasses, strict loading from plain dicts (parsed YAML).
+
+Units are SI everywhere: bytes, seconds, bytes/s, FLOP/s. Bandwidths are per device and per direction
+(unidirectional), the figure nccl-tests' busbw converges to. Unknown or missing keys, wrong types and non-positive
+sizes raise `ProfileError` naming the field path.
+
+YAML layout::
+
+    cluster: {name: dgx-a100-80gb, nodes: 1, devices_per_node: 8}
+    device:
+      name: A100-SXM4-80GB
+      memory_bytes: 85899345920
+      usable_memory_fraction: 0.9
+      peak_flops: {fp32: 19.5e12, tf32: 156e12, bf16: 312e12, fp16: 312e12}
+      memory_bandwidth: 2.039e12
+      matmul_efficiency: [[1.0e9, 0.2], [1.0e12, 0.8]]   # [FLOPs of one matmul, achieved fraction of peak]
+      memory_efficiency: [[1.0e6, 0.3], [1.0e9, 0.9]]    # [bytes moved by one op, achieved fraction of peak]
+    links:
+      intra_node: {kind: nvswitch, bandwidth: 300e9, latency: 3.4e-6}
+      inter_node: {kind: infiniband, bandwidth: 25e9, latency: 5.0e-6}
+    collectives:                                          # optional, measured; they take precedence
+      - {collective: all_reduce, level: intra_node, group_size: 8, points: [[1048576, 1.0e-4], ...]}
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+"""Collectives a profile may carry measured curves for."""
+LEVELS = ("intra_node", "inter_node")
+"""Link levels: inside a node (NVLink/NVSwitch, PCIe, shared memory) and between nodes (InfiniBand, RoCE, Ethernet)."""
+LINK_KINDS = ("nvlink", "nvswitch", "pcie", "shm", "infiniband", "roce", "ethernet", "loopback")
+"""Kinds of link a level may be."""
+FLOP_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+"""Dtypes a device may list a peak for."""
+
+
+class ProfileError(ValueError):
+    """A cluster profile is malformed; the message names the field path and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator (or one CPU rank)."""
+
+    name: str
+    """Marketing or driver name, e.g. `NVIDIA A100-SXM4-80GB`."""
+    memory_bytes: int
+    """Device memory in bytes."""
+    usable_memory_fraction: float
+    """Fraction of memory_bytes the training process can use (CUDA context, allocator fragmentation)."""
+    peak_flops: Mapping[str, float]
+    """Dense peak FLOP/s per dtype (fp32, tf32, bf16, fp16, fp8)."""
+    memory_bandwidth: float
+    """Peak memory bandwidth, bytes/s."""
+    matmul_efficiency: tuple[tuple[float, float], ...]
+    """[FLOPs of one matmul call, achieved fraction of peak], increasing in size; interpolated in log(FLOPs)."""
+    memory_efficiency: tuple[tuple[float, float], ...]
+    """[bytes moved by one memory-bound op, achieved fraction of memory_bandwidth], increasing in size."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Bytes a plan may use per device."""
+        return int(self.memory_bytes * self.usable_memory_fraction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """One link level as seen by one device."""
+
+    kind: str
+    """nvlink, nvswitch, pcie, shm, infiniband, roce, ethernet or loopback."""
+    bandwidth: float
+    """Per-device unidirectional bandwidth in bytes/s (what a ring collective's busbw approaches)."""
+    latency: float
+    """Per-message (per ring step) latency in seconds."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveCurve:
+    """A measured collective: time by message size, for one group size on one link level."""
+
+    collective: str
+    """all_reduce, all_gather, reduce_scatter, all_to_all, broadcast or send_recv."""
+    level: str
+    """intra_node or inter_node."""
+    group_size: int
+    """Ranks in the measured group."""
+    points: tuple[tuple[int, float], ...]
+    """[message bytes (whole array, nccl-tests convention), seconds], increasing in bytes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """A cluster: identical nodes of identical devices joined by two link levels."""
+
+    name: str
+    """Profile name."""
+    nodes: int
+    """Number of nodes (`--nodes` overrides)."""
+    devices_per_node: int
+    """Devices (GPUs or CPU ranks) per node."""
+    device: DeviceSpec
+    """The device every rank has."""
+    intra_node: LinkSpec
+    """Links between devices of one node."""
+    inter_node: LinkSpec
+    """Links between nodes (per device: a node's NIC bandwidth divided by its devices)."""
+    collectives: tuple[CollectiveCurve, ...] = ()
+    """Measured collective curves; they take precedence over the link formulas."""
+
+    @property
+    def world_size(self) -> int:
+        """Total devices."""
+        return self.nodes * self.devices_per_node
+
+    def with_nodes(self, nodes: int) -> "Cluster":
+        """The same cluster with a different node count."""
+        if nodes < 1:
+            raise ProfileError(f"--nodes must be >= 1, got {nodes}")
+        return Cluster(name=self.name, nodes=nodes, devices_per_node=self.devices_per_node, device=self.device,
+                       intra_node=self.intra_node, inter_node=self.inter_node, collectives=self.collectives)
+
+    def curve(self, collective: str, level: str, group_size: int) -> CollectiveCurve | None:
+        """The measured curve for this collective, level and group size, if the profile has one."""
+        for c in self.collectives:
+            if c.collective == collective and c.level == level and c.group_size == group_size:
+                return c
+        return None
+
+
+# ---- strict loading ---------------------------------------------------------------------------------------------
+
+def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise ProfileError(f"{where}: expected a mapping, got {type(d).__name__}")
+    unknown = [k for k in d if k not in required and k not in optional]
+    if unknown:
+        raise ProfileError(f"{where}.{unknown[0]}: unknown key (allowed: {', '.join(required + optional)})")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ProfileError(f"{where}.{missing[0]}: missing key")
+    return d
+
+
+def _pos(x: Any, where: str, integer: bool = False, unit: str = "") -> Any:
+    ok_types = (int,) if integer else (int, float)
+    if isinstance(x, bool) or not isinstance(x, ok_types):
+        if isinstance(x, str):
+            raise ProfileError(f"{where}: got the string {x!r}; give a plain number{' in ' + unit if unit else ''}"
+                               " (e.g. 80e9, not '80GB')")
+        kind = "an integer" if integer else "a number"
+        raise ProfileError(f"{where}: expected {kind}{' in ' + unit if unit else ''}, got {type(x).__name__}")
+    if not math.isfinite(x) or x <= 0:
+        raise ProfileError(f"{where}: must be > 0{' ' + unit if unit else ''}, got {x}")
+    return x
+
+
+def _fraction(x: Any, where: str) -> float:
+    _pos(x, where)
+    if x > 1:
+        raise ProfileError(f"{where}: is a fraction and must be in (0, 1], got {x}")
+    return float(x)
+
+
+def _curve(pts: Any, where: str, y_fraction: bool) -> tuple[tuple[float, float], ...]:
+    if not isinstance(pts, (list, tuple)) or not pts:
+        raise ProfileError(f"{where}: expected a non-empty list of [size, value] pairs")
+    out = []
+    for i, p in enumerate(pts):
+        if not isinstance(p, (list, tuple)) or len(p) != 2:
+            raise ProfileError(f"{where}[{i}]: expected a [size, value] pair")
+        x = _pos(p[0], f"{where}[{i}][0]")
+        y = _fraction(p[1], f"{where}[{i}][1]") if y_fraction else float(_pos(p[1], f"{where}[{i}][1]"))
+        out.append((x, y))
+    if any(b[0] <= a[0] for a, b in zip(out, out[1:])):
+        raise ProfileError(f"{where}: sizes must be strictly increasing")
+    return tuple(out)
+
+
+def _link(d: Any, where: str) -> LinkSpec:
+    d = _keys(d, where, ("kind", "bandwidth", "latency"))
+    if d["kind"] not in LINK_KINDS:
+        raise ProfileError(f"{where}.kind: {d['kind']!r} is not one of {', '.join(LINK_KINDS)}")
+    bw = _pos(d["bandwidth"], f"{where}.bandwidth", unit="bytes/s")
+    if bw < 1e6:
+        raise ProfileError(f"{where}.bandwidth: {bw} bytes/s is implausibly small; the unit is bytes/s "
+                           "(e.g. 25e9 for 200 Gb/s InfiniBand)")
+    lat = _pos(d["latency"], f"{where}.latency", unit="seconds")
+    if lat > 1.0:
+        raise ProfileError(f"{where}.latency: {lat} s is implausibly large; the unit is seconds (e.g. 5e-6)")
+    return LinkSpec(kind=d["kind"], bandwidth=float(bw), latency=float(lat))
+
+
+def _device(d: Any, where: str) -> DeviceSpec:
+    d = _keys(d, where, ("name", "memory_bytes", "usable_memory_fraction", "peak_flops", "memory_bandwidth",
+                         "matmul_efficiency", "memory_efficiency"))
+    mem = _pos(d["memory_bytes"], f"{where}.memory_bytes", integer=True, unit="bytes")
+    if mem < 2**26:
+        raise ProfileError(f"{where}.memory_bytes: {mem} is under 64 MiB; the unit is bytes (80 GB = 80e9 "
+                           "written as an integer, e.g. 85899345920)")
+    peaks = d["peak_flops"]
+    if not isinstance(peaks, Mapping) or not peaks:
+        raise ProfileError(f"{where}.peak_flops: expected a mapping of dtype to FLOP/s")
+    for k, v in peaks.items():
+        if k not in FLOP_DTYPES:
+            raise ProfileError(f"{where}.peak_flops.{k}: unknown dtype (allowed: {', '.join(FLOP_DTYPES)})")
+        _pos(v, f"{where}.peak_flops.{k}", unit="FLOP/s")
+    return DeviceSpec(
+        name=str(d["name"]), memory_bytes=int(mem),
+        usable_memory_fraction=_fraction(d["usable_memory_fraction"], f"{where}.usable_memory_fraction"),
+        peak_flops={k: float(v) for k, v in peaks.items()},
+        memory_bandwidth=float(_pos(d["memory_bandwidth"], f"{where}.memory_bandwidth", unit="bytes/s")),
+        matmul_efficiency=_curve(d["matmul_efficiency"], f"{where}.matmul_efficiency", y_fraction=True),
+        memory_efficiency=_curve(d["memory_efficiency"], f"{where}.memory_efficiency", y_fraction=True))
+
+
+def _collective(d: Any, where: str) -> CollectiveCurve:
+    d = _keys(d, where, ("collective", "level", "group_size", "points"))
+    if d["collective"] not in COLLECTIVES:
+        raise ProfileError(f"{where}.collective: {d['collective']!r} is not one of {', '.join(COLLECTIVES)}")
+    if d["level"] not in LEVELS:
+        raise ProfileError(f"{where}.level: {d['level']!r} is not one of {', '.join(LEVELS)}")
+    pts = _curve(d["points"], f"{where}.points", y_fraction=False)
+    return CollectiveCurve(collective=d["collective"], level=d["level"],
+                           group_size=int(_pos(d["group_size"], f"{where}.group_size", integer=True)),
+                           points=tuple((int(x), float(y)) for x, y in pts))
+
+
+def cluster_from_dict(d: Any, where: str = "profile") -> Cluster:
+    """Build a Cluster from parsed YAML; raises ProfileError naming the field path on any problem."""
+    d = _keys(d, where, ("cluster", "device", "links"), ("collectives",))
+    c = _keys(d["cluster"], f"{where}.cluster", ("name", "nodes", "devices_per_node"))
+    links = _keys(d["links"], f"{where}.links", LEVELS)
+    curves = d.get("collectives") or []
+    if not isinstance(curves, list):
+        raise ProfileError(f"{where}.collectives: expected a list")
+    return Cluster(
+        name=str(c["name"]),
+        nodes=int(_pos(c["nodes"], f"{where}.cluster.nodes", integer=True)),
+        devices_per_node=int(_pos(c["devices_per_node"], f"{where}.cluster.devices_per_node", integer=True)),
+        device=_device(d["device"], f"{where}.device"),
+        intra_node=_link(links["intra_node"], f"{where}.links.intra_node"),
+        inter_node=_link(links["inter_node"], f"{where}.links.inter_node"),
+        collectives=tuple(_collective(x, f"{where}.collectives[{i}]") for i, x in enumerate(curves)))
+
+
+def cluster_to_dict(c: Cluster) -> dict[str, Any]:
+    """Plain-data form that `cluster_from_dict` reads back to an equal Cluster."""
+    def link(l: LinkSpec) -> dict[str, Any]:
+        return {f.name: getattr(l, f.name) for f in fields(l)}
+    dev = c.device
+    return {
+        "cluster": {"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
+        "device": {"name": dev.name, "memory_bytes": dev.memory_bytes,
+                   "usable_memory_fraction": dev.usable_memory_fraction, "peak_flops": dict(dev.peak_flops),
+                   "memory_bandwidth": dev.memory_bandwidth,
+                   "matmul_efficiency": [list(p) for p in dev.matmul_efficiency],
+                   "memory_efficiency": [list(p) for p in dev.memory_efficiency]},
+        "links": {"intra_node": link(c.intra_node), "inter_node": link(c.inter_node)},
+        "collectives": [{"collective": k.collective, "level": k.level, "group_size": k.group_size,
+                         "points": [list(p) for p in k.points]} for k in c.collectives],
+    }

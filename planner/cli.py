@@ -1,0 +1,57 @@
+"""The `plan` command: a thin face over the planner, the profiler and the executor.
+
+    plan MODEL.py --cluster PRESET_OR_YAML --batch-size B ...   plan a model (see `plan MODEL.py --help`)
+    plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml
+    plan measure plan.json MODEL.py [--steps N] [-o measured.json]
+
+Bad input of any kind ends with one line on stderr and exit status 2 (a traceback only with `--debug`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn, Sequence
+
+SUBCOMMANDS = ("profile", "measure")
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from executor.errors import ExecutorError
+    from hardware_profiles.schema import ProfileError
+    from planner.errors import ModelError, PlanError
+    return (ModelError, PlanError, ProfileError, ExecutorError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `plan` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    errors = _user_errors()
+    try:
+        if argv and argv[0] == "profile":
+            from hardware_profiles.probe import main as run
+            return run(argv[1:])
+        if argv and argv[0] == "measure":
+            from executor.cli import main as run
+            return run(argv[1:])
+        from planner.cli_plan import main as run
+        return run(argv)
+    except errors as e:
+        if debug:
+            raise
+        print(f"plan: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

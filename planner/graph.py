@@ -1,0 +1,244 @@
+"""The operator graph: what the planner knows about a model, built once by tracing, never holding real weights.
+
+An `OpGraph` is a topologically ordered tuple of `OpNode`s plus the model's unique parameters. Every per-op figure
+(FLOPs, bytes, saved activations) is for the batch the model was traced with (`OpGraph.batch_size` samples); the
+cost model scales them linearly to a micro-batch. Element counts are kept next to bytes so that the cost model can
+re-price a graph traced in fp32 at bf16/fp16 without tracing again.
+
+Vocabulary: an *op* is one node of the traced graph; a *block* is one instance of a repeated sub-module (a
+transformer layer) and its *block type* is shared by all instances that are structurally identical; a *layer* is an
+entry of `OpGraph.layers()`, the sequence the pipeline-stage DP cuts (pre-block ops, each block, post-block ops).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterator, Mapping
+
+import networkx as nx
+
+DTYPE_BYTES: Mapping[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+"""Bytes per element for the dtypes a traced graph may carry (torch dtype names without the `torch.` prefix)."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype named like `float32` or `torch.float32`."""
+    return DTYPE_BYTES[dtype.removeprefix("torch.")]
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of one tensor flowing along a graph edge."""
+
+    shape: tuple[int, ...]
+    """Sizes per dim; dim 0 is the batch dim for activations."""
+    dtype: str
+    """torch dtype name, e.g. `float32`."""
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def bytes(self) -> int:
+        """Size in bytes at this dtype."""
+        return self.numel * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of the model, by its fully qualified name (as in `model.named_parameters()`)."""
+
+    name: str
+    """Fully qualified name, e.g. `transformer.h.0.attn.c_attn.weight`."""
+    shape: tuple[int, ...]
+    """Parameter shape."""
+    dtype: str
+    """Dtype the model was built with."""
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def bytes(self) -> int:
+        """Size in bytes at the traced dtype."""
+        return self.numel * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One operator of the traced model with everything the cost model needs to price it."""
+
+    name: str
+    """Unique node name (the fx node name)."""
+    kind: str
+    """Coarse op kind used by the strategy registry: linear, matmul, embedding, norm, softmax, attention, conv,
+    pool, elementwise, loss, reshape, other."""
+    target: str
+    """What was called, e.g. `aten.mm.default`, `torch.nn.Linear`, `F.scaled_dot_product_attention`."""
+    module_path: str
+    """Dotted path of the innermost module the op came from (`""` for the root)."""
+    inputs: tuple[str, ...]
+    """Names of the producer ops of this op's tensor inputs (the graph edges)."""
+    input_meta: tuple[TensorMeta, ...]
+    """Tensor inputs, in call order (activations and parameters)."""
+    output_meta: tuple[TensorMeta, ...]
+    """Tensor outputs."""
+    fwd_flops: int
+    """Forward FLOPs for the traced batch (FlopCounterMode's count; 0 for ops it does not count)."""
+    bwd_flops: int
+    """Backward FLOPs for the traced batch."""
+    bytes_read: int
+    """Bytes of all tensor inputs (activations and parameters) read in forward."""
+    bytes_written: int
+    """Bytes of all tensor outputs written in forward."""
+    params: tuple[ParamInfo, ...] = ()
+    """Parameters this op reads (a tied parameter appears at every op that reads it)."""
+    saved_bytes: int = 0
+    """Activation bytes autograd keeps for this op's backward (parameters excluded)."""
+    block: str | None = None
+    """Repeated-block instance this op belongs to, e.g. `transformer.h.3`; None outside any block."""
+    block_type: str | None = None
+    """Label shared by structurally identical blocks, e.g. `transformer.h.*`."""
+
+    @property
+    def flops(self) -> int:
+        """Forward plus backward FLOPs for the traced batch."""
+        return self.fwd_flops + self.bwd_flops
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A contiguous run of ops the pipeline cutter treats as indivisible: one block, or the ops between blocks."""
+
+    index: int
+    """Position in `OpGraph.layers()`."""
+    name: str
+    """Block instance name (e.g. `transformer.h.3`) or `pre`/`post`/`between.K` for non-block ops."""
+    block_type: str | None
+    """Block type for blocks, None otherwise."""
+    ops: tuple[int, ...]
+    """Indices into `OpGraph.ops`."""
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """The traced model: ops in topological order, its unique parameters, and the batch it was traced with."""
+
+    model_name: str
+    """Where the model came from (file path or class name)."""
+    ops: tuple[OpNode, ...]
+    """Operators in topological (execution) order."""
+    parameters: tuple[ParamInfo, ...]
+    """Unique parameters of the model (tied weights once), in `named_parameters()` order."""
+    batch_size: int
+    """Samples in the batch the model was traced with; per-op figures are for this many samples."""
+    tracer: str = "fx"
+    """Which tracer produced the graph: `fx` or `export`."""
+    inputs: tuple[TensorMeta, ...] = field(default=())
+    """Model inputs as traced."""
+
+    @cached_property
+    def index(self) -> Mapping[str, int]:
+        """Op name to position in `ops`."""
+        return {op.name: i for i, op in enumerate(self.ops)}
+
+    def op(self, name: str) -> OpNode:
+        """The op with this name."""
+        return self.ops[self.index[name]]
+
+    @cached_property
+    def nx_graph(self) -> nx.DiGraph:
+        """The ops as a networkx DiGraph (nodes are op names, edges producer -> consumer)."""
+        g = nx.DiGraph()
+        for op in self.ops:
+            g.add_node(op.name)
+            for src in op.inputs:
+                g.add_edge(src, op.name)
+        return g
+
+    @property
+    def num_parameters(self) -> int:
+        """Total unique parameter elements."""
+        return sum(p.numel for p in self.parameters)
+
+    @property
+    def parameter_bytes(self) -> int:
+        """Total unique parameter bytes at the traced dtype."""
+        return sum(p.bytes for p in self.parameters)
+
+    def flops_per_sample(self) -> float:
+        """Forward plus backward FLOPs per sample."""
+        return sum(op.flops for op in self.ops) / self.batch_size
+
+    def saved_bytes_per_sample(self) -> float:
+        """Activation bytes saved for backward per sample (no recomputation)."""
+        return sum(op.saved_bytes for op in self.ops) / self.batch_size
+
+    @cached_property
+    def block_types(self) -> Mapping[str, tuple[str, ...]]:
+        """Block type to the ordered names of its instances."""
+        out: dict[str, list[str]] = {}
+        for op in self.ops:
+            if op.block is not None and op.block_type is not None:
+                names = out.setdefault(op.block_type, [])
+                if not names or names[-1] != op.block:
+                    if op.block not in names:
+                        names.append(op.block)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def layers(self) -> tuple[Layer, ...]:
+        """The layer sequence the pipeline cutter works on (cached on first use)."""
+        return self._layers
+
+    @cached_property
+    def _layers(self) -> tuple[Layer, ...]:
+        layers: list[Layer] = []
+        cur_key: tuple[str | None, str | None] | None = None
+        cur_ops: list[int] = []
+        seen_block = False
+        between = 0
+
+        def flush() -> None:
+            nonlocal between
+            if not cur_ops:
+                return
+            block, block_type = cur_key  # type: ignore[misc]
+            if block is None:
+                name = "pre" if not seen_block else f"between.{between}"
+                between += 1 if seen_block else 0
+            else:
+                name = block
+            layers.append(Layer(len(layers), name, block_type, tuple(cur_ops)))
+
+        for i, op in enumerate(self.ops):
+            key = (op.block, op.block_type)
+            if key != cur_key:
+                flush()
+                if cur_key is not None and cur_key[0] is not None:
+                    seen_block = True
+                cur_key, cur_ops = key, []
+            cur_ops.append(i)
+        flush()
+        # the trailing non-block run is "post"
+        if layers and layers[-1].block_type is None and seen_block:
+            last = layers[-1]
+            layers[-1] = Layer(last.index, "post", None, last.ops)
+        return tuple(layers)
+
+    def layer_ops(self, layer: Layer) -> Iterator[OpNode]:
+        """The ops of one layer."""
+        for i in layer.ops:
+            yield self.ops[i]

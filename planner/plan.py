@@ -1,0 +1,252 @@
+"""The plan: how to parallelize one model on one cluster, as pure data that round-trips through JSON.
+
+The same `Plan` comes from the search, from `--force`, or from a hand-written file, and the executor applies it
+the same way whoever wrote it. Vocabulary (torchtitan's): an *axis* is a mesh axis (dp, tp, pp); a *dim* is a tensor
+dimension. Per-op placements use DTensor's shorthand over the tp axis: `R` replicate, `S(d)` shard tensor dim d,
+`P` partial sums awaiting a reduction. The dp axis always shards the batch (dim 0) of activations.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from planner.errors import PlanError
+
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation choices: keep everything, drop attention internals (Korthikanti et al.), keep only
+each block's input."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+"""Pipeline schedules."""
+PRECISIONS = ("bf16", "fp16", "fp32")
+"""Training precisions: bf16/fp16 compute with fp32 master weights and Adam state, or plain fp32."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mesh:
+    """The device mesh: data-parallel x tensor-parallel x pipeline-parallel."""
+
+    dp: int = 1
+    """Data-parallel degree (replicas, or ZeRO shards)."""
+    tp: int = 1
+    """Tensor-parallel degree (within an op)."""
+    pp: int = 1
+    """Pipeline-parallel degree (physical stages)."""
+
+    @property
+    def world_size(self) -> int:
+        """Devices the mesh spans."""
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    """One pipeline (virtual) stage: a contiguous range of `OpGraph.layers()`."""
+
+    start_layer: int
+    """First layer index (inclusive)."""
+    end_layer: int
+    """Last layer index (exclusive)."""
+    modules: tuple[str, ...] = ()
+    """Top-level module paths the stage holds (e.g. `transformer.h.4`), for the executor's model split."""
+    rank: int = 0
+    """Pipeline rank that runs it (stage i runs on rank i % pp for interleaved schedules)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpPlacement:
+    """How one op is split over the tp axis (FlexFlow's SOAP, in DTensor placements)."""
+
+    strategy: str
+    """Readable strategy name: replicate, colwise, rowwise, vocab, sequence, ..."""
+    module: str = ""
+    """Module path the op belongs to (what the executor parallelizes)."""
+    inputs: tuple[str, ...] = ("R",)
+    """Placement of each activation input."""
+    output: str = "R"
+    """Placement of the output."""
+    params: tuple[str, ...] = ()
+    """Placement of each parameter the op reads, in `OpNode.params` order."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A complete parallelization plan for one model on one cluster."""
+
+    mesh: Mesh
+    """dp x tp x pp."""
+    zero_stage: int = 0
+    """0 = plain DP; 1 shards optimizer state; 2 also gradients; 3 also parameters (FSDP)."""
+    sequence_parallel: bool = False
+    """Shard norm/dropout activations along the sequence dim over the tp axis (Korthikanti et al.)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective or full."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b or interleaved."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (v); > 1 only with the interleaved schedule."""
+    global_batch_size: int = 1
+    """Samples per optimizer step, over all replicas."""
+    microbatch_size: int = 1
+    """Samples per micro-batch on one replica."""
+    num_microbatches: int = 1
+    """Micro-batches per step per replica: global_batch_size / (dp * microbatch_size)."""
+    precision: str = "bf16"
+    """bf16, fp16 or fp32."""
+    stages: tuple[StageSpec, ...] = ()
+    """Pipeline stages, pp * virtual_stages of them, in model order."""
+    ops: Mapping[str, OpPlacement] = field(default_factory=dict)
+    """Op name to its placement over the tp axis; ops not listed are replicated."""
+    cluster: Mapping[str, Any] = field(default_factory=dict)
+    """`name`, `nodes`, `devices_per_node` of the cluster the plan was made for."""
+    model: Mapping[str, Any] = field(default_factory=dict)
+    """`path` and `parameters` (count) of the model the plan was made for."""
+    predicted: Mapping[str, Any] = field(default_factory=dict)
+    """The cost model's prediction for this plan (step_time_s, breakdown, memory, ...), if any."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check internal consistency; raises PlanError naming the field and the fix."""
+        m = self.mesh
+        for axis in ("dp", "tp", "pp"):
+            if getattr(m, axis) < 1:
+                raise PlanError(f"plan: mesh.{axis} must be >= 1, got {getattr(m, axis)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise PlanError(f"plan: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.recompute not in RECOMPUTE:
+            raise PlanError(f"plan: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.precision not in PRECISIONS:
+            raise PlanError(f"plan: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.virtual_stages < 1 or (self.virtual_stages > 1 and self.schedule != "interleaved"):
+            raise PlanError(f"plan: virtual_stages={self.virtual_stages} needs schedule 'interleaved' (or use 1)")
+        if self.microbatch_size < 1 or self.num_microbatches < 1:
+            raise PlanError("plan: microbatch_size and num_microbatches must be >= 1")
+        expected = m.dp * self.microbatch_size * self.num_microbatches
+        if expected != self.global_batch_size:
+            raise PlanError(
+                f"plan: global_batch_size {self.global_batch_size} != dp {m.dp} x microbatch_size "
+                f"{self.microbatch_size} x num_microbatches {self.num_microbatches} (= {expected})")
+        if self.stages and len(self.stages) != m.pp * self.virtual_stages:
+            raise PlanError(f"plan: {len(self.stages)} stages given, mesh.pp x virtual_stages needs "
+                            f"{m.pp * self.virtual_stages}")
+
+    @property
+    def world_size(self) -> int:
+        """Devices the plan needs."""
+        return self.mesh.world_size
+
+    def placement(self, op_name: str) -> OpPlacement | None:
+        """The op's placement, or None when it is replicated over tp."""
+        return self.ops.get(op_name)
+
+    # ---- JSON -----------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (the plan.json schema)."""
+        d = asdict(self)
+        d["stages"] = [asdict(s) for s in self.stages]
+        d["ops"] = {k: asdict(v) for k, v in self.ops.items()}
+        d["cluster"] = dict(self.cluster)
+        d["model"] = dict(self.model)
+        d["predicted"] = _jsonable(self.predicted)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "plan") -> "Plan":
+        """Build from the plan.json schema; unknown or missing keys raise PlanError with the field path."""
+        if not isinstance(d, Mapping):
+            raise PlanError(f"{where}: expected a JSON object at the top level")
+        d = dict(d)
+        _check_keys(d, cls, where, required={"mesh", "global_batch_size", "microbatch_size", "num_microbatches"})
+        try:
+            mesh_d = dict(d.pop("mesh"))
+            _check_keys(mesh_d, Mesh, f"{where}.mesh", required={"dp", "tp", "pp"})
+            mesh = Mesh(**{k: int(v) for k, v in mesh_d.items()})
+            stages = []
+            for i, s in enumerate(d.pop("stages", ())):
+                _check_keys(s, StageSpec, f"{where}.stages[{i}]", required={"start_layer", "end_layer"})
+                s = dict(s)
+                s["modules"] = tuple(s.get("modules", ()))
+                stages.append(StageSpec(**s))
+            ops = {}
+            for name, o in dict(d.pop("ops", {})).items():
+                _check_keys(o, OpPlacement, f"{where}.ops.{name}", required={"strategy"})
+                o = dict(o)
+                for k in ("inputs", "params"):
+                    if k in o:
+                        o[k] = tuple(o[k])
+                ops[name] = OpPlacement(**o)
+            d["sequence_parallel"] = bool(d.get("sequence_parallel", False))
+            return cls(mesh=mesh, stages=tuple(stages), ops=ops, **d)
+        except PlanError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise PlanError(f"{where}: {e}") from None
+
+    def to_json(self) -> str:
+        """JSON text of `to_dict()`."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "plan") -> "Plan":
+        """Parse plan.json text."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{where}: not valid JSON ({e.msg} at line {e.lineno}); regenerate it with `plan ... -o`")
+        return cls.from_dict(d, where)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write plan.json atomically (temp file + rename)."""
+        write_atomic(path, self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        """Read plan.json; a missing file or bad content raises PlanError."""
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise PlanError(f"{path}: cannot read plan ({e.strerror}); pass the file `plan ... -o` wrote")
+        return cls.from_json(text, where=str(path))
+
+
+def _check_keys(d: Any, cls: type, where: str, required: set[str]) -> None:
+    if not isinstance(d, Mapping):
+        raise PlanError(f"{where}: expected an object, got {type(d).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise PlanError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    missing = sorted(required - set(d))
+    if missing:
+        raise PlanError(f"{where}: missing key {missing[0]!r}")
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text to path via a temp file in the same folder and a rename, so a crash never leaves half a file."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
