@@ -20,6 +20,18 @@ RECOMPUTE = ("none", "selective", "full")
 each block's input."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 """Pipeline schedules."""
+STRATEGIES = {
+    "replicate": "weights and activations replicated over tp; every tp rank computes the whole op",
+    "colwise": "Linear weight sharded on its output features (S(0)); input R, output S(-1) (Megatron column)",
+    "rowwise": "Linear weight sharded on its input features (S(1)); input S(-1), output P -> all-reduce "
+               "(or reduce-scatter to S(1) with sequence parallelism) (Megatron row)",
+    "vocab": "Embedding weight sharded on the vocabulary (S(0)); input R, output P (vocab-parallel embedding)",
+    "sequence": "norm/dropout/elementwise op on activations sharded on the sequence dim S(1) (sequence parallel)",
+    "heads": "attention on q/k/v sharded on the head dim; no communication",
+    "shard": "elementwise op applied to whatever shard its input has; no communication",
+}
+"""Strategy names an `OpPlacement` may carry, and what each means; the executor maps module strategies
+(colwise, rowwise, vocab, sequence) to DTensor parallel styles."""
 PRECISIONS = ("bf16", "fp16", "fp32")
 """Training precisions: bf16/fp16 compute with fp32 master weights and Adam state, or plain fp32."""
 

@@ -1,0 +1,136 @@
+"""`plan MODEL.py ...`: trace, (search,) predict, print, write plan.json and the timeline.
+
+The flow is the product's: model file -> OpGraph (planner.trace) -> Cluster (hardware_profiles) -> search over plans
+scored by the cost model (planner.search, cost_model) -> plan.json. No logic lives only here.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+from planner.cli import ArgParser
+from planner.errors import PlanError
+
+FORCE_KEYS = {
+    "dp": int, "tp": int, "pp": int, "zero": int, "mbs": int, "recompute": str, "schedule": str, "vp": int,
+    "sp": int,
+}
+"""`--force` keys and their types (see `plan --help`)."""
+
+
+def parse_force(text: str | None) -> dict[str, Any]:
+    """Parse `--force K=V,...` into a dict; unknown keys or bad values raise PlanError."""
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise PlanError(f"--force: {item!r} is not KEY=VALUE (e.g. --force dp=2,tp=4)")
+        key, value = (s.strip() for s in item.split("=", 1))
+        if key not in FORCE_KEYS:
+            raise PlanError(f"--force: unknown key {key!r} (known: {', '.join(FORCE_KEYS)})")
+        if key in out:
+            raise PlanError(f"--force: {key} given twice")
+        kind = FORCE_KEYS[key]
+        try:
+            v = kind(value)
+        except ValueError:
+            raise PlanError(f"--force: {key}={value!r} must be an integer") from None
+        if kind is int and (v < 0 or (v == 0 and key not in ("zero", "sp"))):
+            raise PlanError(f"--force: {key}={v} must be positive")
+        if key == "zero" and v > 3:
+            raise PlanError(f"--force: zero={v}; ZeRO stages are 0, 1, 2, 3")
+        if key == "sp" and v not in (0, 1):
+            raise PlanError(f"--force: sp={v}; use sp=0 or sp=1")
+        if key == "recompute" and v not in ("none", "selective", "full"):
+            raise PlanError(f"--force: recompute={v!r}; use none, selective or full")
+        if key == "schedule" and v not in ("gpipe", "1f1b", "interleaved"):
+            raise PlanError(f"--force: schedule={v!r}; use gpipe, 1f1b or interleaved")
+        out[key] = v
+    return out
+
+
+def build_parser() -> ArgParser:
+    """The `plan` argument parser."""
+    p = ArgParser(
+        prog="plan",
+        description="Find the fastest parallelization plan (DP/TP/PP, ZeRO, micro-batching, recompute) for a "
+                    "PyTorch model on a cluster, predict its step time and memory, and write it as plan.json.\n\n"
+                    "Other commands:\n"
+                    "  plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml   measure this machine\n"
+                    "  plan measure plan.json MODEL.py [--steps N] [-o measured.json]   run a plan, compare",
+        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL.py",
+                   help="model file defining build_model() and sample_batch(batch_size)")
+    p.add_argument("--summary", action="store_true",
+                   help="print the traced model's parameters, FLOPs, activation memory and repeated blocks")
+    p.add_argument("--cluster", metavar="PRESET|YAML",
+                   help="cluster profile: a preset name (e.g. dgx-a100-80gb) or a YAML file from `plan profile`")
+    p.add_argument("--nodes", type=int, metavar="N", help="override the profile's node count")
+    p.add_argument("--batch-size", type=int, metavar="B", help="global batch size (samples per optimizer step)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="training precision (bf16/fp16 keep fp32 master weights and Adam state); default bf16")
+    p.add_argument("--force", metavar="K=V,...",
+                   help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|selective|full), "
+                        "schedule (gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1)")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="show the K best candidates (default 5)")
+    p.add_argument("--explain", action="store_true", help="say why the winner beats the runner-up")
+    p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
+                   help="stop searching after S seconds and return the best plan so far (default 60)")
+    p.add_argument("-o", "--output", metavar="plan.json", help="write the chosen plan here")
+    p.add_argument("--timeline", metavar="trace.json",
+                   help="write the simulated step as a Chrome trace (open in Perfetto or chrome://tracing)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run `plan MODEL.py ...`; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+
+    forced = parse_force(args.force)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise PlanError(f"--batch-size must be >= 1, got {args.batch_size}")
+    model_file = load_model_file(args.model)
+    graph = trace_model(model_file)
+    if args.summary:
+        from planner.summary import format_summary
+        print(format_summary(graph))
+        if not args.cluster:
+            return 0
+    if not args.cluster:
+        raise PlanError("--cluster is required to plan (a preset such as dgx-a100-80gb, or a YAML file); "
+                        "use --summary alone to only inspect the model")
+    if args.batch_size is None:
+        raise PlanError("--batch-size is required to plan: the global batch per optimizer step")
+
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from planner.search import search
+
+    cluster = load_cluster(args.cluster, nodes=args.nodes)
+    result = search(graph, cluster, CostModel(cluster), batch_size=args.batch_size, precision=args.precision,
+                    forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
+                    model_path=model_file.path)
+    from planner.report import format_result
+    print(format_result(result, explain=args.explain))
+    if args.output:
+        result.best.save(args.output)
+        print(f"wrote {args.output}")
+    if args.timeline:
+        from cost_model.timeline import write_chrome_trace
+        prediction = CostModel(cluster).predict(graph, result.best, timeline=True)
+        write_chrome_trace(prediction, args.timeline)
+        print(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+if __name__ == "__main__":
+    from planner.cli import main as _main
+    sys.exit(_main(sys.argv[1:]))
+
