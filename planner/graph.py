@@ -106,8 +106,10 @@ class OpNode:
     """Bytes of all tensor outputs written in forward."""
     params: tuple[ParamInfo, ...] = ()
     """Parameters this op reads (a tied parameter appears at every op that reads it)."""
-    saved_bytes: int = 0
-    """Activation bytes autograd keeps for this op's backward (parameters excluded)."""
+    saved: tuple[TensorMeta, ...] = ()
+    """Activations autograd keeps for this op's backward (parameters excluded). A tensor saved by several ops (a
+    LayerNorm output read by the q, k and v projections) is listed at its first saving op only, so that summing
+    over ops counts it once."""
     block: str | None = None
     """Repeated-block instance this op belongs to, e.g. `transformer.h.3`; None outside any block."""
     block_type: str | None = None
@@ -117,6 +119,11 @@ class OpNode:
     def flops(self) -> int:
         """Forward plus backward FLOPs for the traced batch."""
         return self.fwd_flops + self.bwd_flops
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of `saved` at the traced dtypes."""
+        return sum(t.bytes for t in self.saved)
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ dimension. Per-op placements use DTensor's shorthand over the tp axis: `R` repli
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import PlanError
 
@@ -114,7 +115,7 @@ class Plan:
     cluster: Mapping[str, Any] = field(default_factory=dict)
     """`name`, `nodes`, `devices_per_node` of the cluster the plan was made for."""
     model: Mapping[str, Any] = field(default_factory=dict)
-    """`path` and `parameters` (count) of the model the plan was made for."""
+    """`path`, `parameters` (count) and `fingerprint` (`model_fingerprint`) of the model the plan was made for."""
     predicted: Mapping[str, Any] = field(default_factory=dict)
     """The cost model's prediction for this plan (step_time_s, breakdown, memory, ...), if any."""
 
@@ -226,6 +227,15 @@ class Plan:
         except OSError as e:
             raise PlanError(f"{path}: cannot read plan ({e.strerror}); pass the file `plan ... -o` wrote")
         return cls.from_json(text, where=str(path))
+
+
+def model_fingerprint(named_shapes: "Iterable[tuple[str, Sequence[int]]]") -> str:
+    """A short digest of a model's parameter names and shapes (`Plan.model["fingerprint"]`), so a plan made for
+    one model is refused for another. Tied parameters count once, in `named_parameters()` order."""
+    h = hashlib.sha1()
+    for name, shape in named_shapes:
+        h.update(f"{name}:{tuple(int(s) for s in shape)};".encode())
+    return h.hexdigest()[:16]
 
 
 def _check_keys(d: Any, cls: type, where: str, required: set[str]) -> None:
