@@ -1,0 +1,167 @@
+"""Per-op placements for a whole graph: one ILP per repeated block type, one for the ops between blocks, cached.
+
+The block ILP is solved on one instance (the second, so that its input edges come from the first instance and can
+be rewired to its own output: the boundary between consecutive copies is priced) and the answer is copied to every
+instance by position. The ops outside blocks (embeddings, final norm, head, loss) are solved next with the block
+placements fixed. Answers are cached per (block type, tp, micro-batch size, precision, sequence parallel, memory
+budget), so the outer loop solves each distinct problem once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from planner.graph import Layer, OpGraph, OpNode
+from planner.plan import OpPlacement
+from planner.search.ilp import CostContext, ILPError, add_fixed_consumers, build_problem, solve
+from planner.strategies import strategies_for
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """Placements for every op of a graph under one (tp, micro-batch, precision, sp, budget)."""
+
+    ops: Mapping[str, OpPlacement]
+    """Op name to placement, replicated ops omitted (the `Plan.ops` convention)."""
+    sequence_parallel: bool
+    """Whether any op uses the `sequence` strategy."""
+    notes: tuple[str, ...] = ()
+    """What happened (solver fallbacks)."""
+    block_memory: Mapping[str, float] = field(default_factory=dict)
+    """Block type to the bytes its chosen strategies count against a memory budget (one instance)."""
+
+
+@dataclass
+class PlacementSolver:
+    """Solves and caches per-op placements for one graph and one cost model."""
+
+    graph: OpGraph
+    """The traced model."""
+    cost_model: Any
+    """Anything with op_time, reshard_time, op_memory (the CostModel interface)."""
+    time_limit_s: float = 30.0
+    """Per-ILP solver time limit."""
+    solves: int = 0
+    """ILPs actually solved (cache misses), for reports and tests."""
+    _cache: dict[tuple, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        layers = self.graph.layers()
+        by_name = {layer.name: layer for layer in layers}
+        self.instances: dict[str, list[Layer]] = {
+            bt: [by_name[n] for n in names if n in by_name] for bt, names in self.graph.block_types.items()}
+        in_block = {i for layer in layers if layer.block_type is not None for i in layer.ops}
+        self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
+
+    def solve(self, tp: int, microbatch_size: int, precision: str, sp: bool = True,
+              block_budget: float | None = None, alpha: float = 1.0, beta: float = 1.0) -> PlacementResult | None:
+        """Placements minimising compute + re-sharding; None when a block cannot meet `block_budget` bytes.
+
+        `sp` is Megatron's sequence-parallel switch: on, every norm that can runs sharded on the sequence dim
+        (other ops choose freely); off, no op uses the `sequence` strategy.
+        A solver failure other than infeasibility falls back to the Megatron placements (said in `notes`)."""
+        if tp <= 1:
+            return PlacementResult(ops={}, sequence_parallel=False)
+        ctx = CostContext(tp, microbatch_size, precision, alpha, beta)
+        chosen: dict[str, OpPlacement] = {}
+        notes: list[str] = []
+        block_memory: dict[str, float] = {}
+        try:
+            for bt, insts in self.instances.items():
+                solved = self._solve_block(bt, insts, ctx, sp, block_budget)
+                if solved is None:
+                    return None
+                per_position, block_memory[bt] = solved
+                for inst in insts:
+                    for pos, i in enumerate(inst.ops):
+                        op = self.graph.ops[i]
+                        if pos < len(per_position):
+                            chosen[op.name] = replace(per_position[pos], module=op.module_path)
+            chosen.update(self._solve_rest(ctx, sp, chosen))
+        except ILPError as e:
+            from planner.defaults import megatron_placements
+            notes.append(f"placement ILP failed ({e}); used the Megatron placements for tp={tp}")
+            fallback = dict(megatron_placements(self.graph, tp, sp))
+            return PlacementResult(ops=fallback, sequence_parallel=_uses_sequence(fallback), notes=tuple(notes))
+        ops = {k: v for k, v in chosen.items() if v.strategy != "replicate"}
+        return PlacementResult(ops=ops, sequence_parallel=_uses_sequence(ops), notes=tuple(notes),
+                               block_memory=block_memory)
+
+    # ---- pieces ---------------------------------------------------------------------------------------------------
+    def _candidates(self, ops: list[OpNode], tp: int, sp: bool) -> dict[str, list[OpPlacement]]:
+        """Strategies per op: sequence parallelism off drops `sequence`; on, norms must use it (Megatron's flag)."""
+        out = {}
+        for op in ops:
+            strats = strategies_for(op, tp)
+            seq = [p for p in strats if p.strategy == "sequence"]
+            if not sp:
+                strats = [p for p in strats if p.strategy != "sequence"]
+            elif op.kind == "norm" and seq:
+                strats = seq
+            out[op.name] = strats
+        return out
+
+    def _solve_block(self, bt: str, insts: list[Layer], ctx: CostContext, sp: bool,
+                     budget: float | None) -> tuple[list[OpPlacement], float] | None:
+        key = ("block", bt, ctx, sp, budget)
+        if key in self._cache:
+            return self._cache[key]
+        rep = insts[1] if len(insts) > 1 else insts[0]
+        ops = [self.graph.ops[i] for i in rep.ops]
+        rewire: dict[str, str] = {}
+        if len(insts) > 1:
+            prev = [self.graph.ops[i].name for i in insts[0].ops]
+            for pos, name in enumerate(prev):
+                if pos < len(ops):
+                    rewire[name] = ops[pos].name
+        problem = build_problem(ops, self._candidates(ops, ctx.tp, sp), self.cost_model, ctx,
+                                producers=_Producers(self.graph), fixed={}, rewire=rewire, budget=budget)
+        self.solves += 1
+        try:
+            sol = solve(problem, self.time_limit_s)
+        except ILPError:
+            if budget is None:
+                raise
+            self._cache[key] = None
+            return None
+        answer = ([problem.strategies[v][i] for v, i in enumerate(sol.choice)], sol.memory)
+        self._cache[key] = answer
+        return answer
+
+    def _solve_rest(self, ctx: CostContext, sp: bool, fixed: Mapping[str, OpPlacement]) -> dict[str, OpPlacement]:
+        if not self.rest:
+            return {}
+        key = ("rest", ctx, sp, tuple(sorted((k, v.strategy, v.output) for k, v in fixed.items())))
+        if key in self._cache:
+            return self._cache[key]
+        ops = self.rest
+        problem = build_problem(ops, self._candidates(ops, ctx.tp, sp), self.cost_model, ctx,
+                                producers=_Producers(self.graph), fixed=fixed)
+        rest_names = {op.name for op in ops}
+        consumers = [op for op in self.graph.ops if op.name in fixed and any(s in rest_names for s in op.inputs)]
+        add_fixed_consumers(problem, ops, consumers, fixed, self.cost_model, ctx)
+        self.solves += 1
+        sol = solve(problem, self.time_limit_s)
+        answer = {problem.names[v]: problem.strategies[v][i] for v, i in enumerate(sol.choice)}
+        self._cache[key] = answer
+        return answer
+
+
+class _Producers(Mapping[str, OpNode]):
+    """Op name -> OpNode over a graph, without building a dict per call."""
+
+    def __init__(self, graph: OpGraph):
+        self.graph = graph
+
+    def __getitem__(self, name: str) -> OpNode:
+        return self.graph.ops[self.graph.index[name]]
+
+    def __iter__(self):
+        return iter(self.graph.index)
+
+    def __len__(self) -> int:
+        return len(self.graph.ops)
+
+
+def _uses_sequence(ops: Mapping[str, OpPlacement]) -> bool:
+    return any(p.strategy == "sequence" for p in ops.values())

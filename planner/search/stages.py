@@ -1,0 +1,117 @@
+r"""Inter-stage cutting: split L layers into S contiguous pipeline stages (Alpa / Piper style dynamic program).
+
+Pure functions over numpy arrays. With t[l] the time of layer l for one micro-batch (forward + backward),
+p[l] its resident bytes (parameters, gradients, optimizer state as priced by the caller) and a[l] its activation
+bytes per micro-batch, stage k holding layers [i, j) costs T(i, j) = sum t[i:j] and needs
+
+    mem_k(i, j) = sum p[i:j] + n_k * sum a[i:j]           (n_k micro-batches in flight on stage k)
+
+The program minimises the pipeline bottleneck max_k T(stage k) subject to mem_k <= M for every stage:
+
+    F[0][0] = 0;   F[k][j] = min_{i < j, mem_k(i, j) <= M} max(F[k-1][i], T(i, j));   answer F[S][L]
+
+In steady state a synchronous pipeline runs one micro-batch per bottleneck time, so this is the term that grows
+with the micro-batch count; the sum of stage times (the fill/drain part, Alpa's sum term) does not depend on where
+contiguous cuts fall when layer costs do not, so it is not part of the objective. Ties are broken towards the cut
+whose stages are most even (smallest sum of squared stage times), then the earliest.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StageCut:
+    """A cut of the layer sequence into contiguous stages."""
+
+    bounds: tuple[tuple[int, int], ...]
+    """(start, end) layer index per stage, end exclusive, covering 0..L in order."""
+    bottleneck: float
+    """Largest stage time."""
+    stage_times: tuple[float, ...]
+    """Time per stage."""
+    stage_memory: tuple[float, ...]
+    """Bytes per stage."""
+
+
+def stage_memory(param: np.ndarray, act: np.ndarray, inflight: np.ndarray, bounds) -> list[float]:
+    """Bytes each stage needs under `bounds`."""
+    return [float(param[i:j].sum() + inflight[k] * act[i:j].sum()) for k, (i, j) in enumerate(bounds)]
+
+
+def cut_stages(time: np.ndarray, param: np.ndarray, act: np.ndarray, num_stages: int, mem_limit: float = np.inf,
+               inflight: np.ndarray | None = None) -> StageCut | None:
+    """The cut minimising the bottleneck stage time under the memory limit; None when no cut fits.
+
+    `inflight[k]` is the micro-batches whose activations stage k holds (1F1B: S - k; GPipe: all); default 1."""
+    time, param, act = (np.asarray(x, dtype=float) for x in (time, param, act))
+    n = len(time)
+    if num_stages < 1 or num_stages > n:
+        return None
+    infl = np.ones(num_stages) if inflight is None else np.asarray(inflight, dtype=float)
+    ct, cp, ca, c2 = (np.concatenate([[0.0], np.cumsum(x)]) for x in (time, param, act, time))
+    best = np.full((num_stages + 1, n + 1), np.inf)
+    even = np.full((num_stages + 1, n + 1), np.inf)  # tie-break: sum of squared stage times
+    arg = np.zeros((num_stages + 1, n + 1), dtype=int)
+    best[0, 0], even[0, 0] = 0.0, 0.0
+    for k in range(1, num_stages + 1):
+        for j in range(k, n - (num_stages - k) + 1):
+            i = np.arange(k - 1, j)
+            t = ct[j] - ct[i]
+            mem = (cp[j] - cp[i]) + infl[k - 1] * (ca[j] - ca[i])
+            val = np.maximum(best[k - 1, i], t)
+            sq = even[k - 1, i] + t * t
+            val = np.where(mem <= mem_limit, val, np.inf)
+            if not np.isfinite(val).any():
+                continue
+            lo = val.min()
+            tie = np.isclose(val, lo, rtol=1e-12, atol=0.0) & np.isfinite(val)
+            pick = int(np.flatnonzero(tie)[np.argmin(sq[tie])])
+            best[k, j], even[k, j], arg[k, j] = val[pick], sq[pick], i[pick]
+    if not np.isfinite(best[num_stages, n]):
+        return None
+    bounds = []
+    j = n
+    for k in range(num_stages, 0, -1):
+        i = int(arg[k, j])
+        bounds.append((i, j))
+        j = i
+    bounds.reverse()
+    times = tuple(float(time[i:j].sum()) for i, j in bounds)
+    return StageCut(tuple(bounds), max(times), times, tuple(stage_memory(param, act, infl, bounds)))
+
+
+def cut_stages_reference(time, param, act, num_stages: int, mem_limit: float = np.inf,
+                         inflight=None) -> StageCut | None:
+    """Slow reference: try every placement of the S-1 cut points (tests compare `cut_stages` with it)."""
+    time, param, act = (np.asarray(x, dtype=float) for x in (time, param, act))
+    n = len(time)
+    if num_stages < 1 or num_stages > n:
+        return None
+    infl = np.ones(num_stages) if inflight is None else np.asarray(inflight, dtype=float)
+    best = None
+    for cuts in itertools.combinations(range(1, n), num_stages - 1):
+        edges = (0,) + cuts + (n,)
+        bounds = tuple(zip(edges[:-1], edges[1:]))
+        mem = stage_memory(param, act, infl, bounds)
+        if max(mem) > mem_limit:
+            continue
+        times = tuple(float(time[i:j].sum()) for i, j in bounds)
+        if best is None or max(times) < best.bottleneck:
+            best = StageCut(bounds, max(times), times, tuple(mem))
+    return best
+
+
+def inflight_microbatches(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> np.ndarray:
+    """Micro-batches whose activations each (virtual) stage holds at its peak, per stage in model order.
+
+    GPipe runs every forward before any backward, so each stage holds all m; 1F1B holds pp - rank on rank `rank`
+    (Narayanan et al. 2021, sec. 2.2); interleaved 1F1B is treated like 1F1B per rank, its chunks sharing it."""
+    stages = pp * virtual_stages
+    ranks = np.arange(stages) % pp
+    if schedule == "gpipe":
+        return np.full(stages, float(num_microbatches))
+    return np.minimum(pp - ranks, num_microbatches).astype(float)

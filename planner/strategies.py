@@ -1,0 +1,255 @@
+"""Candidate placements per op kind: the per-op half of the search space (FlexFlow's SOAP in DTensor placements).
+
+A *rule* is registered per `OpNode.kind` with `@register(kind)` (autoparallel's `@register_rule` idiom) and returns
+the `OpPlacement`s an op may take over a tensor-parallel axis of size `tp`. Ops whose kind has no rule fall back to
+`replicate` only, which is always valid. Placements use DTensor's shorthand with non-negative dims: `R`, `S(d)`,
+`P`. The dp axis always shards the batch (dim 0), so dim 0 is never sharded over tp here.
+
+Communication between ops is never hidden inside a strategy: each strategy states the layout it *requires* of each
+activation input and the layout it *produces*, and the search prices every mismatch on a graph edge with the cost
+model's `reshard_time`. So Megatron's sequence-parallel pair is expressed as edges: a `sequence` norm (output S(1))
+feeding a `colwise` linear (input R) is an all-gather S(1)->R on that edge, and a `rowwise` linear (output P)
+feeding a `sequence` norm (input S(1)) is a reduce-scatter P->S(1).
+
+Rules by kind (each filtered by divisibility of the sharded size by tp):
+
+- linear: replicate; colwise (weight S(0), bias S(0), input R, output S(last)); rowwise (weight S(1), bias R, input
+  S(last), output P).
+- embedding: replicate; vocab (weight S(0), input R, output P).
+- norm: replicate; sequence (input/output S(1), parameters R).
+- elementwise, dropout: replicate; sequence (S(1)); shard (follow the input: S(last) in, S(last) out).
+- attention, matmul, softmax: replicate; heads (S(1) on [batch, heads, seq, head_dim] tensors).
+- reshape (view, transpose, permute, contiguous): replicate; shard, following the input's sharded dim through the
+  shape change where that dim maps onto one output dim.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from planner.graph import OpNode
+from planner.plan import OpPlacement
+
+Rule = Callable[[OpNode, int], list[OpPlacement]]
+"""A strategy rule: (op, tp degree) -> the placements it may take (replicate included)."""
+
+_RULES: dict[str, Rule] = {}
+
+
+def register(*kinds: str) -> Callable[[Rule], Rule]:
+    """Decorator registering a rule for one or more op kinds."""
+    def wrap(rule: Rule) -> Rule:
+        for kind in kinds:
+            _RULES[kind] = rule
+        return rule
+    return wrap
+
+
+def registered_kinds() -> tuple[str, ...]:
+    """Op kinds that have a rule other than the replicate-only fallback."""
+    return tuple(sorted(_RULES))
+
+
+def strategies_for(op: OpNode, tp: int) -> list[OpPlacement]:
+    """All candidate placements of `op` over a tp axis of size `tp`; replicate is always first.
+
+    With tp == 1 every strategy is the same computation, so only replicate is returned."""
+    rep = replicate(op)
+    if tp <= 1:
+        return [rep]
+    rule = _RULES.get(op.kind)
+    out = [rep]
+    if rule is not None:
+        for p in rule(op, tp):
+            if p.strategy != "replicate" and p not in out:
+                out.append(p)
+    return out
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------------
+
+def shard(dim: int) -> str:
+    """The placement string sharding tensor dim `dim`."""
+    return f"S({dim})"
+
+
+def n_inputs(op: OpNode) -> int:
+    """Number of activation inputs (graph edges) of the op; at least 1 so a placement always names one."""
+    return max(1, len(op.inputs))
+
+
+def out_rank(op: OpNode) -> int:
+    """Rank of the op's first output (0 if it has none)."""
+    return len(op.output_meta[0].shape) if op.output_meta else 0
+
+
+def _activation_shapes(op: OpNode) -> list[tuple[int, ...]]:
+    """Shapes of the op's activation inputs: input_meta minus the parameters, in call order."""
+    param_shapes = [p.shape for p in op.params]
+    shapes = []
+    for m in op.input_meta:
+        if m.shape in param_shapes:
+            param_shapes.remove(m.shape)
+            continue
+        shapes.append(m.shape)
+    return shapes
+
+
+def replicate(op: OpNode) -> OpPlacement:
+    """Everything replicated over tp: every tp rank computes the whole op."""
+    return OpPlacement(strategy="replicate", module=op.module_path, inputs=("R",) * n_inputs(op), output="R",
+                       params=("R",) * len(op.params))
+
+
+def _follow(op: OpNode, out_dim: int) -> tuple[str, ...]:
+    """Input placements for an elementwise op whose output is sharded on `out_dim`: each input is sharded on the
+    dim broadcasting aligns with it (trailing alignment), or R where that dim is broadcast or absent."""
+    shapes = _activation_shapes(op)
+    rank = out_rank(op)
+    out_size = op.output_meta[0].shape[out_dim]
+    placements = []
+    for k in range(n_inputs(op)):
+        shape = shapes[k] if k < len(shapes) else ()
+        d = out_dim - (rank - len(shape))
+        placements.append(shard(d) if d >= 0 and shape[d] == out_size else "R")
+    return tuple(placements)
+
+
+def _divisible(op: OpNode, dim: int, tp: int) -> bool:
+    """Whether the output's size on `dim` exists and divides by tp."""
+    if not op.output_meta or dim < 0 or dim >= out_rank(op):
+        return False
+    size = op.output_meta[0].shape[dim]
+    return size >= tp and size % tp == 0
+
+
+# ---- rules ------------------------------------------------------------------------------------------------------
+
+@register("linear")
+def linear_rule(op: OpNode, tp: int) -> list[OpPlacement]:
+    """Megatron column- and row-parallel linear layers (weight [out, in], optional bias [out])."""
+    weights = [p for p in op.params if len(p.shape) == 2]
+    if len(weights) != 1 or not op.output_meta:
+        return []
+    out_f, in_f = weights[0].shape
+    last = out_rank(op) - 1
+    n = n_inputs(op)
+    out = []
+    if out_f % tp == 0:
+        params = tuple("S(0)" for _ in op.params)
+        out.append(OpPlacement(strategy="colwise", module=op.module_path, inputs=("R",) * n, output=shard(last),
+                               params=params))
+    if in_f % tp == 0:
+        params = tuple("S(1)" if len(p.shape) == 2 else "R" for p in op.params)
+        out.append(OpPlacement(strategy="rowwise", module=op.module_path, inputs=(shard(last),) + ("R",) * (n - 1),
+                               output="P", params=params))
+    return out
+
+
+@register("embedding")
+def embedding_rule(op: OpNode, tp: int) -> list[OpPlacement]:
+    """Vocab-parallel embedding: each rank holds V/tp rows; out-of-range ids give zeros, summed by the reduction."""
+    if len(op.params) != 1 or len(op.params[0].shape) != 2 or op.params[0].shape[0] % tp:
+        return []
+    return [OpPlacement(strategy="vocab", module=op.module_path, inputs=("R",) * n_inputs(op), output="P",
+                        params=("S(0)",))]
+
+
+def _sequence(op: OpNode, tp: int) -> list[OpPlacement]:
+    """The sequence-parallel placement S(1) on [batch, seq, ...] activations, parameters replicated."""
+    if out_rank(op) < 3 or not _divisible(op, 1, tp):
+        return []
+    return [OpPlacement(strategy="sequence", module=op.module_path, inputs=_follow(op, 1), output=shard(1),
+                        params=("R",) * len(op.params))]
+
+
+@register("norm")
+def norm_rule(op: OpNode, tp: int) -> list[OpPlacement]:
+    """Norms reduce over the last dim, so only the sequence dim may be sharded."""
+    return _sequence(op, tp)
+
+
+@register("elementwise", "dropout")
+def elementwise_rule(op: OpNode, tp: int) -> list[OpPlacement]:
+    """Elementwise ops run on any shard: the sequence dim, or the last (hidden) dim following a colwise linear."""
+    out = _sequence(op, tp)
+    last = out_rank(op) - 1
+    if not op.params and last >= 1 and _divisible(op, last, tp) and (last != 1 or not out):
+        out.append(OpPlacement(strategy="shard", module=op.module_path, inputs=_follow(op, last),
+                               output=shard(last)))
+    return out
+
+
+@register("attention", "matmul", "softmax")
+def heads_rule(op: OpNode, tp: int) -> list[OpPlacement]:
+    """Head-parallel attention: q, k, v (and scores) of shape [batch, heads, seq, ...] sharded on heads (dim 1)."""
+    if op.params or out_rank(op) != 4 or not _divisible(op, 1, tp):
+        return []
+    shapes = _activation_shapes(op)
+    if any(len(s) != 4 for s in shapes):
+        return []
+    return [OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * n_inputs(op), output="S(1)")]
+
+
+@register("reshape")
+def reshape_rule(op: OpNode, tp: int) -> list[OpPlacement]:
+    """Views, transposes and permutes keep a shard when the sharded input dim lands on one output dim."""
+    shapes = _activation_shapes(op)
+    if op.params or len(op.output_meta) != 1 or not shapes:
+        return []
+    src, dst = shapes[0], op.output_meta[0].shape
+    out = []
+    for d in range(1, len(src)):
+        k = map_dim(src, dst, d, op.target)
+        if k is None or k == 0 or src[d] % tp or dst[k] % tp:
+            continue
+        out.append(OpPlacement(strategy="shard", module=op.module_path,
+                               inputs=(shard(d),) + ("R",) * (n_inputs(op) - 1), output=shard(k)))
+    return out
+
+
+def map_dim(src: Sequence[int], dst: Sequence[int], d: int, target: str = "") -> int | None:
+    """The output dim a shard on input dim `d` becomes under a view/transpose from shape `src` to `dst`, or None
+    when the shard would not stay contiguous (or the mapping is ambiguous).
+
+    Same rank and a permutation of sizes: a transpose; the single swap of two dims that turns `src` into `dst`
+    decides (ambiguous swaps, e.g. equal sizes, give None). Otherwise a view: dim d maps to output dim k when the
+    sizes before them multiply to the same number and the sharded size splits or merges cleanly at k."""
+    src, dst = tuple(src), tuple(dst)
+    is_permute = any(w in target for w in ("transpose", "permute", ".t", ".mT"))
+    if len(src) == len(dst) and sorted(src) == sorted(dst) and (src != dst or is_permute):
+        swaps = {(i, j) for i in range(len(src)) for j in range(i + 1, len(src))
+                 if _swap(src, i, j) == dst}
+        if src == dst:
+            return None  # a transpose of equal sizes: cannot tell which dims moved
+        if len(swaps) != 1:
+            return None
+        i, j = swaps.pop()
+        return j if d == i else i if d == j else d
+    before = _prod(src[:d])
+    for k in range(len(dst)):
+        if _prod(dst[:k]) == before:
+            if dst[k] % src[d] == 0 or src[d] % dst[k] == 0:
+                return k
+            return None
+    return None
+
+
+def _swap(shape: tuple[int, ...], i: int, j: int) -> tuple[int, ...]:
+    s = list(shape)
+    s[i], s[j] = s[j], s[i]
+    return tuple(s)
+
+
+def _prod(xs: Sequence[int]) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def placement_name(p: OpPlacement | None) -> str:
+    """A compact readable form, `strategy: inputs -> output | params`, e.g. `colwise: R -> S(2) | S(0),S(0)`."""
+    if p is None:
+        return "replicate"
+    text = f"{p.strategy}: {','.join(p.inputs)} -> {p.output}"
+    return text + (f" | {','.join(p.params)}" if p.params else "")

@@ -1,0 +1,137 @@
+"""The placement ILP: optimum equals brute force; hand-computable answers; memory budget; block reuse."""
+import numpy as np
+import pytest
+
+from planner.plan import OpPlacement
+from planner.search.ilp import CostContext, ILPError, ILPProblem, brute_force, build_problem, solve
+from planner.search.placement import PlacementSolver
+from planner.strategies import map_dim, placement_name, strategies_for
+from test_search_fakes import FakeCostModel, make_op, mlp_block, tiny_gpt
+
+
+def _p(name: str) -> OpPlacement:
+    return OpPlacement(strategy=name)
+
+
+def random_problem(rng: np.random.Generator, n_ops: int, budget_frac: float | None) -> ILPProblem:
+    sizes = rng.integers(1, 5, size=n_ops)
+    strategies = [[_p(f"s{i}") for i in range(k)] for k in sizes]
+    compute = [rng.uniform(0, 10, size=k) for k in sizes]
+    memory = [rng.uniform(0, 10, size=k) for k in sizes]
+    edges = []
+    for v in range(1, n_ops):
+        for u in rng.choice(v, size=min(v, int(rng.integers(1, 3))), replace=False):
+            edges.append((int(u), v, rng.uniform(0, 5, size=(sizes[u], sizes[v]))))
+    budget = None
+    if budget_frac is not None:
+        lo = sum(m.min() for m in memory)
+        hi = sum(m.max() for m in memory)
+        budget = lo + budget_frac * (hi - lo)
+    return ILPProblem(names=[f"op{v}" for v in range(n_ops)], strategies=strategies, compute=compute,
+                      memory=memory, edges=edges, budget=budget)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ilp_equals_brute_force_on_random_problems(seed):
+    rng = np.random.default_rng(seed)
+    problem = random_problem(rng, n_ops=7, budget_frac=[None, 0.3, 0.6][seed % 3])
+    ilp, ref = solve(problem), brute_force(problem)
+    assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
+    if problem.budget is not None:
+        assert ilp.memory <= problem.budget + 1e-6
+
+
+def test_infeasible_budget_raises():
+    problem = random_problem(np.random.default_rng(0), n_ops=4, budget_frac=0.0)
+    problem.budget = sum(m.min() for m in problem.memory) * 0.5
+    with pytest.raises(ILPError):
+        solve(problem)
+    with pytest.raises(ILPError):
+        brute_force(problem)
+
+
+def test_megatron_mlp_is_the_hand_optimum():
+    """norm -> fc -> gelu -> proj: colwise/shard/rowwise computes 1/tp of fc, gelu and proj and pays one P->R
+    all-reduce (2 s) on the way out; everything replicated costs 4 x 1 s. At tp=4: 1 + 3 x 0.25 + 2 = 3.75 s
+    (the norm stays replicated: sharding it would cost a reshard back to R for the colwise input, 1 s, to save
+    0.75 s)."""
+    ops = [make_op("in", "elementwise", [], (1, 8, 16))] + mlp_block("b", "in")[:4]
+    cm = FakeCostModel()
+    ctx = CostContext(tp=4, microbatch_size=1, precision="bf16")
+    cands = {op.name: strategies_for(op, 4) for op in ops[1:]}
+    producers = {op.name: op for op in ops}
+    consumer = make_op("out", "elementwise", ["b_proj"], (1, 8, 16))
+    problem = build_problem(ops[1:], cands, cm, ctx, producers=producers, fixed={})
+    from planner.search.ilp import add_fixed_consumers
+    add_fixed_consumers(problem, ops[1:], [consumer], {"out": strategies_for(consumer, 4)[0]}, cm, ctx)
+    sol = solve(problem)
+    names = [problem.strategies[v][i].strategy for v, i in enumerate(sol.choice)]
+    assert names == ["replicate", "colwise", "shard", "rowwise"]
+    assert sol.objective == pytest.approx(1 + 3 * 0.25 + 2.0)
+    assert sol.objective == pytest.approx(brute_force(problem).objective)
+
+
+def test_memory_budget_forces_sharding():
+    """A replicated-is-faster linear (override) flips to colwise when the budget excludes its full weight."""
+    op = make_op("fc", "linear", ["x"], (1, 8, 64), [("fc.weight", (64, 16))], in_shapes=[(1, 8, 16)])
+    x = make_op("x", "elementwise", [], (1, 8, 16))
+    cm = FakeCostModel(overrides={("fc", "colwise"): 5.0, ("fc", "rowwise"): 5.0})
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    cands = {"fc": strategies_for(op, 2)}
+    free = solve(build_problem([op], cands, cm, ctx, producers={"x": x}, fixed={}))
+    assert cands["fc"][free.choice[0]].strategy == "replicate"
+    weight, act = 64 * 16 * 4, 64 * 8 * 4
+    tight = build_problem([op], cands, cm, ctx, producers={"x": x}, fixed={}, budget=weight / 2 + act)
+    sol = solve(tight)
+    assert cands["fc"][sol.choice[0]].strategy in ("colwise", "rowwise")
+    assert sol.memory <= weight / 2 + act
+
+
+def test_block_solved_once_and_reused_for_copies():
+    g = tiny_gpt(n_blocks=4)
+    solver = PlacementSolver(g, FakeCostModel())
+    res = solver.solve(tp=4, microbatch_size=1, precision="bf16", sp=False)
+    assert solver.solves == 2  # one block ILP + the ops outside blocks
+    for k in range(4):
+        assert res.ops[f"h.{k}_fc"].strategy == "colwise"
+        assert res.ops[f"h.{k}_fc"].module == f"h.{k}_fc"
+        assert res.ops[f"h.{k}_proj"].strategy == "rowwise"
+    solver.solve(tp=4, microbatch_size=1, precision="bf16", sp=False)
+    assert solver.solves == 2  # cached
+    assert solver.solve(tp=1, microbatch_size=1, precision="bf16").ops == {}
+
+
+def test_sequence_parallel_switch():
+    g = tiny_gpt(n_blocks=2)
+    solver = PlacementSolver(g, FakeCostModel())
+    on = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=True)
+    off = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False)
+    assert on.sequence_parallel and on.ops["h.0_ln"].strategy == "sequence"
+    assert not off.sequence_parallel
+    assert all(p.strategy != "sequence" for p in off.ops.values())
+
+
+def test_strategy_registry():
+    fc = make_op("fc", "linear", ["x"], (2, 8, 64), [("w", (64, 16)), ("b", (64,))], in_shapes=[(2, 8, 16)])
+    names = {p.strategy: p for p in strategies_for(fc, 4)}
+    assert set(names) == {"replicate", "colwise", "rowwise"}
+    assert names["colwise"].params == ("S(0)", "S(0)") and names["colwise"].output == "S(2)"
+    assert names["rowwise"].params == ("S(1)", "R") and names["rowwise"].output == "P"
+    assert placement_name(names["colwise"]) == "colwise: R -> S(2) | S(0),S(0)"
+    assert [p.strategy for p in strategies_for(fc, 1)] == ["replicate"]
+    # 64 output features do not split 3 ways; 16 input features neither
+    assert [p.strategy for p in strategies_for(fc, 3)] == ["replicate"]
+    unknown = make_op("u", "mystery", ["x"])
+    assert [p.strategy for p in strategies_for(unknown, 8)] == ["replicate"]
+    sdpa = make_op("a", "attention", ["q", "k", "v"], (2, 4, 8, 4), in_shapes=[(2, 4, 8, 4)] * 3)
+    assert [p.strategy for p in strategies_for(sdpa, 4)] == ["replicate", "heads"]
+    assert [p.strategy for p in strategies_for(sdpa, 8)] == ["replicate"]
+
+
+def test_map_dim_through_views_and_transposes():
+    assert map_dim((2, 8, 16), (2, 8, 4, 4), 2) == 2          # split hidden into heads
+    assert map_dim((2, 8, 4, 4), (2, 4, 8, 4), 2, "transpose") == 1
+    assert map_dim((2, 4, 8, 4), (2, 8, 4, 4), 1, "transpose") == 2
+    assert map_dim((2, 8, 4, 4), (2, 8, 16), 2) == 2          # merge heads back
+    assert map_dim((2, 8, 16), (16, 16), 1) is None           # sequence shard is not contiguous after flatten
+    assert map_dim((2, 4, 4, 4), (2, 4, 4, 4), 1, "transpose") is None  # ambiguous
