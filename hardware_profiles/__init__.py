@@ -5,6 +5,7 @@ else of shardwise.
 """
 from hardware_profiles.schema import (Cluster, CollectiveCurve, DeviceSpec, LinkSpec, ProfileError,
                                       cluster_from_dict, cluster_to_dict)
+from hardware_profiles.load import list_presets, load_cluster, save_cluster
 
 __all__ = ["Cluster", "CollectiveCurve", "DeviceSpec", "LinkSpec", "ProfileError", "cluster_from_dict",
-           "cluster_to_dict"]
+           "cluster_to_dict", "list_presets", "load_cluster", "save_cluster"]

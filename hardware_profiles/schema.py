@@ -146,6 +146,8 @@ def _keys(d: Any, where: str, required: tuple[str, ...], optional: tuple[str, ..
 
 
 def _pos(x: Any, where: str, integer: bool = False, unit: str = "") -> Any:
+    if integer and isinstance(x, float) and x.is_integer():
+        x = int(x)  # 80e9 bytes is a whole number written in float notation; accept it
     ok_types = (int,) if integer else (int, float)
     if isinstance(x, bool) or not isinstance(x, ok_types):
         if isinstance(x, str):

@@ -1,0 +1,113 @@
+"""Loading and saving cluster profiles: a preset name or a YAML path in, a validated `Cluster` out.
+
+    load_cluster("dgx-a100-80gb", nodes=4)     # a bundled preset (hardware_profiles/presets/*.yaml)
+    load_cluster("cluster.yaml")               # a file, e.g. written by `plan profile`
+    save_cluster(cluster, "cluster.yaml")      # atomic write; loads back to an equal Cluster
+
+Numbers may be written as `312e12` or `2.5e-6`: the loader reads YAML 1.2 floats (PyYAML alone reads exponents
+without a dot, such as `80e9`, as strings).
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hardware_profiles.schema import Cluster, ProfileError, cluster_from_dict, cluster_to_dict
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+"""Folder of the bundled presets; a preset's name is its file name without `.yaml`."""
+
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                      |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                      |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                      |[-+]?\.(?:inf|Inf|INF)
+                      |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `80e9` and `1e-6` (YAML 1.2 floats) as numbers."""
+
+
+_Loader.yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:float"]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def list_presets() -> list[str]:
+    """Names of the bundled presets, sorted."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _resolve(spec: str) -> Path:
+    """The file a `--cluster` value names: an existing path, else a preset."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    if spec in list_presets():
+        return PRESET_DIR / f"{spec}.yaml"
+    looks_like_path = spec.endswith((".yaml", ".yml")) or os.sep in spec
+    what = f"no such file {spec!r}" if looks_like_path else f"no preset or file named {spec!r}"
+    raise ProfileError(f"--cluster: {what}; presets: {', '.join(list_presets())} "
+                       "(or give the path of a YAML file written by `plan profile`)")
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse profile YAML text; a syntax error becomes a ProfileError naming the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ProfileError(f"{source}: malformed YAML{where}: {problem}") from None
+
+
+def load_cluster(spec: str, nodes: int | None = None) -> Cluster:
+    """Load a cluster from a preset name or a YAML path; `nodes` (from `--nodes`) overrides the node count."""
+    path = _resolve(spec)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ProfileError(f"--cluster {spec}: cannot read {path}: {e.strerror}") from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        raise ProfileError(f"{path}: the file is empty; expected the keys cluster, device and links")
+    try:
+        cluster = cluster_from_dict(data)
+    except ProfileError as e:
+        raise ProfileError(f"{path}: {e}") from None
+    return cluster if nodes is None else cluster.with_nodes(nodes)
+
+
+def dump_cluster(cluster: Cluster, header: str = "") -> str:
+    """YAML text for a cluster (with `header` as leading `#` comment lines) that loads back to an equal Cluster."""
+    body = yaml.safe_dump(cluster_to_dict(cluster), sort_keys=False, default_flow_style=None, width=118)
+    comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) if header else ""
+    return comment + body
+
+
+def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "") -> None:
+    """Write `cluster` as YAML to `path` atomically (temporary file in the same folder, then rename)."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise ProfileError(f"-o {path}: the folder {folder} does not exist; create it or pick another path")
+    text = dump_cluster(cluster, header)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise ProfileError(f"-o {path}: cannot write in {folder}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise ProfileError(f"-o {path}: cannot write: {e.strerror}") from None

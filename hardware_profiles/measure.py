@@ -1,0 +1,207 @@
+"""Timed measurements made inside one rank of `plan profile`, and the alpha-beta fit of a ring all-reduce.
+
+Every figure here is a median over repeats after warm-up. Collective timings take, for each repeat, the slowest
+rank (a collective is done when its last rank is done), then the median over repeats. Sizes follow nccl-tests:
+the whole array in bytes (all-gather: the gathered output; reduce-scatter: the input before scattering).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasurePlan:
+    """What one `plan profile` run measures, and how often."""
+
+    matmul_sizes: dict[str, tuple[int, ...]]
+    """dtype name -> square matmul sizes n (an n x n by n x n product, 2 n^3 FLOPs)."""
+    copy_bytes: tuple[int, ...]
+    """Sizes of the tensors copied to measure memory bandwidth (bytes moved = 2 x size: read + write)."""
+    collective_bytes: tuple[int, ...]
+    """Message sizes for the collective curves (whole array, nccl-tests convention)."""
+    collectives: tuple[str, ...]
+    """Collectives to time."""
+    warmup: int
+    """Untimed calls before each measurement."""
+    repeats: int
+    """Timed calls per measurement (the median is kept)."""
+    budget_s: float
+    """Stop repeating one measurement once it has taken this long (keeping at least 3 samples)."""
+
+    def steps(self) -> list[str]:
+        """Labels of the measurement steps, in order, for the progress bar."""
+        out = [f"matmul {dt}" for dt in self.matmul_sizes] + ["memory copy"]
+        return out + [f"{c}" for c in self.collectives]
+
+
+def plan_for(quick: bool, cuda: bool) -> MeasurePlan:
+    """The measurement plan: small and fast with `quick` (tests), thorough otherwise; GPU sizes are larger."""
+    names = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+    if cuda:
+        mm = tuple(2 ** k for k in range(8, 14))                       # 256 .. 8192
+        return MeasurePlan(matmul_sizes={"bf16": mm, "fp16": mm, "tf32": mm, "fp32": mm},
+                           copy_bytes=tuple(2 ** k for k in range(20, 31, 2)),        # 1 MiB .. 1 GiB
+                           collective_bytes=tuple(2 ** k for k in range(12, 31, 2)),  # 4 KiB .. 1 GiB
+                           collectives=names, warmup=5, repeats=20, budget_s=5.0)
+    if quick:
+        return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256), "bf16": (16, 32)},
+                           copy_bytes=(64 * KIB, 1 * MIB, 8 * MIB),
+                           collective_bytes=(4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB),
+                           collectives=names, warmup=2, repeats=9, budget_s=0.5)
+    # bf16 matmul runs at ~1 GFLOP/s on a CPU without bf16 instructions (measured here), so only small sizes.
+    return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256, 512, 1024), "bf16": (16, 32, 64, 128)},
+                       copy_bytes=tuple(2 ** k for k in range(16, 29, 2)),         # 64 KiB .. 256 MiB
+                       collective_bytes=tuple(2 ** k for k in range(12, 25, 2)),   # 4 KiB .. 16 MiB
+                       collectives=names, warmup=3, repeats=21, budget_s=2.0)
+
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""Torch dtype used for each profiled dtype name (tf32 is fp32 with TF32 tensor cores allowed)."""
+
+
+def time_calls(fn: Callable[[], object], sync: Callable[[], None], warmup: int, repeats: int,
+               budget_s: float) -> list[float]:
+    """Seconds per call of `fn` for up to `repeats` calls after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def matmul_rates(dtype: str, sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
+                 plan: MeasurePlan) -> list[tuple[float, float]]:
+    """[(FLOPs of one n x n x n matmul, median FLOP/s)] for each size."""
+    tf32_was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        out = []
+        for n in sizes:
+            a = torch.randn(n, n, device=device).to(DTYPES[dtype])
+            b = torch.randn(n, n, device=device).to(DTYPES[dtype])
+            t = statistics.median(time_calls(lambda: torch.mm(a, b), sync, plan.warmup, plan.repeats,
+                                             plan.budget_s))
+            out.append((2.0 * n ** 3, 2.0 * n ** 3 / t))
+        return out
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_was
+
+
+def copy_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
+               plan: MeasurePlan) -> list[tuple[float, float]]:
+    """[(bytes moved by one copy = 2 x size, median bytes/s)] for tensor copies of each size."""
+    out = []
+    for size in sizes:
+        src = torch.ones(size // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        t = statistics.median(time_calls(lambda: dst.copy_(src), sync, plan.warmup, plan.repeats, plan.budget_s))
+        out.append((2.0 * size, 2.0 * size / t))
+    return out
+
+
+def _collective_fn(name: str, size: int, world: int, rank: int, device: torch.device,
+                   group: dist.ProcessGroup | None) -> Callable[[], object] | None:
+    """A closure running one `name` collective of `size` bytes, or None where this rank takes no part."""
+    numel = max(size // 4, world)
+    numel -= numel % world
+    x = torch.ones(numel, dtype=torch.float32, device=device)
+    if name == "all_reduce":
+        return lambda: dist.all_reduce(x, group=group)
+    if name == "all_gather":
+        shard = torch.ones(numel // world, dtype=torch.float32, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        return lambda: gather(x, shard, group=group)
+    if name == "reduce_scatter":
+        out = torch.empty(numel // world, dtype=torch.float32, device=device)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(out, x, group=group)
+    if name == "broadcast":
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        return lambda: dist.broadcast(x, src=src, group=group)
+    if name == "send_recv":  # pairs (0,1), (2,3), ... exchange one message at once; an odd last rank idles
+        peer = rank ^ 1
+        if peer >= world:
+            return None
+        peer_g = dist.get_global_rank(group, peer) if group is not None else peer
+        return (lambda: dist.send(x, peer_g, group=group)) if rank % 2 == 0 else \
+            (lambda: dist.recv(x, peer_g, group=group))
+    raise ValueError(f"unknown collective {name!r}")
+
+
+def calls_per_sample(size: int) -> int:
+    """Back-to-back calls timed together for one sample: several for small messages (as nccl-tests times a loop
+    of iterations), so one sample is not a single scheduler-sized hiccup; one call from 256 KiB up."""
+    return max(1, min(16, (256 * KIB) // max(size, 1)))
+
+
+def collective_samples(name: str, sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
+                       plan: MeasurePlan, group: dist.ProcessGroup | None = None) -> dict[int, list[float]]:
+    """{size: seconds per call for each repeat (the slowest rank's)} for one collective on `group`.
+
+    Every rank runs the same fixed number of calls (a time budget could differ between ranks and deadlock).
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    out: dict[int, list[float]] = {}
+    for size in sizes:
+        fn = _collective_fn(name, size, world, rank, device, group)
+        k = calls_per_sample(size)
+        for _ in range(plan.warmup):
+            if fn is not None:
+                fn()
+        sync()
+        samples = []
+        for _ in range(plan.repeats):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(k if fn is not None else 0):
+                fn()
+            sync()
+            samples.append((time.perf_counter() - t0) / k)
+        slowest = torch.tensor(samples, dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        out[size] = slowest.cpu().tolist()
+    return out
+
+
+def medians(samples: dict[int, list[float]]) -> list[tuple[int, float]]:
+    """[(size, median seconds)] in increasing size."""
+    return [(s, statistics.median(v)) for s, v in sorted(samples.items())]
+
+
+def fit_ring_allreduce(points: Sequence[tuple[float, float]], n: int) -> tuple[float, float]:
+    """Per-device bandwidth B (bytes/s) and per-step latency alpha (s) of a ring all-reduce fitted to points.
+
+    Model (Thakur, Rabenseifner & Gropp 2005; nccl-tests PERFORMANCE.md): t = 2(n-1)/n * S/B + 2(n-1) * alpha,
+    linear in S; least squares on relative error so small and large messages weigh alike. Where the fit gives
+    a non-positive latency or bandwidth (noise at one end), the largest message sets B and the smallest alpha.
+    """
+    if n < 2 or len(points) < 2:
+        raise ValueError("the fit needs at least 2 ranks and 2 message sizes")
+    s = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    w = 1.0 / t
+    design = np.stack([s * w, w], axis=1)
+    (slope, intercept), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    steps = 2 * (n - 1)
+    if slope <= 0:
+        slope = t[-1] / s[-1]
+    if intercept <= 0:
+        intercept = max(t[0] - slope * s[0], t[0] * 0.01)
+    bandwidth = steps / n / slope
+    return float(bandwidth), float(intercept / steps)

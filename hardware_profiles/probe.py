@@ -1,0 +1,381 @@
+"""`plan profile`: measure the cluster this runs on and write it as a profile YAML.
+
+    plan profile [--nproc N] [--backend nccl|gloo] [-o cluster.yaml] [--quick]
+
+Without CUDA it starts N local CPU ranks (gloo, one thread each); with CUDA one rank per GPU (NCCL). Under
+torchrun across nodes (LOCAL_WORLD_SIZE < WORLD_SIZE) it also measures the inter-node level. Each rank measures
+matmul throughput by size, memory-copy bandwidth and collective time by message size; rank 0 fits the ring
+all-reduce's bandwidth and latency and writes the YAML atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import queue
+import re
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Sequence
+
+from hardware_profiles import host
+from hardware_profiles.schema import Cluster, CollectiveCurve, DeviceSpec, LinkSpec, ProfileError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="plan profile", description=(
+        "Measure this machine (or, under torchrun, these machines) and write a cluster profile YAML for "
+        "`plan --cluster`: matmul throughput by size and dtype, memory bandwidth, and collective time by message "
+        "size, with the link bandwidth and latency fitted to the measured all-reduce. Without CUDA it measures N "
+        "local CPU ranks over gloo.\n\nOn GPU nodes: torchrun --nnodes=K --nproc-per-node=G -m planner.cli "
+        "profile --backend nccl -o cluster.yaml"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="local ranks to start (default: the GPU count with CUDA, else 2); ignored under torchrun")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                   help="torch.distributed backend (default: nccl with CUDA, else gloo)")
+    p.add_argument("-o", "--output", default="cluster.yaml", metavar="PATH",
+                   help="where to write the profile (default: cluster.yaml)")
+    p.add_argument("--name", default=None, help="profile name written into the YAML (default: from the device)")
+    p.add_argument("--quick", action="store_true", help="few sizes and repeats (seconds; for tests)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult:
+    """What one profiling run produced."""
+
+    cluster: Cluster
+    """The measured cluster."""
+    header: str
+    """Comment lines written above the YAML: where, when and how it was measured."""
+    elapsed_s: float
+    """Wall time of the run, process start-up included."""
+    raw: dict[str, Any] = field(default_factory=dict)
+    """Rank 0's raw measurements (per-repeat samples where kept), for tests and benchmarks."""
+
+
+# ---- the work of one rank ----------------------------------------------------------------------------------------
+
+def _gather_median(local: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Median rate across ranks at each size (all ranks measure at once, as they would train)."""
+    import torch.distributed as dist
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, local)
+    return [(size, statistics.median(r[i][1] for r in everyone)) for i, (size, _) in enumerate(local)]
+
+
+def _node_groups(world: int, local_world: int) -> tuple[Any, Any]:
+    """(this rank's intra-node group, its inter-node group): None/None on one node (the default group)."""
+    import torch.distributed as dist
+    if local_world == world:
+        return None, None
+    rank = dist.get_rank()
+    intra = inter = None
+    for node in range(world // local_world):  # every rank must create every group, in the same order
+        g = dist.new_group(list(range(node * local_world, (node + 1) * local_world)))
+        if rank // local_world == node:
+            intra = g
+    for local in range(local_world):
+        g = dist.new_group(list(range(local, world, local_world)))
+        if rank % local_world == local:
+            inter = g
+    return intra, inter
+
+
+def _device_facts(cuda: bool, local_rank: int, local_world: int) -> dict[str, Any]:
+    """Name, memory and intra-node link kind of this rank's device."""
+    if cuda:
+        import torch
+        free, total = torch.cuda.mem_get_info(local_rank)
+        return {"name": torch.cuda.get_device_name(local_rank), "memory_bytes": int(total),
+                "usable_fraction": free / total, "link_kind": host.gpu_link_kind(local_world) if local_rank == 0
+                else "pcie"}
+    mem = host.meminfo()
+    return {"name": f"{host.cpu_name()} (1 thread per rank)", "memory_bytes": mem["MemTotal"] // local_world,
+            "usable_fraction": mem.get("MemAvailable", mem["MemTotal"]) / mem["MemTotal"], "link_kind": "loopback"}
+
+
+def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any] | None:
+    """Measure everything on this (already initialised) rank; rank 0 returns the raw results, others None."""
+    import torch
+    import torch.distributed as dist
+    from hardware_profiles import measure as M
+
+    cuda = cfg["backend"] == "nccl"
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local_world, local_rank = cfg["local_world"], rank % cfg["local_world"]
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    plan = M.plan_for(cfg["quick"], cuda)
+    raw: dict[str, Any] = {"world": world, "local_world": local_world, "backend": cfg["backend"],
+                           "device": _device_facts(cuda, local_rank, local_world), "matmul": {}, "curves": {}}
+    for dt, sizes in plan.matmul_sizes.items():
+        raw["matmul"][dt] = _gather_median(M.matmul_rates(dt, sizes, device, sync, plan))
+        step(f"matmul {dt}")
+    raw["copy"] = _gather_median(M.copy_rates(plan.copy_bytes, device, sync, plan))
+    step("memory copy")
+    intra, inter = _node_groups(world, local_world)
+    levels = [("intra_node", intra)] + ([("inter_node", inter)] if world > local_world else [])
+    for level, group in levels:
+        raw["curves"][level] = {}
+        for name in plan.collectives:
+            samples = M.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
+            raw["curves"][level][name] = M.medians(samples)
+            if name == "all_reduce" and level == "intra_node" and cfg.get("repeat_all_reduce"):
+                again = M.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
+                raw["all_reduce_runs"] = [samples, again]
+            step(f"{name} ({level.replace('_', '-')})")
+    return raw if rank == 0 else None
+
+
+def _init_and_run(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> None:
+    """Entry point of a spawned local rank: results and progress go to the parent through `q`."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)  # ranks share the host's cores; one thread each keeps them from fighting
+    try:
+        if cfg["backend"] == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        try:
+            raw = run_rank(cfg, (lambda label: q.put(("step", label))) if rank == 0 else (lambda label: None))
+        finally:
+            dist.destroy_process_group()
+        if raw is not None:
+            q.put(("result", raw))
+    except BaseException as e:  # the parent turns this into one line
+        q.put(("error", rank, f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _total_steps(cfg: dict[str, Any], levels: int) -> int:
+    from hardware_profiles.measure import plan_for
+    plan = plan_for(cfg["quick"], cfg["backend"] == "nccl")
+    return len(plan.matmul_sizes) + 1 + levels * len(plan.collectives)
+
+
+class _Bar:
+    """A rich progress bar on stderr (or nothing when `show` is false)."""
+
+    def __init__(self, total: int, show: bool):
+        self.progress = None
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.progress = Progress(TextColumn("profiling"), BarColumn(), TextColumn("{task.description}"),
+                                     TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("starting ranks", total=total)
+
+    def step(self, label: str) -> None:
+        """Advance one step; `label` is the step just finished."""
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, description=label)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _collect(procs: list[Any], q: Any, bar: _Bar, timeout_s: float) -> dict[str, Any]:
+    """Wait for rank 0's result, advancing the bar; a failed rank becomes a ProfileError."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            msg = q.get(timeout=0.2)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise ProfileError(f"plan profile: rank {procs.index(dead[0])} exited with status "
+                                   f"{dead[0].exitcode} before finishing; rerun with fewer --nproc")
+            continue
+        if msg[0] == "step":
+            bar.step(msg[1])
+        elif msg[0] == "result":
+            return msg[1]
+        else:
+            raise ProfileError(f"plan profile: rank {msg[1]} failed: {msg[2]}")
+    raise ProfileError(f"plan profile: no result after {timeout_s:.0f} s; is the machine overloaded?")
+
+
+def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, name: str | None = None,
+                  repeat_all_reduce: bool = False, progress: bool = True, timeout_s: float = 600.0) -> ProbeResult:
+    """Start `nproc` local ranks, measure them, and return the measured cluster (nothing is written)."""
+    import multiprocessing as mp
+    start = time.perf_counter()
+    cfg = {"backend": backend, "quick": quick, "local_world": nproc, "repeat_all_reduce": repeat_all_reduce}
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_init_and_run, args=(r, nproc, port, cfg, q), daemon=True) for r in range(nproc)]
+    bar = _Bar(_total_steps(cfg, 1), progress)
+    try:
+        for p in procs:
+            p.start()
+        raw = _collect(procs, q, bar, timeout_s)
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        bar.close()
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+    return _result(raw, name, time.perf_counter() - start)
+
+
+def profile_torchrun(quick: bool, backend: str, name: str | None, progress: bool) -> ProbeResult | None:
+    """Measure under torchrun (env:// rendezvous); rank 0 returns the result, other ranks None."""
+    import torch
+    import torch.distributed as dist
+    start = time.perf_counter()
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world % local_world:
+        raise ProfileError(f"plan profile: WORLD_SIZE {world} is not a multiple of LOCAL_WORLD_SIZE {local_world}")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % local_world)))
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(backend)
+    cfg = {"backend": backend, "quick": quick, "local_world": local_world}
+    bar = _Bar(_total_steps(cfg, 1 if world == local_world else 2), progress and rank == 0)
+    try:
+        raw = run_rank(cfg, bar.step)
+    finally:
+        bar.close()
+        dist.destroy_process_group()
+    return None if raw is None else _result(raw, name, time.perf_counter() - start)
+
+
+# ---- from measurements to a Cluster ------------------------------------------------------------------------------
+
+def _efficiency(rates: Sequence[tuple[float, float]], peak: float) -> tuple[tuple[float, float], ...]:
+    """[(size, rate / peak)]: fractions of the best measured rate, which is 1.0 at its size."""
+    return tuple((float(s), min(1.0, r / peak)) for s, r in rates)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "profiled"
+
+
+def _inter_kind() -> str:
+    ib = Path("/sys/class/infiniband")
+    return "infiniband" if ib.is_dir() and any(ib.iterdir()) else "ethernet"
+
+
+def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
+    """The Cluster that `raw` (rank 0's measurements) describes."""
+    from hardware_profiles.measure import fit_ring_allreduce
+    world, local_world, dev = raw["world"], raw["local_world"], raw["device"]
+    cuda = raw["backend"] == "nccl"
+    main_dtype = "bf16" if cuda else "fp32"  # the dtype training runs in on this hardware
+    peaks = {dt: max(r for _, r in rates) for dt, rates in raw["matmul"].items()}
+    bw_peak = max(r for _, r in raw["copy"])
+    device = DeviceSpec(name=dev["name"], memory_bytes=int(dev["memory_bytes"]),
+                        usable_memory_fraction=round(min(1.0, dev["usable_fraction"]), 4),
+                        peak_flops=peaks, memory_bandwidth=bw_peak,
+                        matmul_efficiency=_efficiency(raw["matmul"][main_dtype], peaks[main_dtype]),
+                        memory_efficiency=_efficiency(raw["copy"], bw_peak))
+    links, curves = {}, []
+    for level, by_name in raw["curves"].items():
+        n = local_world if level == "intra_node" else world // local_world
+        bw, lat = fit_ring_allreduce(by_name["all_reduce"], n)
+        kind = dev["link_kind"] if level == "intra_node" else _inter_kind()
+        links[level] = LinkSpec(kind=kind, bandwidth=bw, latency=lat)
+        for coll, points in by_name.items():
+            curves.append(CollectiveCurve(collective=coll, level=level, group_size=2 if coll == "send_recv" else n,
+                                          points=tuple((int(s), float(t)) for s, t in points)))
+    if "inter_node" not in links:  # one host: no second node to measure; inter-node = the same loopback
+        i = links["intra_node"]
+        links["inter_node"] = LinkSpec(kind="loopback", bandwidth=i.bandwidth, latency=i.latency)
+    return Cluster(name=name or ("cpu-local" if not cuda else _slug(dev["name"])), nodes=world // local_world,
+                   devices_per_node=local_world, device=device, intra_node=links["intra_node"],
+                   inter_node=links["inter_node"], collectives=tuple(curves))
+
+
+def _header(raw: dict[str, Any], elapsed: float) -> str:
+    import torch
+    nodes = raw["world"] // raw["local_world"]
+    lines = [f"Measured by `plan profile` on {socket.gethostname()}, {_dt.date.today().isoformat()}: "
+             f"{raw['world']} ranks ({raw['backend']}, {nodes} node(s) x {raw['local_world']}), torch "
+             f"{torch.__version__}, {elapsed:.1f} s.",
+             "peak_flops and memory_bandwidth are the best rates measured here (median over repeats, median over "
+             "ranks), not datasheet peaks;",
+             "matmul_efficiency / memory_efficiency are the measured rates by size divided by them (square "
+             "matmuls; tensor copies, bytes read + written).",
+             "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
+             "the measured all-reduce",
+             "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "
+             "[bytes, seconds] medians."]
+    if raw["backend"] == "gloo":
+        lines.append("CPU ranks: one thread each; gloo talks TCP over the loopback interface (kind loopback).")
+    if nodes == 1:
+        lines.append("One node: inter_node is a copy of intra_node with kind loopback (no second node measured).")
+    return "\n".join(lines)
+
+
+def _result(raw: dict[str, Any], name: str | None, elapsed: float) -> ProbeResult:
+    return ProbeResult(cluster=build_cluster(raw, name), header=_header(raw, elapsed), elapsed_s=elapsed, raw=raw)
+
+
+# ---- the command -------------------------------------------------------------------------------------------------
+
+def _summary(result: ProbeResult, path: str) -> str:
+    c = result.cluster
+    i = c.intra_node
+    best = ", ".join(f"{dt} {v / 1e9:.1f}" for dt, v in c.device.peak_flops.items())
+    return (f"wrote {path} ({c.name}: {c.nodes} node(s) x {c.devices_per_node} {c.device.name}) in "
+            f"{result.elapsed_s:.1f} s\n  intra-node link ({i.kind}): {i.bandwidth / 1e9:.3f} GB/s per rank, "
+            f"{i.latency * 1e6:.1f} us per step\n  best matmul GFLOP/s per rank: {best}; memory copy "
+            f"{c.device.memory_bandwidth / 1e9:.1f} GB/s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `plan profile` with `argv` (the arguments after `profile`); returns the exit status."""
+    import torch
+    args = _parser().parse_args(list(argv or []))
+    out = Path(args.output)
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
+                           "another path")
+    cuda = torch.cuda.is_available()
+    backend = args.backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        raise ProfileError("--backend nccl needs CUDA GPUs and none are visible; use --backend gloo for CPU ranks")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        result = profile_torchrun(args.quick, backend, args.name, progress=True)
+        if result is None:
+            return 0
+    else:
+        nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if backend == "nccl" else 2)
+        if nproc < 2:
+            raise ProfileError(f"--nproc {nproc}: collectives need at least 2 ranks")
+        if backend == "nccl" and nproc > torch.cuda.device_count():
+            raise ProfileError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPUs are visible")
+        if backend == "gloo" and nproc > (os.cpu_count() or 1) * 4:
+            raise ProfileError(f"--nproc {nproc}: more than 4 ranks per CPU core would measure contention")
+        result = profile_local(nproc, backend, args.quick, args.name)
+    from hardware_profiles.load import save_cluster
+    save_cluster(result.cluster, out, header=result.header)
+    print(_summary(result, str(out)))
+    return 0
