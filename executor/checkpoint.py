@@ -1,0 +1,98 @@
+"""Checkpoints that move between plans, written with torch.distributed.checkpoint (DCP).
+
+Every tensor is stored under the model's own parameter name — the first name `named_parameters()` gives it, so a
+tied weight is stored once (`wte.weight`, never `lm_head.weight`) — whatever wrapper, stage or shard holds it:
+
+    model/<name>             the parameter (a DTensor shard, a replica, or a pipeline stage's copy)
+    optim/<name>/<state>     the optimizer's per-parameter state (e.g. exp_avg, exp_avg_sq, step)
+    buffer/<name>            buffers
+    meta/step                steps taken
+
+DCP records each DTensor's global shape and shard offsets, and on load reads exactly the slices the new plan's
+shards cover, so a run saved with ZeRO-3 on dp=2 resumes with tp=2 x pp=2 (or on one process). The optimizer's
+hyper-parameters (lr, betas, ...) are not stored: they come from the optimizer factory given to `apply_plan`.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+
+from executor.errors import ExecutorError
+
+if TYPE_CHECKING:
+    from executor.runner import Runner
+
+
+def _modules(runner: "Runner") -> Iterator[nn.Module]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    for part in runner.parts:
+        yield part.module if isinstance(part, DDP) else part
+
+
+def _params(runner: "Runner") -> Iterator[tuple[str, nn.Parameter]]:
+    """(canonical name, parameter) for every parameter name on this rank, tied aliases included."""
+    for mod in _modules(runner):
+        for name, p in mod.named_parameters(remove_duplicate=False):
+            yield runner.canonical.get(name, name), p
+
+
+def _state_dict(runner: "Runner", for_save: bool) -> dict[str, torch.Tensor]:
+    sd: dict[str, torch.Tensor] = {}
+    names_here = {n for mod in _modules(runner) for n, _ in mod.named_parameters(remove_duplicate=False)}
+    for canon, p in _params(runner):
+        if for_save and canon not in names_here:
+            continue  # a tied copy whose canonical owner lives in another stage saves it
+        sd[f"model/{canon}"] = p.detach()
+        for k, v in runner.optimizer.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor):
+                sd[f"optim/{canon}/{k}"] = v
+    for mod in _modules(runner):
+        for name, b in mod.named_buffers():
+            sd[f"buffer/{name}"] = b
+    return sd
+
+
+def save(runner: "Runner", folder: str | os.PathLike) -> None:
+    """Write this rank's share of the model and optimizer state (every rank calls it)."""
+    sd = _state_dict(runner, for_save=True)
+    sd["meta/step"] = torch.tensor(runner.step_count)
+    dcp.save(sd, checkpoint_id=os.fspath(folder))
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's per-parameter state without changing any parameter: one step with zero gradients
+    and learning rate 0 (what torch.distributed.checkpoint.state_dict does before loading optimizer state)."""
+    if optimizer.state:
+        return
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+
+def load(runner: "Runner", folder: str | os.PathLike) -> None:
+    """Read a checkpoint written by `save` under any plan into this rank's shards, in place."""
+    folder = os.fspath(folder)
+    if not os.path.exists(os.path.join(folder, ".metadata")):
+        raise ExecutorError(f"{folder}: not a checkpoint (no .metadata); pass a folder runner.save() wrote")
+    init_optimizer_state(runner.optimizer)
+    sd = _state_dict(runner, for_save=False)
+    step = torch.tensor(0)
+    sd["meta/step"] = step
+    try:
+        with torch.no_grad():
+            dcp.load(sd, checkpoint_id=folder)
+    except Exception as e:
+        raise ExecutorError(f"{folder}: cannot load into this model/plan ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); was it saved from the same model?") \
+            from None
+    runner.step_count = int(step)

@@ -1,0 +1,340 @@
+"""`apply_plan`: turn an ordinary model and a plan into a `Runner` that trains with the plan's parallelism.
+
+    runner = apply_plan(build_model(), "plan.json",
+                        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4), loss_fn=loss_fn)
+    loss = runner.step(inputs, targets)
+
+`optimizer` is a factory called with the parameters this rank ends up holding (sharding replaces them, so an
+optimizer built beforehand would point at stale tensors). `step` takes the global batch (the same on every rank;
+each dp replica slices its share) or this replica's share (global_batch_size / dp samples).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from executor import parallel, pipeline
+from executor.errors import ExecutorError
+from executor.measure import SavedActivations, Timings, format_report, measurement
+from planner.model_file import default_loss
+from planner.plan import Plan, model_fingerprint
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+"""Builds the optimizer over the parameters one rank holds after sharding."""
+PG_TIMEOUT_S = float(os.environ.get("SHARDWISE_PG_TIMEOUT_S", "120"))
+"""Process-group timeout: a collective waiting longer than this on a dead peer fails instead of hanging."""
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def load_plan(plan_or_path: Plan | str | os.PathLike) -> Plan:
+    """A Plan, or one read from plan.json (PlanError on bad content)."""
+    return plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
+
+
+def check_plan_matches_model(plan: Plan, model: nn.Module) -> None:
+    """Refuse a plan made for another model: parameter count and name/shape fingerprint must agree."""
+    named = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    want_fp = plan.model.get("fingerprint")
+    if want_fp and want_fp != model_fingerprint(named):
+        raise ExecutorError(f"plan was made for another model (parameter names/shapes differ: fingerprint "
+                            f"{want_fp} vs {model_fingerprint(named)}); re-plan for this model")
+    want_n = plan.model.get("parameters")
+    have_n = sum(p.numel() for p in model.parameters())
+    if want_n and int(want_n) != have_n:
+        raise ExecutorError(f"plan was made for a model with {int(want_n):,} parameters, this one has {have_n:,}; "
+                            "re-plan for this model")
+
+
+def check_world(plan: Plan) -> tuple[int, int]:
+    """(rank, world size) from the torchrun environment; the plan's world size must match."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world != plan.world_size:
+        raise ExecutorError(f"plan needs {plan.world_size} ranks (dp {plan.mesh.dp} x tp {plan.mesh.tp} x pp "
+                            f"{plan.mesh.pp}) but {world} were launched; run torchrun --nproc-per-node "
+                            f"{plan.world_size} (or `plan measure`, which launches them)")
+    return rank, world
+
+
+def init_distributed(rank: int, world: int) -> torch.device:
+    """Start the default process group (nccl on GPUs, gloo on CPU) unless already started; returns the device."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=PG_TIMEOUT_S)
+        backend = "nccl" if cuda else "gloo"
+        if world == 1 and "MASTER_ADDR" not in os.environ:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
+    return device
+
+
+def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
+               optimizer: OptimizerFactory | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+               *, sync_init: bool = True) -> "Runner":
+    """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
+
+    Checks (before any process group starts): the plan loads, matches the model, and the launched world size
+    equals the plan's. Then builds the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
+    (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
+    `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE.
+    """
+    plan = load_plan(plan_or_path)
+    check_plan_matches_model(plan, model)
+    rank, world = check_world(plan)
+    device = init_distributed(rank, world)
+    return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
+                  device, sync_init)
+
+
+class Runner:
+    """Trains one rank's share of the model under a plan. Build with `apply_plan`."""
+
+    def __init__(self, model: nn.Module, plan: Plan, optimizer: OptimizerFactory, loss_fn, device: torch.device,
+                 sync_init: bool = True):
+        self.plan, self.loss_fn, self.device = plan, loss_fn, device
+        m = plan.mesh
+        self.mesh = init_device_mesh(device.type, (m.pp, m.dp, m.tp), mesh_dim_names=("pp", "dp", "tp"))
+        model.to(device)
+        if sync_init and dist.get_world_size() > 1:
+            with torch.no_grad():
+                for t in list(model.parameters()) + list(model.buffers()):
+                    dist.broadcast(t.data, src=0)
+        self.block_paths = [p for p, _ in parallel.blocks(model)]
+        self.canonical = _canonical_names(model)
+        strategies = parallel.placements_from_plan(plan) or \
+            (parallel.derive_placements(model, plan.sequence_parallel) if m.tp > 1 else {})
+        self.strategies = strategies
+        self.saved = SavedActivations()
+        self.timings = Timings()
+        self.step_count = 0
+        self.amp = DTYPES[plan.precision]
+        if m.pp > 1:
+            self._build_pipeline(model)
+        else:
+            self.parts = [self._parallelize(model)]
+            self.schedule = None
+            self.tied, self.tied_groups = [], []
+        params = [p for part in self.parts for p in part.parameters()]
+        self.optimizer = optimizer(params)
+
+    # ---- construction ------------------------------------------------------------------------------------------
+    def _parallelize(self, module: nn.Module) -> nn.Module:
+        """TP, then activation checkpointing, then FSDP or DDP (the order `executor.parallel` documents)."""
+        plan = self.plan
+        if plan.mesh.tp > 1:
+            parallel.apply_tp(module, self.mesh["tp"], self.strategies, plan.sequence_parallel, self.block_paths)
+        parallel.apply_ac(module, plan.recompute, self.block_paths)
+        if plan.mesh.dp > 1 and plan.zero_stage > 0:
+            return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
+        if plan.mesh.dp > 1:
+            return parallel.apply_ddp(module, self.mesh["dp"])
+        return module
+
+    def _build_pipeline(self, model: nn.Module) -> None:
+        from torch.distributed.pipelining import PipelineStage
+        plan = self.plan
+        mods = pipeline.stage_modules(model, plan)
+        graphs = pipeline.split_model(model, mods)
+        pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
+        mine = [i for i in range(len(graphs)) if i % pp == pp_rank]
+        self.stage_ids = mine
+        self.parts, stages = [], []
+        for i in mine:
+            part = self._parallelize(graphs[i])
+            self.parts.append(part)
+            stages.append(PipelineStage(part, i, len(graphs), self.device, group=self.mesh["pp"].get_group()))
+        self.stages = stages
+        self.schedule = pipeline.make_schedule(plan, stages, self._loss)
+        # tied weights whose copies sit on different pp ranks: one group per weight
+        pairs = pipeline.tied_pairs(model, mods)
+        groups = pipeline.tied_groups_for_rank(self.mesh, [sorted({s % pp for s in st}) for _, st in pairs])
+        self.tied, self.tied_groups = [], []
+        for (name, st), g in zip(pairs, groups):
+            held = [p for part in self.parts for n, p in part.named_parameters(remove_duplicate=False)
+                    if self.canonical.get(n) == name]
+            self.tied.append(held[0] if held else None)
+            self.tied_groups.append(g if held and len({s % pp for s in st}) > 1 else None)
+
+    def _loss(self, out, target):
+        return self.loss_fn(out, target)
+
+    # ---- training ----------------------------------------------------------------------------------------------
+    def local_batch(self, inputs, targets):
+        """This dp replica's share of the batch (the global batch is sliced; a share passes through)."""
+        plan = self.plan
+        n = _batch_len(inputs)
+        share = plan.global_batch_size // plan.mesh.dp
+        if n == share:
+            return inputs, targets
+        if n != plan.global_batch_size:
+            raise ExecutorError(f"step() got a batch of {n} samples; the plan needs the global batch "
+                                f"({plan.global_batch_size}) or this replica's share ({share})")
+        i = self.mesh["dp"].get_local_rank()
+        return _slice(inputs, i * share, share), _slice(targets, i * share, share)
+
+    def step(self, inputs, targets) -> float:
+        """One optimizer step: forward and backward over the plan's micro-batches, then the optimizer. Returns the
+        mean loss over the global batch (the same on every rank)."""
+        inputs, targets = _to(self.local_batch(inputs, targets), self.device)
+        track = self.step_count == 0 or getattr(self, "_track_next", False)
+        self._track_next = False
+        t0 = _now(self.device)
+        with (self.saved.track() if track else contextlib.nullcontext()):
+            loss = self._forward_backward(inputs, targets)
+        t1 = _now(self.device)
+        if track:
+            self._grad_bytes = parallel.local_bytes(p.grad for part in self.parts for p in part.parameters())
+        if self.tied:
+            pipeline.sum_tied_grads(self.tied, self.tied_groups)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t2 = _now(self.device)
+        loss = self._reduce_loss(loss)
+        self.timings.add(t2 - t0, t1 - t0, t2 - t1)
+        self.step_count += 1
+        return loss
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp)
+
+    def _forward_backward(self, inputs, targets) -> torch.Tensor:
+        plan = self.plan
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            with self._autocast():
+                first = 0 in self.stage_ids
+                self.schedule.step(*(_as_args(inputs) if first else ()), target=targets, losses=losses)
+            if losses:
+                return torch.stack([l.detach().float() for l in losses]).mean()
+            return torch.zeros((), device=self.device)
+        model, n = self.parts[0], plan.num_microbatches
+        total = torch.zeros((), device=self.device)
+        mb = plan.microbatch_size
+        for k in range(n):
+            x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
+            with self._sync(model, last=k == n - 1), self._autocast():
+                loss = self.loss_fn(model(*_as_args(x)), y) / n
+            with self._sync(model, last=k == n - 1):
+                loss.backward()
+            total += loss.detach().float()
+        return total
+
+    def _sync(self, model: nn.Module, last: bool):
+        """Gradient reduction only on the last micro-batch for DDP / replicate / ZeRO-1 (see executor.parallel)."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        if isinstance(model, DDP) and not last:
+            return model.no_sync()
+        if isinstance(model, FSDPModule):
+            accumulate_whole = self.plan.zero_stage in (0, 1)
+            model.set_requires_gradient_sync(last or not accumulate_whole)
+        return contextlib.nullcontext()
+
+    def _reduce_loss(self, loss: torch.Tensor) -> float:
+        """Mean loss over the global batch: from the last pipeline stage, averaged over dp."""
+        if self.plan.mesh.pp > 1:
+            dist.all_reduce(loss, group=self.mesh["pp"].get_group())
+        if self.plan.mesh.dp > 1:
+            dist.all_reduce(loss, group=self.mesh["dp"].get_group())
+            loss = loss / self.plan.mesh.dp
+        return float(loss)
+
+    # ---- reporting ---------------------------------------------------------------------------------------------
+    def track_memory_next_step(self) -> None:
+        """Count saved activations during the next step (done automatically on the first step)."""
+        self._track_next = True
+
+    def memory_bytes(self) -> dict[str, int]:
+        """What this rank holds: parameters, gradients, optimizer state, peak saved activations, and the peak
+        total (CUDA allocator's peak on GPU; on CPU the sum of the four)."""
+        params = [p for part in self.parts for p in part.parameters()]
+        state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        held = parallel.local_bytes(params)
+        if self.plan.zero_stage in (1, 2) and self.plan.mesh.dp > 1:
+            held *= self.plan.mesh.dp  # FSDP2 without reshard keeps whole parameters from forward to backward
+        out = {"parameters": held,
+               "gradients": getattr(self, "_grad_bytes", held),  # measured after the tracked step's backward
+               "optimizer_state": parallel.local_bytes(state),
+               "activations": self.saved.peak}
+        out["peak"] = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else sum(out.values())
+        return out
+
+    def measurement(self, warmup: int = 1) -> dict[str, Any]:
+        """Measured figures over the steps so far, warm-up steps excluded (see executor.measure)."""
+        return measurement(self, warmup)
+
+    def report(self, warmup: int = 1) -> str:
+        """Predicted (from the plan) vs measured step time and memory, with relative errors, as text."""
+        return format_report(self.plan, self.measurement(warmup))
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+    def save(self, folder: str | os.PathLike) -> None:
+        """Save model and optimizer state with torch.distributed.checkpoint, under the model's own parameter
+        names, so any other plan can load it (see executor.checkpoint)."""
+        from executor.checkpoint import save
+        save(self, folder)
+
+    def load(self, folder: str | os.PathLike) -> None:
+        """Load a checkpoint written by `save` under any plan."""
+        from executor.checkpoint import load
+        load(self, folder)
+
+
+def _canonical_names(model: nn.Module) -> dict[str, str]:
+    """Every parameter name (tied aliases included) -> the first name of that parameter in `named_parameters()`."""
+    first: dict[int, str] = {}
+    out = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        out[n] = first.setdefault(id(p), n)
+    return out
+
+
+def _batch_len(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    if isinstance(x, dict):
+        return _batch_len(next(iter(x.values())))
+    return _batch_len(x[0])
+
+
+def _slice(x, start: int, n: int):
+    if isinstance(x, torch.Tensor):
+        return x[start:start + n]
+    if isinstance(x, dict):
+        return {k: _slice(v, start, n) for k, v in x.items()}
+    return type(x)(_slice(v, start, n) for v in x)
+
+
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return type(x)(_to(v, device) for v in x)
+
+
+def _as_args(x) -> tuple:
+    if isinstance(x, dict):
+        raise ExecutorError("dict inputs are passed as keyword arguments, which this runner does not support; "
+                            "make sample_batch return a tensor or a tuple of tensors")
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
