@@ -45,12 +45,22 @@ def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
     return F.mse_loss(outputs, targets.to(outputs.dtype))
 
 
+def frame_in_file(exc: BaseException, path: str) -> tuple[int, str] | None:
+    """(line number, source line) of the deepest traceback frame of `exc` inside the file `path`, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:  # follow chained causes: export wraps the user's error
+        seen.add(id(exc))
+        for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+            if os.path.abspath(frame.filename) == path and frame.lineno is not None:
+                return frame.lineno, (frame.line or "").strip()
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
 def _where(exc: BaseException, path: str) -> str:
-    """'line N' of the deepest frame inside the model file, if any."""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if os.path.abspath(frame.filename) == path:
-            return f" (line {frame.lineno})"
-    return ""
+    """' (line N)' of the deepest frame inside the model file, if any."""
+    found = frame_in_file(exc, path)
+    return f" (line {found[0]})" if found else ""
 
 
 def load_model_file(path: str) -> ModelFile:
@@ -68,6 +78,7 @@ def load_model_file(path: str) -> ModelFile:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:

@@ -1,0 +1,389 @@
+"""Tracing a model file into an `OpGraph` without touching real memory.
+
+    model file -> build_model() on the meta device -> fx graph (torch.fx.symbolic_trace; torch.export when fx fails)
+               -> run every node on meta tensors (shapes, dtypes, views) -> per-op FLOPs and saved activations
+               (planner.op_analysis, cached so repeated blocks are measured once) -> OpGraph
+
+fx keeps built-in leaf modules (Linear, Embedding, LayerNorm, Conv, ...) as single ops named by their module path;
+torch.export (non-strict, training IR) yields aten ops whose module path comes from `nn_module_stack`. The loss
+(`loss_fn(outputs, targets)`) is appended as one op of kind `loss`. Saved activations are counted once per storage
+over the whole graph: a LayerNorm output saved by the q, k and v projections is listed at the first of them.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from planner import op_kinds
+from planner.blocks import block_of, find_blocks
+from planner.errors import ModelError
+from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
+from planner.model_file import ModelFile, batch, build, frame_in_file
+from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
+
+
+class _LeafTracer(torch.fx.Tracer):
+    """fx tracer that keeps built-in modules without children (and MultiheadAttention) as single ops."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, nn.MultiheadAttention):
+            return True
+        builtin = m.__module__.startswith(("torch.nn", "torch.ao.nn"))
+        return builtin and next(m.children(), None) is None
+
+
+def _meta(x: Any) -> Any:
+    """Every tensor in a (nested) batch moved to the meta device, dtypes kept."""
+    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, x)
+
+
+def _call_args(inputs: Any) -> tuple[tuple, dict]:
+    """How the model is called with `inputs`: a tensor -> model(x), tuple -> model(*xs), dict -> model(**xs)."""
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _meta_str(x: Any) -> str:
+    """Shapes of the tensors in a nested value, for messages."""
+    shapes = [tuple(t.shape) for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+    return ", ".join(str(s) for s in shapes) or "no tensors"
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    """The first non-empty line of an exception message, shortened."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tensor_meta(t: torch.Tensor) -> TensorMeta:
+    return TensorMeta(tuple(t.shape), str(t.dtype).removeprefix("torch."))
+
+
+@dataclass
+class _Traced:
+    """An fx graph ready to interpret: where get_attr nodes resolve and how placeholders get values."""
+
+    graph: torch.fx.Graph
+    root: nn.Module
+    placeholders: dict[str, Any]
+    tracer: str
+    unflatten_output: Callable[[Any], Any] = lambda out: out
+
+
+def _trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> _Traced:
+    graph = _LeafTracer().trace(model)
+    import inspect
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as e:
+        raise ModelError(f"the inputs from sample_batch() do not fit {type(model).__name__}.forward(): {e}") \
+            from None
+    values: dict[str, Any] = {}
+    positional = list(args)
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            continue
+        if node.target in bound.arguments:
+            values[node.name] = bound.arguments[node.target]
+        elif node.args:
+            values[node.name] = node.args[0]
+        elif positional:
+            values[node.name] = positional.pop(0)
+        else:
+            raise ModelError(f"forward() argument {node.target!r} has no value in sample_batch()'s inputs")
+    return _Traced(graph, model, values, "fx")
+
+
+def _trace_export(model: nn.Module, args: tuple, kwargs: dict) -> _Traced:
+    from torch.export.graph_signature import InputKind, OutputKind
+    ep = torch.export.export(model, args, kwargs, strict=False)
+    sig = ep.graph_signature
+    user = iter(tree_flatten((args, kwargs))[0])
+    values: dict[str, Any] = {}
+    for spec in sig.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if spec.kind == InputKind.USER_INPUT:
+            values[name] = next(user)
+        elif spec.kind == InputKind.PARAMETER:
+            values[name] = model.get_parameter(spec.target)
+        elif spec.kind == InputKind.BUFFER:
+            try:
+                values[name] = model.get_buffer(spec.target)
+            except AttributeError:
+                values[name] = _meta(ep.constants[spec.target])
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            values[name] = _meta(ep.constants[spec.target])
+        else:
+            values[name] = ep.constants.get(spec.target) if spec.target else None
+    user_out = [i for i, s in enumerate(sig.output_specs) if s.kind == OutputKind.USER_OUTPUT]
+    out_spec = ep.call_spec.out_spec
+
+    def unflatten(flat: Any) -> Any:
+        picked = [flat[i] for i in user_out]
+        return tree_unflatten(picked, out_spec) if out_spec is not None else picked
+
+    return _Traced(ep.graph, ep.graph_module, values, "export", unflatten)
+
+
+def _fetch_attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _NodeFailed(Exception):
+    """Running one node on meta tensors raised."""
+
+    def __init__(self, node: torch.fx.Node, label: str, exc: BaseException):
+        super().__init__(f"op {node.name} ({label}) raised {_first_line(exc)}")
+        self.node, self.label, self.exc = node, label, exc
+
+
+@dataclass
+class _Builder:
+    """Interprets a traced graph on meta tensors and collects OpNodes."""
+
+    model: nn.Module
+    traced: _Traced
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    analyser: OpAnalyser = field(default_factory=OpAnalyser)
+    ops: list[OpNode] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.param_names: dict[int, str] = {}
+        self.params: list[ParamInfo] = []
+        for name, p in self.model.named_parameters():
+            self.param_names[storage_key(p)] = name
+            self.params.append(ParamInfo(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")))
+        self.param_info = {p.name: p for p in self.params}
+        self.state_storages = set(self.param_names) | {storage_key(b) for b in self.model.buffers()}
+        self.blocks = find_blocks(self.model)
+        self.env: dict[str, Any] = {}
+        self.op_names: set[str] = set()
+        self.saved_seen: set[int] = set()
+        self.owner: dict[int, TensorMeta] = {}
+
+    def _callee(self, node: torch.fx.Node) -> tuple[Callable[..., Any], Hashable, nn.Module | None, str]:
+        """What a node calls: (callable, cache identity, module for call_module, readable target)."""
+        if node.op == "call_module":
+            mod = self.traced.root.get_submodule(node.target)
+            state = tuple((n, tuple(t.shape), t.dtype, t.requires_grad)
+                          for n, t in [*mod.named_parameters(), *mod.named_buffers()])
+            return mod, ("module", type(mod), mod.training, mod.extra_repr(), state), mod, \
+                op_kinds.target_label(node.op, None, mod)
+        if node.op == "call_method":
+            name = node.target
+            return (lambda self, *a, **k: getattr(self, name)(*a, **k)), ("method", name), None, \
+                op_kinds.target_label(node.op, name)
+        fn = fused_sdpa if node.target in SDPA_TARGETS else node.target
+        try:
+            ident: Hashable = ("fn", fn)
+            hash(ident)
+        except TypeError:
+            ident = ("fn-id", id(fn))
+        return fn, ident, None, op_kinds.target_label(node.op, node.target)
+
+    def _module_path(self, node: torch.fx.Node) -> str:
+        if node.op == "call_module":
+            return str(node.target)
+        stack = node.meta.get("nn_module_stack")
+        if not stack:
+            return ""
+        path = list(stack.values())[-1][0]
+        return path if isinstance(path, str) else ""
+
+    def _note_outputs(self, value: Any) -> None:
+        for t in tree_flatten(value)[0]:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                self.owner.setdefault(storage_key(t), storage_meta(t))
+
+    def run(self, progress: Callable[[], None] | None = None) -> Any:
+        """Interpret every node; returns the model output (structured)."""
+        for node in self.traced.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node.name] = self.traced.placeholders.get(node.name)
+                self._note_outputs(self.env[node.name])
+            elif node.op == "get_attr":
+                self.env[node.name] = _fetch_attr(self.traced.root, node.target)
+            elif node.op == "output":
+                out = torch.fx.node.map_arg(node.args[0], lambda n: self.env[n.name])
+                return node, self.traced.unflatten_output(out)
+            else:
+                self._run_node(node)
+            if progress is not None:
+                progress()
+        raise ModelError("the traced graph has no output")
+
+    def _run_node(self, node: torch.fx.Node) -> None:
+        fn, ident, module, label = self._callee(node)
+        args = torch.fx.node.map_arg(node.args, lambda n: self.env[n.name])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n.name])
+        try:
+            with torch.enable_grad():
+                value = fn(*args, **kwargs)
+        except Exception as e:
+            raise _NodeFailed(node, label, e) from e
+        self.env[node.name] = value
+        outs = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+        if not outs:
+            return  # sizes, shapes and other plain values: not an op
+        self._note_outputs(value)
+        key = OpAnalyser.key(ident, (args, kwargs), self.state_storages)
+        try:
+            cost = self.analyser.analyse(key, fn, args, kwargs, self.state_storages, module)
+        except Exception as e:
+            raise _NodeFailed(node, label, e) from e
+        producers = tuple(dict.fromkeys(n.name for n in node.all_input_nodes if n.name in self.op_names))
+        name = op_kinds.callee_name(node.op, node.target) if module is None else ""
+        self._add_op(node.name, label, self._module_path(node), producers, (args, kwargs), outs, cost, module,
+                     lambda reads_param: op_kinds.module_kind(module) if module is not None
+                     else op_kinds.function_kind(name, reads_param))
+
+    def _add_op(self, name: str, label: str, path: str, producers: tuple[str, ...], call_args: Any,
+                outs: list[torch.Tensor], cost: Any, module: nn.Module | None,
+                kind_of: Callable[[bool], str]) -> None:
+        ins = [t for t in tree_flatten(call_args)[0] if isinstance(t, torch.Tensor)]
+        read = ins + (list(module.parameters()) if module is not None else [])
+        params: dict[str, ParamInfo] = {}
+        for t in read:
+            pname = self.param_names.get(storage_key(t))
+            if pname is not None:
+                params.setdefault(pname, self.param_info[pname])
+        saved: list[TensorMeta] = []
+        for where, what in cost.saved:
+            if where == "internal":
+                saved.append(what)
+                continue
+            t = (ins if where == "input" else outs)[what]
+            k = storage_key(t)
+            if k in self.state_storages or k in self.saved_seen:
+                continue
+            self.saved_seen.add(k)
+            saved.append(self.owner.get(k) or storage_meta(t))
+        block, block_type = block_of(path, self.blocks)
+        in_meta = tuple(_tensor_meta(t) for t in read)
+        out_meta = tuple(_tensor_meta(t) for t in outs)
+        self.ops.append(OpNode(
+            name=name, kind=kind_of(bool(params)), target=label, module_path=path, inputs=producers,
+            input_meta=in_meta, output_meta=out_meta, fwd_flops=cost.fwd_flops, bwd_flops=cost.bwd_flops,
+            bytes_read=sum(m.bytes for m in in_meta), bytes_written=sum(m.bytes for m in out_meta),
+            params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type))
+        self.op_names.add(name)
+
+    def add_loss(self, output_node: torch.fx.Node, outputs: Any, targets: Any, path: str) -> None:
+        """Append `loss_fn(outputs, targets)` as one op of kind `loss`."""
+        loss_fn = self.loss_fn
+
+        def fn(out: Any, tgt: Any) -> torch.Tensor:
+            return loss_fn(out, tgt)
+
+        try:
+            with torch.enable_grad():
+                value = fn(outputs, targets)
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise ModelError(f"{path}: the loss must be a scalar tensor, got "
+                                 f"{getattr(value, 'shape', type(value).__name__)}; make loss_fn return a mean")
+            cost = self.analyser.analyse(("loss", id(fn)), fn, (outputs, targets), {}, self.state_storages)
+        except ModelError:
+            raise
+        except Exception as e:
+            where = frame_in_file(e, path)
+            at = f":{where[0]}" if where else ""
+            raise ModelError(f"{path}{at}: loss_fn(outputs, targets) raised {_first_line(e)} with outputs "
+                             f"[{_meta_str(outputs)}] and targets [{_meta_str(targets)}]; make sample_batch's "
+                             "targets match the model output (or define loss_fn in the model file)") from None
+        name = "loss" if "loss" not in self.op_names else "loss_fn"
+        producers = tuple(dict.fromkeys(n.name for n in output_node.all_input_nodes if n.name in self.op_names))
+        label = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
+        self._add_op(name, label, "", producers, (outputs, targets), [value], cost, None, lambda _: "loss")
+
+
+def _eager_failure(model: nn.Module, args: tuple, kwargs: dict, path: str) -> BaseException | None:
+    """Run forward eagerly on the meta inputs; the exception it raises, if any."""
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as e:
+        return e
+    return None
+
+
+_DATA_DEPENDENT = ("meta tensor", "data-dependent", "_local_scalar_dense", "item()", "cannot be called on meta")
+"""Message fragments that mean forward needed tensor values, which tracing on the meta device cannot give."""
+
+
+def _untraceable(path: str, errors: list[tuple[str, BaseException]], eager: BaseException | None) -> ModelError:
+    """The one-line error for a model neither fx nor export could trace (or that fails on the batch)."""
+    if eager is not None and not any(s in str(eager) for s in _DATA_DEPENDENT):
+        where = frame_in_file(eager, path)
+        at = f":{where[0]}: `{where[1]}`" if where else ""
+        return ModelError(f"{path}{at}: forward() failed on the inputs from sample_batch(): {_first_line(eager)}; "
+                          "make sample_batch return inputs of the shapes and dtypes forward() expects")
+    where = None
+    for _, e in reversed(errors):
+        where = where or frame_in_file(e, path)
+    if eager is not None:
+        where = frame_in_file(eager, path) or where
+    at = f":{where[0]}: at `{where[1]}`" if where else ""
+    reasons = "; ".join(f"{name}: {_first_line(e, 120)}" for name, e in errors)
+    return ModelError(f"{path}{at}: cannot trace the model ({reasons}); the planner traces without data, so "
+                      "make control flow depend on shapes, not tensor values (torch.where / torch.cond)")
+
+
+def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | None = None) -> OpGraph:
+    """Trace a model file into an OpGraph on the meta device (no weights allocated); raises ModelError."""
+    model = build(model_file, "meta")
+    model.train()
+    inputs, targets = batch(model_file, batch_size)
+    inputs, targets = _meta(inputs), _meta(targets)
+    args, kwargs = _call_args(inputs)
+    errors: list[tuple[str, BaseException]] = []
+    traced = None
+    for name, tracer in (("torch.fx", _trace_fx), ("torch.export", _trace_export)):
+        try:
+            traced = tracer(model, args, kwargs)
+            break
+        except ModelError:
+            raise
+        except Exception as e:
+            errors.append((name, e))
+    if traced is None:
+        raise _untraceable(model_file.path, errors, _eager_failure(model, args, kwargs, model_file.path))
+    builder = _Builder(model, traced, model_file.loss_fn)
+    show = sys.stderr.isatty() if progress is None else progress
+    try:
+        output_node, outputs = _run_with_progress(builder, show)
+    except _NodeFailed as failed:
+        eager = _eager_failure(model, args, kwargs, model_file.path)
+        if eager is not None:
+            raise _untraceable(model_file.path, errors, eager) from None
+        raise ModelError(f"{model_file.path}: cannot run {failed} on meta tensors (module "
+                         f"{builder._module_path(failed.node) or '<root>'}); rerun with --debug and report it") \
+            from failed.exc
+    builder.add_loss(output_node, outputs, targets, model_file.path)
+    flat_inputs = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+    return OpGraph(model_name=model_file.path, ops=tuple(builder.ops), parameters=tuple(builder.params),
+                   batch_size=batch_size, tracer=traced.tracer, inputs=tuple(_tensor_meta(t) for t in flat_inputs))
+
+
+def _run_with_progress(builder: _Builder, show: bool) -> Any:
+    """builder.run(), with a rich progress bar on stderr when `show`."""
+    if not show:
+        return builder.run()
+    from rich.console import Console
+    from rich.progress import Progress
+    total = len(builder.traced.graph.nodes)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"tracing ({builder.traced.tracer})", total=total)
+        return builder.run(lambda: bar.advance(task))
