@@ -1,0 +1,121 @@
+"""Collective communication time: alpha-beta ring formulas per link level, hierarchical across nodes, measured
+curves first.
+
+Formulas (shared/reference/formulas.csv):
+- all-reduce (allreduce_time_bandwidth_term, alpha_beta_ring_allreduce): 2(n-1)/n * S/B + 2(n-1) alpha
+- all-gather / reduce-scatter (reducescatter_allgather_time): (n-1)/n * S/B + (n-1) alpha
+- all-to-all (alltoall_and_in_network_factors): (n-1)/n * S/B + (n-1) alpha
+- broadcast (broadcast_reduce_time): S/B + (n-1) alpha (pipelined ring)
+- send/recv: S/B + alpha
+S is the whole array (nccl-tests convention), B the per-device unidirectional link bandwidth.
+
+A group spanning k nodes with g members per node (hierarchical_allreduce_traffic): each device moves
+2(g-1)/g*S over the intra-node links and 2(k-1)/k*S/g over its share of the network; NCCL pipelines the two levels
+in one ring, so the bandwidth term is the larger of the two. Latency follows NCCL's ring model
+(nccl_internal_cost_model): base + (steps - inter_steps) * intra_latency + inter_steps * inter_latency.
+
+A measured curve in the profile for (collective, level, group size) replaces the formula; other group sizes fall
+back to the formula.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from hardware_profiles.schema import Cluster, CollectiveCurve
+
+NCCL_RING_BASE_LATENCY_S = 8.4e-6
+"""NCCL ring base latency, Simple protocol: baseLat Ring Simple = 8.4 us (nccl_tuning_latency_constants.csv, NVIDIA
+nccl src/graph/tuning.cc @ b6475625). Applied to NCCL link kinds only (not shm/loopback, i.e. gloo on one host)."""
+NCCL_LINK_KINDS = frozenset({"nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet"})
+"""Link kinds on which collectives run through NCCL."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communication group: its size and how it lies over the nodes."""
+
+    size: int
+    """Ranks in the group (n)."""
+    nodes: int
+    """Nodes the group spans (k)."""
+
+    @property
+    def per_node(self) -> int:
+        """Members per node (g = n / k)."""
+        return max(1, self.size // self.nodes)
+
+
+def mesh_groups(dp: int, tp: int, pp: int, devices_per_node: int) -> dict[str, Group]:
+    """The tp, dp and pp groups of a mesh laid out tp innermost (contiguous ranks), then dp, then pp outermost.
+
+    tp spans ceil(tp / devices_per_node) nodes; dp members sit tp ranks apart, pp members tp*dp apart."""
+    def span(size: int, stride: int) -> Group:
+        if size <= 1:
+            return Group(1, 1)
+        if stride >= devices_per_node:
+            return Group(size, size)
+        per_node = max(1, devices_per_node // stride)
+        return Group(size, max(1, -(-size // per_node)))
+    return {"tp": span(tp, 1), "dp": span(dp, tp), "pp": span(pp, tp * dp)}
+
+
+def _curve_time(curve: CollectiveCurve, nbytes: float) -> float:
+    """Time from a measured curve: linear between points; below the first point its time (the latency floor);
+    above the last, the last segment's bandwidth."""
+    pts = curve.points
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if len(pts) == 1:
+        return pts[0][1] * nbytes / pts[0][0]
+    if nbytes >= pts[-1][0]:
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    else:
+        i = bisect.bisect_right([p[0] for p in pts], nbytes)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 + slope * (nbytes - x0)
+
+
+class CommModel:
+    """Prices collectives on one cluster."""
+
+    def __init__(self, cluster: Cluster):
+        """Keep the cluster's link levels and measured curves."""
+        self.cluster = cluster
+
+    def _alpha_terms(self, steps: int, inter_steps: int) -> float:
+        intra, inter = self.cluster.intra_node, self.cluster.inter_node
+        nccl = intra.kind in NCCL_LINK_KINDS or (inter_steps > 0 and inter.kind in NCCL_LINK_KINDS)
+        base = NCCL_RING_BASE_LATENCY_S if nccl else 0.0
+        return base + (steps - inter_steps) * intra.latency + inter_steps * inter.latency
+
+    def time(self, collective: str, nbytes: float, group: Group) -> float:
+        """Seconds for one collective of `nbytes` (whole array) over `group`; 0 for a group of one."""
+        n = group.size
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        level = "intra_node" if group.nodes == 1 else "inter_node"
+        curve = self.cluster.curve(collective, level, n)
+        if curve is not None:
+            return _curve_time(curve, nbytes)
+        k, g = group.nodes, group.per_node
+        b_intra, b_inter = self.cluster.intra_node.bandwidth, self.cluster.inter_node.bandwidth
+        if collective == "all_reduce":
+            factor, steps, inter_steps = 2.0, 2 * (n - 1), (2 * k if k > 1 else 0)
+        elif collective in ("all_gather", "reduce_scatter", "all_to_all"):
+            factor, steps, inter_steps = 1.0, n - 1, k - 1
+        elif collective == "broadcast":
+            factor, steps, inter_steps = 0.0, n - 1, k - 1
+            return nbytes / (b_inter if k > 1 else b_intra) + self._alpha_terms(steps, inter_steps)
+        elif collective == "send_recv":
+            return nbytes / (b_inter if k > 1 else b_intra) + self._alpha_terms(1, 1 if k > 1 else 0)
+        else:
+            raise ValueError(f"unknown collective {collective!r}")
+        if k == 1:
+            bw_term = factor * (n - 1) / n * nbytes / b_intra
+        else:
+            intra_term = factor * (g - 1) / g * nbytes / b_intra if g > 1 else 0.0
+            inter_term = factor * (k - 1) / k * (nbytes / g) / b_inter
+            bw_term = max(intra_term, inter_term)
+        return bw_term + self._alpha_terms(steps, inter_steps)

@@ -1,0 +1,119 @@
+"""The cost model: op-level prices for the search and a whole-step prediction for a plan.
+
+`CostModel(cluster)` is the one object the search receives. Op-level queries (what the ILP sums):
+`op_time`, `reshard_time`, `op_memory`. Whole plans: `predict(graph, plan)` -> `Prediction`, which prices each
+layer once per block type (cost_model.layers), builds per-stage pass times, simulates the pipeline schedule
+(cost_model.simulator) and adds data-parallel gradient reduction, ZeRO traffic and the optimizer step
+(cost_model.step).
+
+The graph's per-op figures are for `graph.batch_size` samples at the traced dtype; every query scales them to
+`microbatch_size` samples and re-prices float tensors at the plan's precision (bool masks stay 1 byte).
+"""
+from __future__ import annotations
+
+from hardware_profiles.schema import Cluster
+from cost_model.communication import CommModel, Group
+from cost_model.compute import ComputeModel, op_work, split_inputs, tensor_bytes
+from cost_model.prediction import Prediction
+from planner.graph import OpGraph, OpNode, TensorMeta
+from planner.plan import OpPlacement, Plan
+
+
+def _kind(pl: str) -> str:
+    if pl.startswith("S"):
+        return "S"
+    return "P" if pl == "P" else "R"
+
+
+class CostModel:
+    """Prices ops, resharding and whole plans on one cluster."""
+
+    def __init__(self, cluster: Cluster):
+        """Build the compute and communication models of `cluster`."""
+        self.cluster = cluster
+        self.compute = ComputeModel(cluster.device)
+        self.comm = CommModel(cluster)
+
+    # ---- op-level queries (the search's ILP uses only these and `predict`) ----------------------------------
+    def tp_group(self, tp: int) -> Group:
+        """The tensor-parallel group of size tp (contiguous ranks, inside a node when tp <= devices_per_node)."""
+        dpn = self.cluster.devices_per_node
+        return Group(tp, max(1, -(-tp // dpn)))
+
+    def op_time(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
+                *, traced_batch_size: int = 1) -> tuple[float, float]:
+        """(forward, backward) compute seconds of one op for one micro-batch on one tp rank; placement None means
+        replicated. `traced_batch_size` is the graph's `batch_size` (the tracer's default is 1)."""
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision)
+        return self.compute.op_times(op.kind, work, precision)
+
+    def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,
+                     *, consumer_partial_grad: bool = False, traced_batch_size: int = 1) -> tuple[float, float]:
+        """(forward, backward) seconds to move one activation from placement `src` (producer's output) to `dst`
+        (consumer's input) over the tp group, and the dual collective on its gradient.
+
+        S->R all-gather / (slice, or reduce-scatter when the consumer's input gradient is partial); P->R all-reduce /
+        nothing (Megatron's g); P->S reduce-scatter / all-gather; R->S slice / all-gather; S(a)->S(b) all-to-all both
+        ways; R->R nothing / all-reduce when the consumer is column-parallel, whose input gradient is a partial sum
+        (Megatron's f). `consumer_partial_grad` says the consumer makes such partial input gradients."""
+        if tp <= 1:
+            return 0.0, 0.0
+        size = tensor_bytes(meta, precision) * microbatch_size / traced_batch_size
+        group = self.tp_group(tp)
+        t = lambda coll: self.comm.time(coll, size, group)  # noqa: E731
+        s, d = _kind(src), _kind(dst)
+        if s == "S" and d == "S":
+            return (0.0, 0.0) if src == dst else (t("all_to_all"), t("all_to_all"))
+        if d == "R":
+            bwd_partial = t("all_reduce") if consumer_partial_grad else 0.0
+            if s == "R":
+                return 0.0, bwd_partial
+            if s == "S":
+                return t("all_gather"), (t("reduce_scatter") if consumer_partial_grad else 0.0)
+            return t("all_reduce"), 0.0  # P -> R
+        if d == "S":
+            if s == "R":
+                return 0.0, t("all_gather")
+            return t("reduce_scatter"), t("all_gather")  # P -> S
+        return 0.0, 0.0  # -> P: partial sums pass through (consumer accepts them)
+
+    def op_memory(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
+                  *, traced_batch_size: int = 1, input_sources: tuple[str, ...] | None = None
+                  ) -> tuple[float, float]:
+        """(parameter bytes, saved activation bytes) of one op on one tp rank for one micro-batch.
+
+        Parameter bytes are the weights alone at the training precision (model states with gradients and Adam
+        are `cost_model.memory.model_state_bytes`). A saved tensor is divided by tp when it is sharded: when it
+        is an input whose placement — or its producer's output placement, given in `input_sources` (Megatron
+        keeps the sequence-parallel shard and re-gathers it in backward) — is S(d); when it is the output and
+        the output is S(d); otherwise (masks, internals) when the op itself is split."""
+        bytes_per = 4 if precision == "fp32" else 2
+        pls = list(placement.params) if placement is not None else []
+        par = 0.0
+        for j, p in enumerate(op.params):
+            pl = pls[j] if j < len(pls) else "R"
+            par += p.numel * bytes_per / (tp if pl.startswith("S") and tp > 1 else 1)
+        acts, _ = split_inputs(op)
+        metas = [op.input_meta[i] for i in acts]
+        split = placement is not None and placement.strategy != "replicate"
+        scale = microbatch_size / traced_batch_size
+        total = 0.0
+        for t in op.saved:
+            k = next((k for k, m in enumerate(metas) if m.shape == t.shape), None)
+            if k is not None:
+                d = placement.inputs[k] if placement is not None and k < len(placement.inputs) else "R"
+                src = input_sources[k] if input_sources and k < len(input_sources) else d
+                sharded = d.startswith("S") or src.startswith("S")
+            elif op.output_meta and t.shape == op.output_meta[0].shape:
+                sharded = placement is not None and placement.output.startswith("S")
+            else:
+                sharded = split
+            total += tensor_bytes(t, precision) * scale / (tp if sharded and tp > 1 else 1)
+        return par, total
+
+    # ---- whole plans ----------------------------------------------------------------------------------------
+    def predict(self, graph: OpGraph, plan: Plan, timeline: bool = False) -> Prediction:
+        """Predict one training step of `plan` on this cluster: time with breakdown, memory per pipeline rank,
+        throughput, assumptions, and (when `timeline`) the simulated spans."""
+        from cost_model.step import predict_step
+        return predict_step(self, graph, plan, timeline=timeline)
