@@ -108,7 +108,8 @@ class FakeCostModel:
         return (params, out)
 
     def predict(self, graph, plan, timeline=False):
-        """step = compute of the busiest stage x (m + pp - 1) + dp gradient all-reduce + ZeRO-3 gathers,
+        """step = compute of the busiest pipeline rank x (m + (pp - 1) / v) + dp gradient all-reduce (+50% under
+        ZeRO-3 for the parameter gathers),
         where the all-reduce moves 2 x param bytes on the device / link bandwidth of the dp group;
         memory = param bytes x 4 (weights, grads, 2 Adam moments; optimizer+grads / dp under ZeRO) + activations x
         in-flight micro-batches (divided by 4 under full recompute)."""
@@ -135,7 +136,10 @@ def fake_predict(cm: FakeCostModel, graph: OpGraph, plan) -> Prediction:
         stage_t.append(t * (4 / 3 if plan.recompute == "full" else 1.0))
         stage_p.append(pb)
         stage_a.append(ab)
-    compute = max(stage_t) * (m + len(bounds) // max(1, plan.virtual_stages) - 1)
+    rank_t = [0.0] * pp
+    for k, t in enumerate(stage_t):
+        rank_t[(stages[k].rank if stages else 0) % pp] += t
+    compute = max(rank_t) * (m + (pp - 1) / plan.virtual_stages)
     cluster = cm.cluster or fake_cluster()
     within = dp * tp <= cluster.devices_per_node
     bw = cluster.intra_node.bandwidth if within else cluster.inter_node.bandwidth

@@ -54,9 +54,11 @@ class PlacementSolver:
         self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
 
     def solve(self, tp: int, microbatch_size: int, precision: str, sp: bool = True,
-              block_budget: float | None = None, alpha: float = 1.0, beta: float = 1.0) -> PlacementResult | None:
-        """Placements minimising compute + re-sharding; None when a block cannot meet `block_budget` bytes.
+              budget_scale: float | None = None, alpha: float = 1.0, beta: float = 1.0) -> PlacementResult | None:
+        """Placements minimising compute + re-sharding; None when a block cannot meet its memory budget.
 
+        With `budget_scale` s, each block type must use at most s times the memory (alpha * parameter bytes +
+        beta * activation bytes, from `op_memory`) of its unconstrained optimum.
         `sp` is Megatron's sequence-parallel switch: on, every norm that can runs sharded on the sequence dim
         (other ops choose freely); off, no op uses the `sequence` strategy.
         A solver failure other than infeasibility falls back to the Megatron placements (said in `notes`)."""
@@ -68,7 +70,10 @@ class PlacementSolver:
         block_memory: dict[str, float] = {}
         try:
             for bt, insts in self.instances.items():
-                solved = self._solve_block(bt, insts, ctx, sp, block_budget)
+                budget = None
+                if budget_scale is not None:
+                    budget = budget_scale * self._solve_block(bt, insts, ctx, sp, None)[1]
+                solved = self._solve_block(bt, insts, ctx, sp, budget)
                 if solved is None:
                     return None
                 per_position, block_memory[bt] = solved

@@ -1,0 +1,366 @@
+"""The outer loop: mesh x micro-batching x sequence parallelism x schedule groups, best-first by a lower bound,
+ZeRO stage and recompute inside each group, every surviving candidate scored by the cost model's `predict`.
+
+Order of work (cheap to expensive):
+
+1. Enumerate groups (`planner.search.space`): a group fixes dp, tp, pp, micro-batch size, sp, schedule and v.
+2. Lower-bound each group's step time from per-op compute alone: every op at its fastest strategy
+   (`op_time`), layers cut into stages by the stage DP; a synchronous pipeline needs at least
+   sum_k T_k + (m - 1) max_k T_k (the first micro-batch crosses every stage, the bottleneck stage runs all m), and
+   an interleaved one at least m * sum_k T_k / pp. Communication, bubbles and recompute only add to this.
+3. Visit groups in increasing bound; stop when the bound reaches the best predicted step found (nothing left can
+   win) or the time budget runs out.
+4. In a group: placements from the ILP (cached), stages from the DP on the placed layer times, then ZeRO stages
+   leanest first (3, 2, 1, 0) for each recompute level (none, selective, full): once a ZeRO stage does not fit,
+   the less sharded ones cannot either; once every ZeRO stage fits, more recompute can only be slower. A group
+   whose leanest candidate does not fit is retried once with memory-aware stage cuts and a memory-budgeted ILP.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from hardware_profiles.schema import Cluster
+from planner.errors import PlanError
+from planner.graph import OpGraph
+from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
+from planner.search.placement import PlacementResult, PlacementSolver
+from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
+from planner.search.stages import cut_stages, inflight_microbatches
+from planner.strategies import strategies_for
+
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One evaluated candidate."""
+
+    plan: Plan
+    """The candidate plan."""
+    prediction: Any
+    """The cost model's Prediction for it."""
+    lower_bound_s: float
+    """The group's step-time lower bound (for checking the bound against predict)."""
+
+
+@dataclass
+class OuterResult:
+    """What the outer loop found."""
+
+    ranked: list[Scored]
+    """Fitting candidates, fastest first."""
+    notes: list[str]
+    """What the search did and skipped, for the user."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Counts: groups, groups_evaluated, predictions, ilp_solves, bound_violations, seconds."""
+
+
+@dataclass
+class _Layers:
+    """Per-layer arrays for one (tp, mbs, sp) placement."""
+
+    time: np.ndarray
+    param: np.ndarray
+    act: np.ndarray
+
+
+class OuterSearch:
+    """One search: graph, cluster, cost model, batch and forced keys; `run()` returns an OuterResult."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
+                 forced: Mapping[str, Any] | None = None, time_budget_s: float = 60.0, model_path: str = "",
+                 on_progress: Callable[[int, int, str], None] | None = None):
+        self.graph, self.cluster, self.cm = graph, cluster, cost_model
+        self.batch, self.precision = batch_size, precision
+        self.forced = dict(forced or {})
+        self.budget_s, self.model_path, self.on_progress = time_budget_s, model_path, on_progress
+        self.layers = graph.layers()
+        self.placer = PlacementSolver(graph, cost_model)
+        self.notes: list[str] = []
+        self.stats = {"groups": 0, "groups_evaluated": 0, "predictions": 0, "bound_violations": 0}
+        self._op_min: dict[tuple, np.ndarray] = {}
+        self._placed: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
+        self._leanest: tuple[float, Plan] | None = None
+        self._modules = [_layer_modules(graph, layer) for layer in self.layers]
+        self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
+
+    # ---- driver ---------------------------------------------------------------------------------------------------
+    def run(self) -> OuterResult:
+        """Search and rank; raises PlanError when nothing fits (or nothing was found in the time budget)."""
+        start = time.monotonic()
+        if self.batch < 1:
+            raise PlanError(f"--batch-size must be >= 1, got {self.batch}")
+        self.notes += check_forced(self.forced, self.cluster, self.batch)
+        todo = []
+        for mesh in meshes(self.cluster, len(self.layers), self.batch, self.forced):
+            todo += groups(mesh, self.batch, len(self.layers), self.forced)
+        if not todo:
+            raise PlanError(f"no micro-batch size / schedule fits --batch-size {self.batch} with the forced keys "
+                            f"{self.forced}; relax --force")
+        bounds = sorted(((self.lower_bound(g), i, g) for i, g in enumerate(todo)), key=lambda t: t[:2])
+        self.stats["groups"] = len(bounds)
+        ranked: list[Scored] = []
+        best = math.inf
+        for k, (lb, _, g) in enumerate(bounds):
+            if lb > best * (1 + 1e-6):  # equal bounds are still visited: a tie may be a simpler plan
+                self.notes.append(f"{len(bounds) - k} of {len(bounds)} candidate groups skipped: their compute "
+                                  f"lower bound is already slower than the best plan ({best:.4g} s)")
+                break
+            if time.monotonic() - start > self.budget_s and ranked:
+                self.notes.append(f"time budget {self.budget_s:g} s reached after {k} of {len(bounds)} candidate "
+                                  "groups; returning the best plan found so far")
+                break
+            if self.on_progress:
+                self.on_progress(k, len(bounds), g.label())
+            for s in self.evaluate(g, lb):
+                ranked.append(s)
+                best = min(best, s.prediction.step_time_s)
+        if self.on_progress:
+            self.on_progress(len(bounds), len(bounds), "done")
+        self.stats["ilp_solves"] = self.placer.solves
+        self.stats["seconds"] = time.monotonic() - start
+        if not ranked:
+            raise PlanError(self.infeasible_message())
+        ranked.sort(key=_rank_key)
+        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats)
+
+    # ---- bounds ---------------------------------------------------------------------------------------------------
+    def op_min_times(self, tp: int, mbs: int) -> np.ndarray:
+        """Per layer: sum over its ops of the fastest strategy's forward + backward time (a compute lower bound)."""
+        key = (tp, mbs)
+        if key not in self._op_min:
+            by_type: dict[str, float] = {}
+            out = []
+            for layer in self.layers:
+                if layer.block_type is not None and layer.block_type in by_type:
+                    out.append(by_type[layer.block_type])
+                    continue
+                t = 0.0
+                for op in self.graph.layer_ops(layer):
+                    t += min(sum(self.cm.op_time(op, None if p.strategy == "replicate" else p, tp, mbs,
+                                                 self.precision)) for p in strategies_for(op, tp))
+                if layer.block_type is not None:
+                    by_type[layer.block_type] = t
+                out.append(t)
+            self._op_min[key] = np.array(out)
+        return self._op_min[key]
+
+    def lower_bound(self, g: Group) -> float:
+        """A step time no plan of the group can beat (see the module docstring)."""
+        t = self.op_min_times(g.tp, g.mbs)
+        if g.pp == 1:
+            return float(t.sum()) * g.num_microbatches
+        if g.schedule == "interleaved":
+            return float(t.sum()) * g.num_microbatches / g.pp
+        zeros = np.zeros_like(t)
+        cut = cut_stages(t, zeros, zeros, g.pp)
+        if cut is None:
+            return math.inf
+        return float(t.sum()) + (g.num_microbatches - 1) * cut.bottleneck
+
+    # ---- one group ------------------------------------------------------------------------------------------------
+    def evaluate(self, g: Group, lb: float) -> list[Scored]:
+        """Predict the group's ZeRO x recompute candidates (with the pruning rules above); the fitting ones."""
+        self.stats["groups_evaluated"] += 1
+        placed = self.placed(g.tp, g.mbs, g.sp)
+        if placed is None:
+            return []
+        placement, arrays = placed
+        stages = self.stages(g, arrays, math.inf)
+        if stages is None:
+            return []
+        found, leanest = self._sweep(g, lb, placement, stages)
+        if found or leanest is None:
+            return found
+        return self._retry_leaner(g, lb, placement, arrays, leanest)
+
+    def _sweep(self, g: Group, lb: float, placement: PlacementResult,
+               stages: tuple[StageSpec, ...]) -> tuple[list[Scored], Any]:
+        found: list[Scored] = []
+        leanest = None
+        for recompute in recomputes(self.forced):
+            all_fit = True
+            for zero in zero_stages(g.dp, self.forced):
+                plan = self.build(g, placement, stages, zero, recompute)
+                pred = self.predict(plan, lb)
+                if leanest is None or pred.peak_memory_bytes < leanest[0].peak_memory_bytes:
+                    leanest = (pred, plan)
+                if not pred.fits:
+                    all_fit = False
+                    break
+                found.append(Scored(plan, pred, lb))
+            if all_fit:
+                break
+        return found, leanest
+
+    def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
+                      leanest: tuple[Any, Plan]) -> list[Scored]:
+        """Nothing fitted: cut stages and place ops under a memory limit scaled by usable / predicted peak."""
+        pred, plan = leanest
+        scale = self.cluster.device.usable_memory_bytes / max(1, pred.peak_memory_bytes)
+        level = math.floor(scale * 8) / 8  # a few budget levels, so the ILP cache is reused
+        if level <= 0 or level >= 1:
+            return []
+        tight = self.placer.solve(g.tp, g.mbs, self.precision, g.sp, budget_scale=level) if g.tp > 1 else None
+        if tight is not None:
+            placement = tight
+            arrays = self.layer_arrays(g.tp, g.mbs, tight)
+        infl = inflight_microbatches(g.schedule, g.pp, g.num_microbatches, g.vp)
+        if g.pp > 1:
+            current = self.stages(g, arrays, math.inf)
+            mem = [arrays.param[s.start_layer:s.end_layer].sum() + infl[k] * arrays.act[s.start_layer:s.end_layer]
+                   .sum() for k, s in enumerate(current)]
+            stages = self.stages(g, arrays, max(mem) * level)
+        else:
+            stages = self.stages(g, arrays, math.inf)
+        if stages is None:
+            return []
+        found, _ = self._sweep(g, lb, placement, stages)
+        return found
+
+    # ---- pieces ---------------------------------------------------------------------------------------------------
+    def placed(self, tp: int, mbs: int, sp: bool) -> tuple[PlacementResult, _Layers] | None:
+        """Placements (ILP) and the per-layer arrays they give, cached per (tp, mbs, sp)."""
+        key = (tp, mbs, sp)
+        if key not in self._placed:
+            placement = self.placer.solve(tp, mbs, self.precision, sp)
+            if placement is not None:
+                for note in placement.notes:
+                    if note not in self.notes:
+                        self.notes.append(note)
+            self._placed[key] = None if placement is None else (placement, self.layer_arrays(tp, mbs, placement))
+        return self._placed[key]
+
+    def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
+        """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
+        args = (tp, mbs, self.precision)
+        times, params, acts = [], [], []
+        by_type: dict[str, tuple[float, float, float]] = {}
+        for layer in self.layers:
+            if layer.block_type is not None and layer.block_type in by_type:
+                t, p, a = by_type[layer.block_type]
+            else:
+                t = p = a = 0.0
+                for op in self.graph.layer_ops(layer):
+                    pl = placement.ops.get(op.name)
+                    t += sum(self.cm.op_time(op, pl, *args))
+                    pb, ab = self.cm.op_memory(op, pl, *args)
+                    p, a = p + pb, a + ab
+                    t += self._reshard_in(op, pl, placement, args)
+                if layer.block_type is not None:
+                    by_type[layer.block_type] = (t, p, a)
+            times.append(t)
+            params.append(p)
+            acts.append(a)
+        return _Layers(np.array(times), np.array(params), np.array(acts))
+
+    def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
+        total = 0.0
+        for k, src in enumerate(op.inputs):
+            if src not in self.graph.index:
+                continue
+            producer = self.graph.op(src)
+            have = placement.ops[src].output if src in placement.ops else "R"
+            want = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
+            if have != want and producer.output_meta:
+                total += sum(self.cm.reshard_time(producer.output_meta[0], have, want, *args))
+        return total
+
+    def stages(self, g: Group, arrays: _Layers, mem_limit: float) -> tuple[StageSpec, ...] | None:
+        """Stage specs from the DP cut of the placed layer times (one stage when pp = 1)."""
+        n_stages = g.pp * g.vp
+        if n_stages == 1:
+            return (StageSpec(start_layer=0, end_layer=len(self.layers), modules=self._stage_modules(0, len(
+                self.layers)), rank=0),)
+        infl = inflight_microbatches(g.schedule, g.pp, g.num_microbatches, g.vp)
+        cut = cut_stages(arrays.time, arrays.param, arrays.act, n_stages, mem_limit, infl)
+        if cut is None:
+            return None
+        return tuple(StageSpec(start_layer=a, end_layer=b, modules=self._stage_modules(a, b), rank=k % g.pp)
+                     for k, (a, b) in enumerate(cut.bounds))
+
+    def _stage_modules(self, a: int, b: int) -> tuple[str, ...]:
+        out: list[str] = []
+        for mods in self._modules[a:b]:
+            out += [m for m in mods if m not in out]
+        return tuple(out)
+
+    def build(self, g: Group, placement: PlacementResult, stages: tuple[StageSpec, ...], zero: int,
+              recompute: str) -> Plan:
+        """The Plan for one candidate."""
+        c = self.cluster
+        return Plan(mesh=Mesh(dp=g.dp, tp=g.tp, pp=g.pp), zero_stage=zero,
+                    sequence_parallel=g.sp and placement.sequence_parallel, recompute=recompute,
+                    schedule=g.schedule, virtual_stages=g.vp, global_batch_size=self.batch, microbatch_size=g.mbs,
+                    num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
+                    ops=dict(placement.ops),
+                    cluster={"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
+                    model={"path": self.model_path, "parameters": self.graph.num_parameters,
+                           "fingerprint": self._fingerprint})
+
+    def predict(self, plan: Plan, lb: float) -> Any:
+        """Score with the cost model; keep the leanest prediction for the infeasible message."""
+        pred = self.cm.predict(self.graph, plan)
+        self.stats["predictions"] += 1
+        if pred.step_time_s < lb * (1 - 1e-9):
+            self.stats["bound_violations"] += 1
+        if self._leanest is None or pred.peak_memory_bytes < self._leanest[0]:
+            self._leanest = (pred.peak_memory_bytes, plan)
+        return pred
+
+    def infeasible_message(self) -> str:
+        """Why nothing fits: the leanest candidate's memory per device against the device, and what would help."""
+        usable = self.cluster.device.usable_memory_bytes
+        if self._leanest is None:
+            return "no candidate plan could be built for this model and cluster with the forced keys " \
+                   f"{self.forced}; relax --force"
+        need, plan = self._leanest
+        what = (f"dp={plan.mesh.dp} tp={plan.mesh.tp} pp={plan.mesh.pp} ZeRO-{plan.zero_stage} "
+                f"recompute={plan.recompute} mbs={plan.microbatch_size}")
+        helps = []
+        if self.forced:
+            helps.append("drop --force")
+        if plan.zero_stage < 3:
+            helps.append("ZeRO-3")
+        if plan.recompute != "full":
+            helps.append("full recompute")
+        nodes = max(self.cluster.nodes + 1, math.ceil(self.cluster.nodes * need / usable))
+        helps.append(f"more nodes (try --nodes {nodes})")
+        return (f"the model fits nowhere: the leanest plan found ({what}) needs {format_bytes(need)} per device, "
+                f"a {self.cluster.device.name} has {format_bytes(usable)} usable; try {', '.join(helps)}")
+
+
+def _rank_key(s: Scored) -> tuple:
+    """Fastest first; predictions equal to 6 significant digits go to the simpler plan (less ZeRO, less
+    recompute, fewer pipeline and tensor splits), which is what a user would pick by hand."""
+    p = s.plan
+    return (float(f"{s.prediction.step_time_s:.6g}"), p.zero_stage, RECOMPUTE.index(p.recompute), p.mesh.pp,
+            p.mesh.tp, p.virtual_stages, p.sequence_parallel, s.prediction.peak_memory_bytes)
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in GiB, MiB or KiB, e.g. `79.3 GiB`."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _layer_modules(graph: OpGraph, layer) -> list[str]:
+    """The module paths a layer's ops come from (the block instance itself for blocks)."""
+    if layer.block_type is not None:
+        return [layer.name]
+    out: list[str] = []
+    for op in graph.layer_ops(layer):
+        if op.module_path and op.module_path not in out:
+            out.append(op.module_path)
+    return out
+
+
+def with_prediction(plan: Plan, prediction: Any) -> Plan:
+    """The plan with its prediction recorded (plan.json's `predicted`)."""
+    return replace(plan, predicted=prediction.to_dict())

@@ -1,0 +1,160 @@
+"""The outer search space: mesh shapes, ZeRO stages, micro-batch sizes, recompute, schedules, sequence parallelism.
+
+Topology first (Megatron-LM's rule, Narayanan et al. 2021 sec. 3): tensor parallelism needs the fastest links, so
+tp ranges over the powers of two that divide the devices of one node; a tp beyond a node is considered only when
+`--force tp=...` asks for it (and is then warned about). Pipeline depth pp divides the devices left and is at most
+the number of layers; dp is what remains and must divide the global batch.
+
+`forced` pins any subset of the keys dp, tp, pp, zero, mbs, recompute, schedule, vp, sp; a forced combination the
+cluster or the batch cannot satisfy raises a one-line PlanError.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hardware_profiles.schema import Cluster
+from planner.errors import PlanError
+from planner.plan import RECOMPUTE
+
+INTERLEAVE_DEPTHS = (2, 4)
+"""Virtual stages per pipeline rank tried for the interleaved schedule (Megatron-LM's experiments use 2-4 chunks
+per rank; Narayanan et al. 2021, fig. 12); any other v can be forced with `--force vp=V`."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """Candidates sharing mesh, micro-batch size, sequence parallelism and schedule (they share placements and
+    stage cuts; ZeRO stage and recompute vary inside a group)."""
+
+    dp: int
+    """Data-parallel degree."""
+    tp: int
+    """Tensor-parallel degree."""
+    pp: int
+    """Pipeline-parallel degree."""
+    mbs: int
+    """Micro-batch size."""
+    num_microbatches: int
+    """Micro-batches per step per replica."""
+    sp: bool
+    """Sequence parallelism on."""
+    schedule: str
+    """gpipe, 1f1b or interleaved."""
+    vp: int
+    """Virtual stages per pipeline rank."""
+
+    def label(self) -> str:
+        """Short form for notes and progress, e.g. `dp4 tp2 pp1 mbs2 sp`."""
+        sched = "" if self.pp == 1 else f" {self.schedule}" + (f"(v{self.vp})" if self.vp > 1 else "")
+        return f"dp{self.dp} tp{self.tp} pp{self.pp} mbs{self.mbs}{' sp' if self.sp else ''}{sched}"
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def check_forced(forced: Mapping[str, Any], cluster: Cluster, batch_size: int) -> list[str]:
+    """Reject forced choices that contradict the cluster or each other (one-line PlanError); return warnings."""
+    world, dpn = cluster.world_size, cluster.devices_per_node
+    notes = []
+    axes = {k: forced[k] for k in ("dp", "tp", "pp") if k in forced}
+    prod = 1
+    for v in axes.values():
+        prod *= v
+    where = f"{world} devices ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {dpn})"
+    if len(axes) == 3 and prod != world:
+        raise PlanError(f"--force dp={axes['dp']},tp={axes['tp']},pp={axes['pp']}: dp x tp x pp = {prod} but the "
+                        f"cluster has {where}; make the product {world} or change --nodes")
+    if world % prod:
+        shown = ",".join(f"{k}={v}" for k, v in axes.items())
+        raise PlanError(f"--force {shown}: their product {prod} does not divide the cluster's {where}")
+    if "tp" in forced and forced["tp"] > dpn:
+        notes.append(f"tp={forced['tp']} spans nodes ({dpn} devices per node): its collectives cross the "
+                     "inter-node link on every layer")
+    if "dp" in forced and batch_size % forced["dp"]:
+        raise PlanError(f"--force dp={forced['dp']} does not divide --batch-size {batch_size}")
+    if forced.get("vp", 1) > 1 and forced.get("schedule", "interleaved") != "interleaved":
+        raise PlanError(f"--force vp={forced['vp']} needs schedule=interleaved, not {forced['schedule']}")
+    if forced.get("sp") and forced.get("tp") == 1:
+        raise PlanError("--force sp=1 needs tp > 1 (sequence parallelism shards over the tensor-parallel axis)")
+    if forced.get("pp") == 1 and (forced.get("vp", 1) > 1 or forced.get("schedule", "1f1b") != "1f1b"):
+        notes.append("pp=1: the pipeline schedule and virtual stages do not apply and were ignored")
+    return notes
+
+
+def meshes(cluster: Cluster, num_layers: int, batch_size: int, forced: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    """(dp, tp, pp) shapes to search, topology-respecting, honouring forced axes."""
+    world, dpn = cluster.world_size, cluster.devices_per_node
+    if "tp" in forced:
+        tps = [forced["tp"]]
+    else:
+        tps = [t for t in (2 ** k for k in range(0, 11)) if t <= dpn and dpn % t == 0 and world % t == 0]
+        if forced.get("sp"):
+            tps = [t for t in tps if t > 1]
+    out = []
+    for tp in tps:
+        if world % tp:
+            continue
+        pps = [forced["pp"]] if "pp" in forced else [p for p in divisors(world // tp) if p <= num_layers]
+        for pp in pps:
+            if (world // tp) % pp:
+                continue
+            dp = world // (tp * pp)
+            if ("dp" in forced and forced["dp"] != dp) or batch_size % dp:
+                continue
+            out.append((dp, tp, pp))
+    if not out:
+        pinned = ", ".join(f"{k}={forced[k]}" for k in ("dp", "tp", "pp") if k in forced) or "none"
+        raise PlanError(f"no mesh dp x tp x pp = {world} with dp dividing --batch-size {batch_size} and pp <= "
+                        f"{num_layers} layers (forced: {pinned}); change --batch-size, --nodes or --force")
+    return out
+
+
+def groups(mesh: tuple[int, int, int], batch_size: int, num_layers: int, forced: Mapping[str, Any]) -> list[Group]:
+    """Every (micro-batch size, sp, schedule, v) combination for one mesh."""
+    dp, tp, pp = mesh
+    per_replica = batch_size // dp
+    mbss = [forced["mbs"]] if "mbs" in forced else divisors(per_replica)
+    sps = [bool(forced["sp"])] if "sp" in forced else ([False, True] if tp > 1 else [False])
+    out = []
+    for mbs in mbss:
+        if per_replica % mbs:
+            continue
+        m = per_replica // mbs
+        for sp in sps:
+            if sp and tp == 1:
+                continue
+            for schedule, vp in _schedules(pp, m, num_layers, forced):
+                out.append(Group(dp, tp, pp, mbs, m, sp, schedule, vp))
+    return out
+
+
+def _schedules(pp: int, m: int, num_layers: int, forced: Mapping[str, Any]) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)]
+    names = [forced["schedule"]] if "schedule" in forced else (
+        ["interleaved"] if forced.get("vp", 1) > 1 else ["gpipe", "1f1b", "interleaved"])
+    out = []
+    for name in names:
+        if name != "interleaved":
+            out.append((name, 1))
+            continue
+        vps = [forced["vp"]] if "vp" in forced else list(INTERLEAVE_DEPTHS)
+        # Megatron-LM's interleaved schedule needs the micro-batch count to be a multiple of pp
+        out += [("interleaved", v) for v in vps if v > 1 and pp * v <= num_layers and m % pp == 0]
+    return out
+
+
+def zero_stages(dp: int, forced: Mapping[str, Any]) -> list[int]:
+    """ZeRO stages to try, leanest first (3, 2, 1, 0); with dp = 1 there is nothing to shard."""
+    if "zero" in forced:
+        return [forced["zero"]]
+    return [0] if dp == 1 else [3, 2, 1, 0]
+
+
+def recomputes(forced: Mapping[str, Any]) -> list[str]:
+    """Recompute choices, cheapest first."""
+    return [forced["recompute"]] if "recompute" in forced else list(RECOMPUTE)

@@ -1,0 +1,83 @@
+"""Outer-loop behaviour on hand-sized graphs with the table-driven fake cost model."""
+import pytest
+
+from planner.errors import PlanError
+from planner.search.outer import OuterSearch
+from test_search_fakes import FakeCostModel, fake_cluster, tiny_gpt
+
+PARAM_BYTES = 4 * (32 * 16 + 4 * (16 + 64 * 16 + 64 + 16 * 64) + 32 * 16)
+"""tiny_gpt(4)'s parameter bytes as the fake counts them (embedding, 4 blocks, head; fp32)."""
+
+
+def run(nodes=1, dpn=8, memory=2 ** 40, batch=16, forced=None, inter_bw=25e9, budget=60.0, op_time=1e-3, **kw):
+    cluster = fake_cluster(nodes=nodes, devices_per_node=dpn, memory_bytes=memory, inter_bw=inter_bw)
+    cm = FakeCostModel(cluster=cluster, default_time=op_time)
+    search = OuterSearch(tiny_gpt(4), cluster, cm, batch_size=batch, forced=forced, time_budget_s=budget, **kw)
+    return search.run(), cm
+
+
+def test_unlimited_memory_gives_plain_data_parallelism():
+    res, _ = run(nodes=2)
+    best = res.ranked[0].plan
+    assert (best.mesh.dp, best.mesh.tp, best.mesh.pp) == (16, 1, 1)
+    assert best.zero_stage == 0 and best.recompute == "none" and best.ops == {}
+    assert res.stats["bound_violations"] == 0
+    assert res.stats["groups_evaluated"] < res.stats["groups"]  # the lower bound pruned the rest
+
+
+def test_model_larger_than_a_device_gets_zero3_or_model_splits():
+    res, _ = run(memory=int(PARAM_BYTES * 0.8))
+    for s in res.ranked:
+        p = s.plan
+        assert s.prediction.fits
+        assert p.zero_stage == 3 or p.mesh.tp > 1 or p.mesh.pp > 1
+
+
+def test_tensor_parallelism_stays_inside_nodes():
+    res, _ = run(nodes=2, dpn=4, memory=int(PARAM_BYTES * 0.5), inter_bw=1e9)
+    assert all(s.plan.mesh.tp <= 4 for s in res.ranked)
+    forced, _ = run(nodes=2, dpn=4, forced={"tp": 8})
+    assert forced.ranked[0].plan.mesh.tp == 8
+    assert any("spans nodes" in n for n in forced.notes)
+
+
+def test_forced_keys_are_respected():
+    f = {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "mbs": 2, "recompute": "selective", "schedule": "gpipe", "sp": 1}
+    res, _ = run(forced=f, op_time=1.0)  # ops as slow as a layout change: sharding them pays
+    for s in res.ranked:
+        p = s.plan
+        assert (p.mesh.dp, p.mesh.tp, p.mesh.pp, p.zero_stage, p.microbatch_size) == (2, 2, 2, 1, 2)
+        assert (p.recompute, p.schedule, p.sequence_parallel) == ("selective", "gpipe", True)
+        assert p.num_microbatches == 16 // (2 * 2)
+    best = res.ranked[0].plan
+    assert best.ops["h.0_fc"].strategy == "colwise" and best.ops["h.3_proj"].strategy == "rowwise"
+    assert best.ops["h.1_ln"].strategy == "sequence"
+    assert [s.rank for s in best.stages] == [0, 1]
+    assert best.stages[0].start_layer == 0 and best.stages[-1].end_layer == len(tiny_gpt(4).layers())
+    assert best.stages[0].modules[0] == "emb"
+    inter, _ = run(forced={"pp": 2, "vp": 2})
+    assert all(s.plan.schedule == "interleaved" and len(s.plan.stages) == 4 for s in inter.ranked)
+
+
+def test_bad_force_is_one_line_error():
+    with pytest.raises(PlanError, match=r"dp x tp x pp = 8 but the cluster has 16 devices"):
+        run(nodes=2, forced={"dp": 2, "tp": 2, "pp": 2})
+    with pytest.raises(PlanError, match="does not divide"):
+        run(forced={"tp": 3})
+    with pytest.raises(PlanError, match="schedule=interleaved"):
+        run(forced={"vp": 2, "schedule": "1f1b"})
+
+
+def test_infeasible_says_what_is_needed_and_what_helps():
+    with pytest.raises(PlanError) as e:
+        run(memory=2000)
+    msg = str(e.value)
+    assert "fits nowhere" in msg and "per device" in msg and "2.0 KiB usable" in msg
+    assert "more nodes (try --nodes" in msg
+    assert "\n" not in msg
+
+
+def test_time_budget_returns_best_so_far():
+    res, cm = run(nodes=2, budget=0.0)
+    assert res.ranked and any("time budget" in n for n in res.notes)
+    assert res.stats["groups_evaluated"] == 1
