@@ -38,7 +38,10 @@ _CONNECTION = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 def parse_nvidia_topo(text: str) -> dict[tuple[int, int], str]:
     """{(i, j): connection} for GPU pairs i < j from `nvidia-smi topo -m` output (NV#, PIX, PXB, PHB, NODE, SYS)."""
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    header = next((ln for ln in lines if re.search(r"\bGPU0\b", ln) and not ln.lstrip().startswith("GPU0 ")), None)
+    def is_header(ln: str) -> bool:  # column titles "GPU0 GPU1 ..."; a row is "GPU0 X NV12 ..."
+        cells = ln.split()
+        return "GPU0" in cells and not (len(cells) > 1 and _CONNECTION.match(cells[1]))
+    header = next((ln for ln in lines if is_header(ln)), None)
     if header is None:
         raise ValueError("no GPU header row in the nvidia-smi topo -m output")
     columns = header.split()

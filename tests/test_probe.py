@@ -1,0 +1,91 @@
+"""`plan profile`: the topology parser, the alpha-beta fit, and one real 2-rank gloo launch (--quick)."""
+import statistics
+
+import pytest
+
+from hardware_profiles import load_cluster, save_cluster
+from hardware_profiles.host import link_kind_from_topo, meminfo, parse_nvidia_topo
+from hardware_profiles.measure import fit_ring_allreduce
+from hardware_profiles.probe import profile_local
+
+DGX_A100_TOPO = """\
+\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tmlx5_0\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tPXB\t48-63,176-191\t3
+GPU1\tNV12\t X \tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tPXB\t48-63,176-191\t3
+GPU2\tNV12\tNV12\t X \tNV12\tNV12\tNV12\tNV12\tNV12\tSYS\t16-31,144-159\t1
+GPU3\tNV12\tNV12\tNV12\t X \tNV12\tNV12\tNV12\tNV12\tSYS\t16-31,144-159\t1
+GPU4\tNV12\tNV12\tNV12\tNV12\t X \tNV12\tNV12\tNV12\tSYS\t112-127,240-255\t7
+GPU5\tNV12\tNV12\tNV12\tNV12\tNV12\t X \tNV12\tNV12\tSYS\t112-127,240-255\t7
+GPU6\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\t X \tNV12\tSYS\t80-95,208-223\t5
+GPU7\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\t X \tSYS\t80-95,208-223\t5
+
+Legend:
+
+  X    = Self
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+PCIE_TOPO = """\
+        GPU0    GPU1    GPU2    GPU3    CPU Affinity    NUMA Affinity
+GPU0     X      PIX     NODE    SYS     0-31    0
+GPU1    PIX      X      NODE    SYS     0-31    0
+GPU2    NODE    NODE     X      SYS     0-31    0
+GPU3    SYS     SYS     SYS      X      32-63   1
+"""
+
+
+def test_topo_parser_nvswitch_and_pcie():
+    pairs = parse_nvidia_topo(DGX_A100_TOPO)
+    assert len(pairs) == 28 and pairs[(0, 7)] == "NV12"
+    assert link_kind_from_topo(pairs, 8) == "nvswitch"
+    pcie = parse_nvidia_topo(PCIE_TOPO)
+    assert pcie == {(0, 1): "PIX", (0, 2): "NODE", (0, 3): "SYS", (1, 2): "NODE", (1, 3): "SYS", (2, 3): "SYS"}
+    assert link_kind_from_topo(pcie, 4) == "pcie"
+    assert link_kind_from_topo({(0, 1): "NV4"}, 2) == "nvlink"
+    with pytest.raises(ValueError):
+        parse_nvidia_topo("No devices were found")
+
+
+def test_ring_fit_recovers_known_link():
+    n, bw, alpha = 8, 234.89e9, 3.4e-6
+    pts = [(s, 2 * (n - 1) / n * s / bw + 2 * (n - 1) * alpha) for s in (2**k for k in range(12, 34, 2))]
+    got_bw, got_alpha = fit_ring_allreduce(pts, n)
+    assert got_bw == pytest.approx(bw, rel=1e-6) and got_alpha == pytest.approx(alpha, rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_ring_allreduce(pts[:1], n)
+
+
+def test_meminfo_reads_bytes():
+    m = meminfo()
+    assert m["MemTotal"] > 2**26 and 0 < m["MemAvailable"] <= m["MemTotal"]
+
+
+def test_profile_two_gloo_ranks(tmp_path):
+    """One launch: a loadable profile whose all-reduce curve lies within the spread of a repeated measurement."""
+    result = profile_local(nproc=2, backend="gloo", quick=True, repeat_all_reduce=True, progress=False,
+                           timeout_s=240)
+    c = result.cluster
+    path = tmp_path / "cluster.yaml"
+    save_cluster(c, path, header=result.header)
+    assert load_cluster(str(path)) == c
+    assert (c.name, c.nodes, c.devices_per_node, c.intra_node.kind, c.inter_node.kind) == \
+        ("cpu-local", 1, 2, "loopback", "loopback")
+    assert c.device.peak_flops["fp32"] > 1e8 and c.device.peak_flops["bf16"] > 1e6
+    assert max(e for _, e in c.device.matmul_efficiency) == 1.0
+    assert {k.collective for k in c.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                                     "send_recv"}
+    assert c.curve("send_recv", "intra_node", 2) is not None
+
+    # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B)
+    # made in the same launch: each median of A must lie inside B's min-max spread, widened by 1.5x each way
+    # for a shared 2-core machine; a wrong unit, size convention or mislabelled point is off by far more.
+    curve = load_cluster(str(path)).curve("all_reduce", "intra_node", 2)
+    run_a, run_b = result.raw["all_reduce_runs"]
+    assert [s for s, _ in curve.points] == sorted(run_a) == sorted(run_b)
+    for size, t in curve.points:
+        assert t == statistics.median(run_a[size])
+        assert min(run_b[size]) / 1.5 <= t <= max(run_b[size]) * 1.5, (size, t, run_b[size])
+    # the fitted link reproduces the largest message's time within a factor 3 (a fit, not an interpolation)
+    s, t = curve.points[-1]
+    model = 2 * (2 - 1) / 2 * s / c.intra_node.bandwidth + 2 * (2 - 1) * c.intra_node.latency
+    assert t / 3 <= model <= t * 3
