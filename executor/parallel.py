@@ -20,7 +20,7 @@ TP and with `torch.distributed.pipelining`, and its knobs express the stages' se
   (`set_requires_gradient_sync(False)`) for all but the last micro-batch, so whole unsharded gradients accumulate
   as in DeepSpeed stage 1 and are reduce-scattered once per step. With one micro-batch, stages 1 and 2 coincide.
 
-Plain data parallelism uses DDP when no parameter is a DTensor, else FSDP2's `replicate` (DDP cannot hold DTensors).
+Plain data parallelism uses DDP when no parameter is a DTensor and there is no pipeline, else FSDP2's `replicate`.
 """
 from __future__ import annotations
 
@@ -143,9 +143,10 @@ def tp_styles(model: nn.Module, strategies: Mapping[str, str], sequence_parallel
         for path, strat in strategies.items():
             if strat == "colwise" and _has_rowwise_sibling(path, strategies):
                 parent = path.rpartition(".")[0]
-                styles.setdefault(parent, PrepareModuleInput(input_layouts=(Shard(1),),
-                                                             desired_input_layouts=(Replicate(),),
-                                                             use_local_output=True))
+                if parent in present:
+                    styles.setdefault(parent, PrepareModuleInput(input_layouts=(Shard(1),),
+                                                                 desired_input_layouts=(Replicate(),),
+                                                                 use_local_output=True))
         if block_paths and block_paths[0] in present:
             styles[block_paths[0]] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
                                                use_local_output=True)
@@ -266,9 +267,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
     return model
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
-    """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (tensor parallelism)."""
-    if any(isinstance(p, DTensor) for p in model.parameters()):
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False) -> nn.Module:
+    """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
+    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward)."""
+    if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
         from torch.distributed._composable.replicate_with_fsdp import replicate
         return replicate(model, mesh=dp_mesh)
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -184,5 +184,9 @@ def sum_tied_grads(params: list[nn.Parameter | None], groups: list[dist.ProcessG
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        if isinstance(p.grad, DTensor) and tuple(p.grad.placements) != tuple(p.placements):
+            # e.g. a vocab-parallel embedding's gradient can come back Replicate/Partial; match the parameter's
+            # sharding so both copies exchange the same slice
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         dist.all_reduce(grad, group=g)

@@ -53,6 +53,17 @@ def check_plan_matches_model(plan: Plan, model: nn.Module) -> None:
                             "re-plan for this model")
 
 
+def check_runnable(plan: Plan) -> None:
+    """Plan properties the executor needs beyond `Plan.validate` (pipeline schedules' micro-batch counts)."""
+    pp = plan.mesh.pp
+    if pp > 1 and plan.schedule in ("1f1b", "interleaved") and plan.num_microbatches < pp:
+        raise ExecutorError(f"schedule {plan.schedule} needs num_microbatches >= pp ({plan.num_microbatches} < {pp});"
+                            " raise num_microbatches or use schedule gpipe")
+    if plan.schedule == "interleaved" and pp > 1 and plan.num_microbatches % pp:
+        raise ExecutorError(f"interleaved schedule needs num_microbatches ({plan.num_microbatches}) divisible by "
+                            f"pp ({pp})")
+
+
 def check_world(plan: Plan) -> tuple[int, int]:
     """(rank, world size) from the torchrun environment; the plan's world size must match."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -92,6 +103,7 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
+    check_runnable(plan)
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
@@ -139,7 +151,7 @@ class Runner:
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
         if plan.mesh.dp > 1:
-            return parallel.apply_ddp(module, self.mesh["dp"])
+            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1)
         return module
 
     def _build_pipeline(self, model: nn.Module) -> None:
@@ -147,6 +159,7 @@ class Runner:
         plan = self.plan
         mods = pipeline.stage_modules(model, plan)
         graphs = pipeline.split_model(model, mods)
+        pairs = pipeline.tied_pairs(model, mods)  # before sharding replaces (and unties) parameters
         pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]
         self.stage_ids = mine
@@ -158,7 +171,6 @@ class Runner:
         self.stages = stages
         self.schedule = pipeline.make_schedule(plan, stages, self._loss)
         # tied weights whose copies sit on different pp ranks: one group per weight
-        pairs = pipeline.tied_pairs(model, mods)
         groups = pipeline.tied_groups_for_rank(self.mesh, [sorted({s % pp for s in st}) for _, st in pairs])
         self.tied, self.tied_groups = [], []
         for (name, st), g in zip(pairs, groups):
