@@ -62,7 +62,7 @@ def plan_for(quick: bool, cuda: bool) -> MeasurePlan:
     return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256, 512, 1024), "bf16": (16, 32, 64, 128)},
                        copy_bytes=tuple(2 ** k for k in range(16, 29, 2)),         # 64 KiB .. 256 MiB
                        collective_bytes=tuple(2 ** k for k in range(12, 25, 2)),   # 4 KiB .. 16 MiB
-                       collectives=names, warmup=3, repeats=21, budget_s=2.0)
+                       collectives=names, warmup=3, repeats=15, budget_s=1.0)
 
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -146,8 +146,8 @@ def _collective_fn(name: str, size: int, world: int, rank: int, device: torch.de
 
 def calls_per_sample(size: int) -> int:
     """Back-to-back calls timed together for one sample: several for small messages (as nccl-tests times a loop
-    of iterations), so one sample is not a single scheduler-sized hiccup; one call from 256 KiB up."""
-    return max(1, min(16, (256 * KIB) // max(size, 1)))
+    of iterations), so one sample is not a single scheduler-sized hiccup; one call from 128 KiB up."""
+    return max(1, min(8, (128 * KIB) // max(size, 1)))
 
 
 def collective_samples(name: str, sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
