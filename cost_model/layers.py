@@ -35,8 +35,12 @@ class LayerCost:
     """Activation bytes the layer saves without recomputation (the working set while its backward runs)."""
     out_bytes: float
     """Bytes of the layer's output on one device (what a pipeline stage boundary sends)."""
+    param_elems: float = 0.0
+    """Parameter elements this device holds for the layer (after tp sharding)."""
     params: dict = field(default_factory=dict)
-    """Parameter name to the elements this device holds (after tp sharding)."""
+    """For layers outside blocks: parameter name to its local elements, so that a weight tied between the first
+    and the last layer (embedding and LM head) counts once on a rank that holds both. Empty for blocks, whose
+    parameters are their own."""
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:
@@ -65,12 +69,7 @@ class LayerCoster:
         pattern = tuple(_pattern(ops.get(self.graph.ops[i].name)) for i in layer.ops)
         key = (layer.block_type, pattern) if layer.block_type else None
         if key is not None and key in self._cache:
-            cached = self._cache[key]
-            params = {}
-            for i in layer.ops:
-                op = self.graph.ops[i]
-                params.update(_local_params(op, ops.get(op.name), self.tp))
-            return LayerCost(**{**cached.__dict__, "params": params})
+            return self._cache[key]
         c = self._compute(layer)
         if key is not None:
             self._cache[key] = c
@@ -125,7 +124,8 @@ class LayerCoster:
         out_bytes = self._output_bytes(layer)
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
-                         params=params)
+                         param_elems=sum(params.values()),
+                         params={} if layer.block_type else params)
 
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core

@@ -137,44 +137,48 @@ def _scan(a: np.ndarray, d: np.ndarray, c: float) -> np.ndarray:
 
 def _simulate_waves(schedule: str, f: np.ndarray, b: np.ndarray, m: int, c: float) -> PipelineTimes:
     p = f.shape[0]
-    fs, fe, bs, be = (np.zeros((p, m)) for _ in range(4))
+    # rows are waves, columns ranks; converted to [rank, micro-batch] at the end
+    fs_w, bs_w = np.zeros((m + p - 1, p)), np.zeros((m, p))
     free = np.zeros(p)
-    ranks = np.arange(p)
     if schedule == "gpipe":
+        fs_w = np.zeros((m, p))
         for mb in range(m):
-            e = _scan(free, f, c)
-            fs[:, mb], fe[:, mb] = e - f, e
-            free = e
+            free = _scan(free, f, c)
+            fs_w[mb] = free - f
+        rb, rfree = b[::-1], None
         for mb in reversed(range(m)):
-            e = _scan(free[::-1], b[::-1], c)[::-1]
-            bs[:, mb], be[:, mb] = e - b, e
-            free = e
+            rfree = _scan(free[::-1], rb, c)
+            free = rfree[::-1]
+            bs_w[mb] = free - b
+        fs, bs = fs_w.T.copy(), bs_w.T.copy()
     else:
-        # F of micro-batch u - r on rank r forms wave u; it needs wave u-1 (previous rank) and B wave u-p
-        # (same rank); B wave j runs ranks p-1 .. 0 as one chain and needs F wave j + p - 1.
-        def f_wave(u: int) -> None:
-            mb = u - ranks
-            ok = (mb >= 0) & (mb < m)
-            dep = np.zeros(p)
-            prev = np.full(p, -np.inf)
-            okp = ok[1:]
-            prev[1:][okp] = fe[ranks[:-1][okp], mb[1:][okp]] + c
-            dep = np.maximum(free, prev)
-            start = np.where(ok, dep, 0.0)
-            r_ok, mb_ok = ranks[ok], mb[ok]
-            fs[r_ok, mb_ok] = start[ok]
-            fe[r_ok, mb_ok] = start[ok] + f[ok]
-            free[ok] = start[ok] + f[ok]
+        # F of micro-batch u - r on rank r forms wave u (ranks lo..hi-1); it needs wave u-1 (previous rank) and
+        # B wave u-p (same rank, through `free`); B wave j runs ranks p-1 .. 0 as one chain and needs F wave
+        # j + p - 1.
+        prev = np.zeros(p)  # end of the previous F wave, by rank
 
-        def b_wave(j: int) -> None:
-            e = _scan(free[::-1], b[::-1], c)[::-1]
-            bs[:, j], be[:, j] = e - b, e
-            free[:] = e
+        def f_wave(u: int) -> None:
+            lo, hi = max(0, u - m + 1), min(p, u + 1)
+            start = free[lo:hi].copy()
+            a = max(lo, 1)
+            np.maximum(start[a - lo:], prev[a - 1:hi - 1] + c, out=start[a - lo:])
+            fs_w[u, lo:hi] = start
+            end = start + f[lo:hi]
+            free[lo:hi] = end
+            prev[lo:hi] = end
+
+        rb = b[::-1]
         for u in range(min(p, m + p - 1)):
             f_wave(u)
         for j in range(m):
-            b_wave(j)
+            e = _scan(free[::-1], rb, c)[::-1]
+            bs_w[j] = e - b
+            free[:] = e
             if j + p < m + p - 1:
                 f_wave(j + p)
+        ranks = np.arange(p)[:, None]
+        fs = fs_w[np.arange(m)[None, :] + ranks, ranks]
+        bs = bs_w.T.copy()
+    fe, be = fs + f[:, None], bs + b[:, None]
     shape = (p, 1, m)
     return PipelineTimes(fs.reshape(shape), fe.reshape(shape), bs.reshape(shape), be.reshape(shape))

@@ -118,7 +118,7 @@ class StepPredictor:
         bwd_c = [l.bwd_compute + l.tp_bwd + l.recompute for l in layers]
         ch.compute_s = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
         zero = self.plan.zero_stage if self.dp > 1 else 0
-        pbytes = [sum(l.params.values()) * self.pbytes for l in layers]
+        pbytes = [l.param_elems * self.pbytes for l in layers]
         if zero == 3:
             gathers = [self._coll("all_gather", b) for b in pbytes]
             reduces = [self._coll("reduce_scatter", b) for b in pbytes]
@@ -138,11 +138,15 @@ class StepPredictor:
     def rank_params(self, r: int) -> float:
         """Parameter elements rank r holds (its chunks' layers; a tied weight once per rank)."""
         seen: dict[str, float] = {}
+        total = 0.0
         for ch in self.chunks[r]:
             for l in ch.layers:
-                for k, n in l.params.items():
-                    seen.setdefault(k, n)
-        return sum(seen.values())
+                if l.params:
+                    for k, n in l.params.items():
+                        seen.setdefault(k, n)
+                else:
+                    total += l.param_elems
+        return total + sum(seen.values())
 
     def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]]]:
         """ZeRO 0/1 gradient buckets of rank r, overlapped with each chunk's last backward; returns the dp
@@ -160,7 +164,7 @@ class StepPredictor:
             t, acc = start, 0.0
             for l, d in zip(reversed(ch.layers), per):
                 t += (end - start) * d / total
-                acc += sum(l.params.values()) * self.pbytes
+                acc += l.param_elems * self.pbytes
                 if acc >= DDP_BUCKET_BYTES:
                     ready.append((t, acc))
                     acc = 0.0
@@ -238,7 +242,10 @@ class StepPredictor:
         }
         mems = [memory_per_rank(self, r, extras[r][4]) for r in range(self.pp)]
         worst = max(range(self.pp), key=lambda r: mems[r]["total"])
-        flops = self.graph.flops_per_sample() * plan.global_batch_size
+        per_sample = self.graph.__dict__.get("_shardwise_flops_per_sample")
+        if per_sample is None:  # kept on the graph like its cached properties (7k ops for a 1T model)
+            per_sample = self.graph.__dict__["_shardwise_flops_per_sample"] = self.graph.flops_per_sample()
+        flops = per_sample * plan.global_batch_size
         tflops = flops / step / plan.world_size / 1e12 if step > 0 else 0.0
         pk = peak_flops(dev, plan.precision)
         per_dev = tuple(int(x["total"]) for x in mems)
@@ -298,7 +305,7 @@ def memory_per_rank(sp: StepPredictor, r: int, psi: float) -> dict[str, float]:
         # the layer being recomputed holds its full activations while its backward runs
         acts += max((l.act_full_bytes - l.act_bytes for ch in sp.chunks[r] for l in ch.layers), default=0.0)
     if plan.zero_stage == 3 and sp.dp > 1:
-        biggest = max((sum(l.params.values()) for ch in sp.chunks[r] for l in ch.layers), default=0.0)
+        biggest = max((l.param_elems for ch in sp.chunks[r] for l in ch.layers), default=0.0)
         buffers = 2 * biggest * sp.pbytes  # the layer computing and the one prefetched
     elif sp.dp > 1:
         buffers = float(DDP_BUCKET_BYTES)

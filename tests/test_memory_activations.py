@@ -1,0 +1,171 @@
+"""Activation and model-state memory against closed forms: Korthikanti et al. 2022 per-layer activation bytes
+(formulas.csv activation_memory_per_layer_*) on a hand-built Megatron GPT layer, and ZeRO's 16Psi family."""
+from __future__ import annotations
+
+import pytest
+
+from cost_model.layers import LayerCoster
+from cost_model.memory import in_flight, model_state_bytes
+from cost_model.model import CostModel
+from hardware_profiles.schema import Cluster, DeviceSpec, LinkSpec
+from planner.defaults import megatron_placements
+from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
+from planner.plan import Mesh, Plan
+
+F32, BOOL = "float32", "bool"
+
+
+def cluster(nodes: int = 1, per_node: int = 8, flops: float = 100e12, mem_bw: float = 2e12, intra: float = 200e9,
+            inter: float = 25e9) -> Cluster:
+    """A simple GPU-like cluster with flat efficiency curves."""
+    dev = DeviceSpec(name="test-gpu", memory_bytes=80 * 2**30, usable_memory_fraction=0.9,
+                     peak_flops={"bf16": flops, "fp16": flops, "fp32": flops / 8}, memory_bandwidth=mem_bw,
+                     matmul_efficiency=((1e9, 0.8),), memory_efficiency=((1e6, 0.8),))
+    return Cluster(name="test", nodes=nodes, devices_per_node=per_node, device=dev,
+                   intra_node=LinkSpec(kind="nvswitch", bandwidth=intra, latency=3e-6),
+                   inter_node=LinkSpec(kind="infiniband", bandwidth=inter, latency=5e-6))
+
+
+class _G:
+    """Builds ops of a hand-made graph."""
+
+    def __init__(self) -> None:
+        self.ops: list[OpNode] = []
+        self.params: list[ParamInfo] = []
+
+    def op(self, name, kind, inputs, in_shapes, out_shape, *, params=(), saved=(), flops=0, block=None,
+           out_dtype=F32, module=None) -> str:
+        ps = tuple(ParamInfo(f"{module or name}.{pn}", shp, F32) for pn, shp in params)
+        self.params += ps
+        in_meta = tuple(TensorMeta(s, F32) for s in in_shapes) + tuple(TensorMeta(p.shape, F32) for p in ps)
+        out = TensorMeta(out_shape, out_dtype)
+        saved_meta = tuple(TensorMeta(s, d) for s, d in saved)
+        nbytes_in = sum(m.bytes for m in in_meta)
+        self.ops.append(OpNode(name=name, kind=kind, target=kind, module_path=module or name, inputs=tuple(inputs),
+                               input_meta=in_meta, output_meta=(out,), fwd_flops=int(flops),
+                               bwd_flops=int(2 * flops), bytes_read=nbytes_in, bytes_written=out.bytes,
+                               params=ps, saved=saved_meta, block=block,
+                               block_type="h.*" if block else None))
+        return name
+
+
+def megatron_gpt(b: int = 1, s: int = 32, h: int = 64, a: int = 4, layers: int = 1, vocab: int = 128) -> OpGraph:
+    """A Megatron-style GPT with eager attention and dropout, saving exactly what Korthikanti et al. Sec 4.1 count."""
+    g, d = _G(), h // a
+    x = g.op("wte", "embedding", (), [(b, s)], (b, s, h), params=[("weight", (vocab, h))],
+             saved=[((b, s), "int64")])
+    for i in range(layers):
+        blk, p = f"h.{i}", f"h{i}_"
+        hs, hs4, heads, sc = (b, s, h), (b, s, 4 * h), (b, a, s, d), (b, a, s, s)
+        ln1 = g.op(p + "ln1", "norm", [x], [hs], hs, params=[("w", (h,)), ("b", (h,))], saved=[(hs, F32)],
+                   block=blk, module=f"{blk}.ln_1")
+        qkv = []
+        for j, nm in enumerate("qkv"):
+            lin = g.op(p + nm, "linear", [ln1], [hs], hs, params=[("weight", (h, h)), ("bias", (h,))],
+                       saved=[(hs, F32)] if j == 0 else [], flops=2 * b * s * h * h, block=blk,
+                       module=f"{blk}.attn.{nm}_proj")
+            v = g.op(p + nm + "_view", "reshape", [lin], [hs], (b, s, a, d), block=blk)
+            qkv.append(g.op(p + nm + "_transpose", "reshape", [v], [(b, s, a, d)], heads, block=blk))
+        scores = g.op(p + "scores", "matmul", qkv[:2], [heads, heads], sc, saved=[(heads, F32), (heads, F32)],
+                      flops=2 * b * s * s * h, block=blk)
+        soft = g.op(p + "softmax", "softmax", [scores], [sc], sc, saved=[(sc, F32)], block=blk)
+        drop = g.op(p + "attn_dropout", "elementwise", [soft], [sc], sc, saved=[(sc, BOOL)], block=blk)
+        ctx = g.op(p + "ctx", "matmul", [drop, qkv[2]], [sc, heads], heads, saved=[(sc, F32), (heads, F32)],
+                   flops=2 * b * s * s * h, block=blk)
+        t = g.op(p + "ctx_transpose", "reshape", [ctx], [heads], (b, s, a, d), block=blk)
+        r = g.op(p + "ctx_view", "reshape", [t], [(b, s, a, d)], hs, block=blk)
+        proj = g.op(p + "proj", "linear", [r], [hs], hs, params=[("weight", (h, h)), ("bias", (h,))],
+                    saved=[(hs, F32)], flops=2 * b * s * h * h, block=blk, module=f"{blk}.attn.c_proj")
+        d1 = g.op(p + "dropout1", "elementwise", [proj], [hs], hs, saved=[(hs, BOOL)], block=blk)
+        add1 = g.op(p + "add1", "elementwise", [x, d1], [hs, hs], hs, block=blk)
+        ln2 = g.op(p + "ln2", "norm", [add1], [hs], hs, params=[("w", (h,)), ("b", (h,))], saved=[(hs, F32)],
+                   block=blk, module=f"{blk}.ln_2")
+        fc1 = g.op(p + "fc1", "linear", [ln2], [hs], hs4, params=[("weight", (4 * h, h)), ("bias", (4 * h,))],
+                   saved=[(hs, F32)], flops=8 * b * s * h * h, block=blk, module=f"{blk}.mlp.c_fc")
+        gelu = g.op(p + "gelu", "elementwise", [fc1], [hs4], hs4, saved=[(hs4, F32)], block=blk)
+        fc2 = g.op(p + "fc2", "linear", [gelu], [hs4], hs, params=[("weight", (h, 4 * h)), ("bias", (h,))],
+                   saved=[(hs4, F32)], flops=8 * b * s * h * h, block=blk, module=f"{blk}.mlp.c_proj")
+        d2 = g.op(p + "dropout2", "elementwise", [fc2], [hs], hs, saved=[(hs, BOOL)], block=blk)
+        x = g.op(p + "add2", "elementwise", [add1, d2], [hs, hs], hs, block=blk)
+    lnf = g.op("ln_f", "norm", [x], [(b, s, h)], (b, s, h), params=[("w", (h,)), ("b", (h,))],
+               saved=[((b, s, h), F32)])
+    g.op("lm_head", "linear", [lnf], [(b, s, h)], (b, s, vocab), params=[("weight", (vocab, h))],
+         saved=[((b, s, h), F32)], flops=2 * b * s * h * vocab)
+    return OpGraph(model_name="megatron-gpt", ops=tuple(g.ops), parameters=tuple(g.params), batch_size=b)
+
+
+def _layer_act(graph: OpGraph, tp: int, sp: bool, recompute: str, mbs: int = 1) -> float:
+    plan = Plan(mesh=Mesh(dp=1, tp=tp, pp=1), sequence_parallel=sp, recompute=recompute, global_batch_size=mbs,
+                microbatch_size=mbs, num_microbatches=1, ops=megatron_placements(graph, tp, sp))
+    cm = CostModel(cluster())
+    coster = LayerCoster(cm, graph, plan, cm.tp_group(tp))
+    block = [l for l in graph.layers() if l.block_type][0]
+    return coster.cost(block).act_bytes
+
+
+S, H, A = 32, 64, 4
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_korthikanti_tensor_parallel(t):
+    g = megatron_gpt(s=S, h=H, a=A)
+    sbh = S * H
+    want = sbh * (10 + 24 / t + 5 * A * S / (H * t))  # eq. (2); t=1 is eq. (1): sbh(34 + 5as/h)
+    assert _layer_act(g, t, False, "none") == pytest.approx(want)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_korthikanti_sequence_parallel(t):
+    g = megatron_gpt(s=S, h=H, a=A)
+    assert _layer_act(g, t, True, "none") == pytest.approx(S * H / t * (34 + 5 * A * S / H))  # eq. (4)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_korthikanti_selective(t):
+    g = megatron_gpt(s=S, h=H, a=A)
+    assert _layer_act(g, t, False, "selective") == pytest.approx(S * H * (10 + 24 / t))
+    if t > 1:
+        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * 34 / t)
+
+
+def test_korthikanti_full_recompute_and_microbatch_scaling():
+    g = megatron_gpt(s=S, h=H, a=A)
+    assert _layer_act(g, 1, False, "full") == pytest.approx(2 * S * H)
+    assert _layer_act(g, 2, False, "full", mbs=3) == pytest.approx(3 * 2 * S * H)
+    assert _layer_act(g, 2, False, "none", mbs=4) == pytest.approx(4 * _layer_act(g, 2, False, "none"))
+
+
+def test_megatron_layout_of_the_hand_graph():
+    g = megatron_gpt()
+    ops = megatron_placements(g, 2, True)
+    strat = {k: v.strategy for k, v in ops.items()}
+    assert [strat[f"h0_{n}"] for n in ("q", "k", "v", "proj", "fc1", "fc2")] == \
+        ["colwise", "colwise", "colwise", "rowwise", "colwise", "rowwise"]
+    assert strat["h0_scores"] == strat["h0_softmax"] == strat["h0_ctx"] == "heads"
+    assert strat["h0_ln1"] == strat["h0_ln2"] == strat["h0_add2"] == "sequence"
+    assert strat["wte"] == "vocab" and strat["lm_head"] == "colwise"
+    assert "h0_ln1" not in megatron_placements(g, 2, False)
+    assert megatron_placements(g, 1, False) == {}
+
+
+@pytest.mark.parametrize("precision,w,k", [("bf16", 2, 12), ("fp32", 4, 8)])
+def test_zero_model_states(precision, w, k):
+    psi, n = 7.5e9, 64
+    total = {z: sum(model_state_bytes(psi, z, n, precision).values()) for z in range(4)}
+    assert total[0] == pytest.approx((2 * w + k) * psi)  # 16 Psi
+    assert total[1] == pytest.approx(2 * w * psi + k * psi / n)  # 4 Psi + 12 Psi / N
+    assert total[2] == pytest.approx(w * psi + (w + k) * psi / n)  # 2 Psi + 14 Psi / N
+    assert total[3] == pytest.approx((2 * w + k) * psi / n)  # 16 Psi / N
+    if precision == "bf16":  # ZeRO Fig. 1 example: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
+        assert [round(total[z] / 1e9, 1) for z in range(4)] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_in_flight_micro_batches():
+    p, m = 4, 8
+    assert [in_flight("1f1b", p, 1, m, r)[0] for r in range(p)] == [4, 3, 2, 1]
+    assert in_flight("gpipe", p, 1, m, 0)[0] == m
+    assert in_flight("1f1b", 8, 1, 3, 0)[0] == 3
+    for v in (2, 4):
+        held = sum(in_flight("interleaved", p, v, m, 0).values())
+        # chunk-micro-batches x layers per chunk (L / (p v)) = L (1 + (p-1)/(p v)) on the first stage
+        assert held / (p * v) == pytest.approx(1 + (p - 1) / (p * v))
