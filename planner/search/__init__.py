@@ -1,8 +1,13 @@
 """The plan search: `search(...)` returns the best plan it finds with its prediction and the runners-up.
 
-This initial version builds the default plan for the `--force` keys (`planner.defaults.default_plan`) and asks the
-cost model for its prediction; the full search (placement ILP, stage DP, outer loop) replaces the internals and
-keeps this interface.
+Three levels, each in its own module (the cost model is passed in and is the only source of costs):
+
+- `planner.strategies`: candidate placements per op kind (the SOAP space over the tp axis);
+- `planner.search.ilp` / `placement`: one integer program per repeated block type (and one for the ops between
+  blocks) choosing a strategy per op to minimise compute plus re-sharding under a memory budget, cached;
+- `planner.search.stages`: the dynamic program cutting the layer sequence into pipeline stages;
+- `planner.search.space` / `outer`: mesh shapes, micro-batching, sequence parallelism, schedules, ZeRO and
+  recompute, visited best-first by a compute lower bound, each survivor scored by `cost_model.predict`.
 """
 from __future__ import annotations
 
@@ -26,15 +31,39 @@ class SearchResult:
     """(Plan, Prediction) pairs, best first (the best included)."""
     notes: list = field(default_factory=list)
     """Warnings and remarks for the user (e.g. tp spanning nodes)."""
+    stats: dict = field(default_factory=dict)
+    """Search counters: groups, groups_evaluated, predictions, ilp_solves, seconds."""
 
 
 def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
            forced: Mapping[str, Any] | None = None, top_k: int = 5, time_budget_s: float = 60.0,
            progress: bool = False, model_path: str = "") -> SearchResult:
-    """Plan `graph` on `cluster` for a global batch of `batch_size` with the `forced` keys pinned."""
-    from planner.defaults import default_plan
-    notes: list[str] = []
-    plan = default_plan(graph, cluster, batch_size, precision, dict(forced or {}), model_path, notes=notes)
-    prediction = cost_model.predict(graph, plan)
-    best = replace(plan, predicted=prediction.to_dict())
-    return SearchResult(best=best, best_prediction=prediction, candidates=[(best, prediction)], notes=notes)
+    """Plan `graph` on `cluster` for a global batch of `batch_size` with the `forced` keys pinned.
+
+    Returns the fastest fitting plan and up to `top_k` candidates; stops after `time_budget_s` with the best so
+    far. Raises PlanError when the forced keys contradict the cluster or nothing fits (saying what would help)."""
+    from planner.search.outer import OuterSearch, with_prediction
+
+    def run(on_progress=None):
+        return OuterSearch(graph, cluster, cost_model, batch_size=batch_size, precision=precision, forced=forced,
+                           time_budget_s=time_budget_s, model_path=model_path, on_progress=on_progress).run()
+
+    if progress:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed}/{task.total} groups"),
+                      TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
+            task = bar.add_task("", total=None)
+
+            def update(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total, description=label)
+            result = run(update)
+    else:
+        result = run()
+    top = result.ranked[:max(1, top_k)]
+    candidates = [(with_prediction(s.plan, s.prediction), s.prediction) for s in top]
+    best, best_prediction = candidates[0]
+    return SearchResult(best=best, best_prediction=best_prediction, candidates=candidates, notes=result.notes,
+                        stats=result.stats)
+
+
+__all__ = ["SearchResult", "search", "replace"]

@@ -12,7 +12,8 @@ Order of work (cheap to expensive):
    win) or the time budget runs out.
 4. In a group: placements from the ILP (cached), stages from the DP on the placed layer times, then ZeRO stages
    leanest first (3, 2, 1, 0) for each recompute level (none, selective, full): once a ZeRO stage does not fit,
-   the less sharded ones cannot either; once every ZeRO stage fits, more recompute can only be slower. A group
+   the less sharded ones cannot either; a ZeRO stage that fits is not retried with more recompute, which can
+   only be slower. A group
    whose leanest candidate does not fit is retried once with memory-aware stage cuts and a memory-budgeted ILP.
 """
 from __future__ import annotations
@@ -83,6 +84,9 @@ class OuterSearch:
         self.notes: list[str] = []
         self.stats = {"groups": 0, "groups_evaluated": 0, "predictions": 0, "bound_violations": 0}
         self._op_min: dict[tuple, np.ndarray] = {}
+        self._bottleneck: dict[tuple, float] = {}
+        self._cuts: dict[tuple, tuple[StageSpec, ...] | None] = {}
+        self._tight: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
         self._placed: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
         self._leanest: tuple[float, Plan] | None = None
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
@@ -156,11 +160,12 @@ class OuterSearch:
             return float(t.sum()) * g.num_microbatches
         if g.schedule == "interleaved":
             return float(t.sum()) * g.num_microbatches / g.pp
-        zeros = np.zeros_like(t)
-        cut = cut_stages(t, zeros, zeros, g.pp)
-        if cut is None:
-            return math.inf
-        return float(t.sum()) + (g.num_microbatches - 1) * cut.bottleneck
+        key = (g.tp, g.mbs, g.pp)
+        if key not in self._bottleneck:
+            zeros = np.zeros_like(t)
+            cut = cut_stages(t, zeros, zeros, g.pp)
+            self._bottleneck[key] = math.inf if cut is None else cut.bottleneck
+        return float(t.sum()) + (g.num_microbatches - 1) * self._bottleneck[key]
 
     # ---- one group ------------------------------------------------------------------------------------------------
     def evaluate(self, g: Group, lb: float) -> list[Scored]:
@@ -182,19 +187,22 @@ class OuterSearch:
                stages: tuple[StageSpec, ...]) -> tuple[list[Scored], Any]:
         found: list[Scored] = []
         leanest = None
+        todo = zero_stages(g.dp, self.forced)  # leanest first
         for recompute in recomputes(self.forced):
-            all_fit = True
-            for zero in zero_stages(g.dp, self.forced):
+            # a ZeRO stage that fitted with less recompute is at least as fast there: only retry the others
+            failed = []
+            for k, zero in enumerate(todo):
                 plan = self.build(g, placement, stages, zero, recompute)
                 pred = self.predict(plan, lb)
                 if leanest is None or pred.peak_memory_bytes < leanest[0].peak_memory_bytes:
                     leanest = (pred, plan)
                 if not pred.fits:
-                    all_fit = False
+                    failed = todo[k:]  # less sharding needs more memory: these cannot fit either
                     break
                 found.append(Scored(plan, pred, lb))
-            if all_fit:
+            if not failed:
                 break
+            todo = failed
         return found, leanest
 
     def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
@@ -205,10 +213,12 @@ class OuterSearch:
         level = math.floor(scale * 8) / 8  # a few budget levels, so the ILP cache is reused
         if level <= 0 or level >= 1:
             return []
-        tight = self.placer.solve(g.tp, g.mbs, self.precision, g.sp, budget_scale=level) if g.tp > 1 else None
-        if tight is not None:
-            placement = tight
-            arrays = self.layer_arrays(g.tp, g.mbs, tight)
+        key = (g.tp, g.mbs, g.sp, level)
+        if key not in self._tight:
+            tight = self.placer.solve(g.tp, g.mbs, self.precision, g.sp, budget_scale=level) if g.tp > 1 else None
+            self._tight[key] = None if tight is None else (tight, self.layer_arrays(g.tp, g.mbs, tight))
+        if self._tight[key] is not None:
+            placement, arrays = self._tight[key]
         infl = inflight_microbatches(g.schedule, g.pp, g.num_microbatches, g.vp)
         if g.pp > 1:
             current = self.stages(g, arrays, math.inf)
@@ -277,11 +287,14 @@ class OuterSearch:
             return (StageSpec(start_layer=0, end_layer=len(self.layers), modules=self._stage_modules(0, len(
                 self.layers)), rank=0),)
         infl = inflight_microbatches(g.schedule, g.pp, g.num_microbatches, g.vp)
-        cut = cut_stages(arrays.time, arrays.param, arrays.act, n_stages, mem_limit, infl)
-        if cut is None:
-            return None
-        return tuple(StageSpec(start_layer=a, end_layer=b, modules=self._stage_modules(a, b), rank=k % g.pp)
-                     for k, (a, b) in enumerate(cut.bounds))
+        # arrays live as long as the search (held in _placed / _tight), so their id is a stable key
+        key = (id(arrays), n_stages, g.pp, tuple(infl) if mem_limit != math.inf else None, mem_limit)
+        if key not in self._cuts:
+            cut = cut_stages(arrays.time, arrays.param, arrays.act, n_stages, mem_limit, infl)
+            self._cuts[key] = None if cut is None else tuple(
+                StageSpec(start_layer=a, end_layer=b, modules=self._stage_modules(a, b), rank=k % g.pp)
+                for k, (a, b) in enumerate(cut.bounds))
+        return self._cuts[key]
 
     def _stage_modules(self, a: int, b: int) -> tuple[str, ...]:
         out: list[str] = []

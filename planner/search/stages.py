@@ -57,20 +57,20 @@ def cut_stages(time: np.ndarray, param: np.ndarray, act: np.ndarray, num_stages:
     even = np.full((num_stages + 1, n + 1), np.inf)  # tie-break: sum of squared stage times
     arg = np.zeros((num_stages + 1, n + 1), dtype=int)
     best[0, 0], even[0, 0] = 0.0, 0.0
+    # T[i, j] = time of a stage holding layers [i, j); only i < j is a stage
+    span = ct[None, :] - ct[:, None]
+    valid = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
     for k in range(1, num_stages + 1):
-        for j in range(k, n - (num_stages - k) + 1):
-            i = np.arange(k - 1, j)
-            t = ct[j] - ct[i]
-            mem = (cp[j] - cp[i]) + infl[k - 1] * (ca[j] - ca[i])
-            val = np.maximum(best[k - 1, i], t)
-            sq = even[k - 1, i] + t * t
-            val = np.where(mem <= mem_limit, val, np.inf)
-            if not np.isfinite(val).any():
-                continue
-            lo = val.min()
-            tie = np.isclose(val, lo, rtol=1e-12, atol=0.0) & np.isfinite(val)
-            pick = int(np.flatnonzero(tie)[np.argmin(sq[tie])])
-            best[k, j], even[k, j], arg[k, j] = val[pick], sq[pick], i[pick]
+        mem = (cp[None, :] - cp[:, None]) + infl[k - 1] * (ca[None, :] - ca[:, None])
+        ok = valid & (mem <= mem_limit)
+        val = np.where(ok, np.maximum(best[k - 1][:, None], span), np.inf)  # [i, j]
+        lo = val.min(axis=0)
+        sq = np.where(val <= lo[None, :] * (1 + 1e-12), even[k - 1][:, None] + span * span, np.inf)
+        pick = np.argmin(sq, axis=0)
+        cols = np.arange(n + 1)
+        best[k] = lo
+        even[k] = np.where(np.isfinite(lo), sq[pick, cols], np.inf)
+        arg[k] = pick
     if not np.isfinite(best[num_stages, n]):
         return None
     bounds = []
