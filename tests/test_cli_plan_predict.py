@@ -1,0 +1,72 @@
+"""`plan MODEL.py --force ...` predicts exactly the forced configuration, writes plan.json and a Chrome trace that
+follows the Trace Event Format (the keys and types Perfetto / chrome://tracing require)."""
+from __future__ import annotations
+
+import json
+import os
+
+from planner.cli import main
+from planner.plan import Plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT = os.path.join(ROOT, "examples", "gpt.py")
+FORCE = "dp=2,tp=2,pp=2,zero=1,mbs=2,recompute=selective,schedule=interleaved,vp=2,sp=1"
+
+
+def validate_chrome_trace(doc) -> None:
+    """Assert `doc` is a JSON-object-format Chrome trace: traceEvents of complete ('X') and metadata ('M')
+    events with the required keys and types."""
+    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list) and doc["traceEvents"]
+    names = {}
+    for e in doc["traceEvents"]:
+        assert isinstance(e["name"], str) and isinstance(e["ph"], str)
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float))
+            assert e["ts"] >= 0 and e["dur"] >= 0
+        else:
+            assert e["ph"] == "M" and e["name"] in ("process_name", "thread_name")
+            assert isinstance(e["args"]["name"], str)
+            names[(e["name"], e["pid"], e["tid"] if e["name"] == "thread_name" else None)] = e["args"]["name"]
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert spans
+    assert all(("process_name", e["pid"], None) in names for e in spans)
+    assert all(("thread_name", e["pid"], e["tid"]) in names for e in spans)
+
+
+def test_force_predicts_exactly_that_configuration(tmp_path, capsys):
+    out, trace = tmp_path / "plan.json", tmp_path / "trace.json"
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", FORCE, "-o", str(out),
+               "--timeline", str(trace)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    plan = Plan.load(out)
+    assert (plan.mesh.dp, plan.mesh.tp, plan.mesh.pp) == (2, 2, 2)
+    assert (plan.zero_stage, plan.microbatch_size, plan.num_microbatches) == (1, 2, 4)
+    assert (plan.recompute, plan.schedule, plan.virtual_stages, plan.sequence_parallel) == \
+        ("selective", "interleaved", 2, True)
+    assert len(plan.stages) == 4 and plan.model["fingerprint"] and plan.cluster["name"] == "dgx-a100-80gb"
+    for part in ("dp=2", "tp=2", "pp=2", "zero=1", "mbs=2", "recompute=selective", "interleaved", "sp=1"):
+        assert part in text
+    pred = plan.predicted
+    assert f"predicted step time: {pred['step_time_s'] * 1e3:.2f} ms" in text
+    b = pred["breakdown"]
+    assert abs(b["compute_s"] + b["exposed_comm_s"] + b["bubble_s"] + b["optimizer_s"] - pred["step_time_s"]) \
+        < 1e-9 * pred["step_time_s"] + 1e-15
+    assert pred["assumptions"] and "assumptions:" in text
+    doc = json.loads(trace.read_text())
+    validate_chrome_trace(doc)
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    # 2 chunks x 4 micro-batches x (F, B) per rank
+    assert sum(1 for e in spans if e["name"].startswith(("F ", "B "))) == 2 * 2 * 4 * 2
+    assert max(e["ts"] + e["dur"] for e in spans) <= pred["step_time_s"] * 1e6 * (1 + 1e-9)
+
+
+def test_bad_force_is_one_line(capsys):
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", "dp=3,tp=2,pp=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "devices" in err
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "12", "--force", "dp=8,mbs=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "batch" in err

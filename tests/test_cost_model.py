@@ -1,0 +1,176 @@
+"""Communication formulas, op-level queries and whole-step predictions of the cost model, with hypothesis
+property tests (more bandwidth or FLOP/s never slower; higher ZeRO stage never more memory)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cost_model.communication import NCCL_RING_BASE_LATENCY_S, CommModel, Group, mesh_groups
+from cost_model.compute import interp_log
+from cost_model.model import CostModel
+from hardware_profiles.schema import CollectiveCurve, LinkSpec
+from planner.defaults import default_plan, even_stages
+from planner.errors import PlanError
+from planner.graph import TensorMeta
+from planner.plan import Plan
+from test_memory_activations import cluster, megatron_gpt
+
+
+def test_ring_all_reduce_formula():
+    cl = cluster(intra=100e9)
+    cm = CommModel(cl)
+    n, size, alpha = 8, 1e9, cl.intra_node.latency
+    want = 2 * (n - 1) / n * size / 100e9 + NCCL_RING_BASE_LATENCY_S + 2 * (n - 1) * alpha
+    assert cm.time("all_reduce", size, Group(n, 1)) == pytest.approx(want)
+    ag = (n - 1) / n * size / 100e9 + NCCL_RING_BASE_LATENCY_S + (n - 1) * alpha
+    assert cm.time("all_gather", size, Group(n, 1)) == pytest.approx(ag)
+    assert cm.time("reduce_scatter", size, Group(n, 1)) == pytest.approx(ag)
+    assert cm.time("all_reduce", size, Group(1, 1)) == 0.0
+
+
+def test_hierarchical_group_is_limited_by_the_network():
+    cl = cluster(nodes=4, intra=200e9, inter=20e9)
+    cm = CommModel(cl)
+    size = 4e9
+    t = cm.time("all_reduce", size, Group(32, 4))
+    network = 2 * 3 / 4 * (size / 8) / 20e9  # formulas.csv hierarchical_allreduce_traffic
+    assert network < t < network * 1.01
+    assert cm.time("all_reduce", size, Group(4, 4)) > t  # one member per node: all traffic on the network
+
+
+def test_measured_curve_takes_precedence():
+    cl = cluster()
+    curve = CollectiveCurve(collective="all_reduce", level="intra_node", group_size=8,
+                            points=((1000, 1e-5), (1_000_000, 2e-5)))
+    cm = CommModel(dataclasses.replace(cl, collectives=(curve,)))
+    assert cm.time("all_reduce", 500_500, Group(8, 1)) == pytest.approx(1.5e-5)
+    assert cm.time("all_reduce", 1999_000, Group(8, 1)) == pytest.approx(3e-5)
+    formula = CommModel(cl).time("all_reduce", 500_500, Group(4, 1))
+    assert cm.time("all_reduce", 500_500, Group(4, 1)) == formula  # group size not measured
+
+
+def test_mesh_groups_layout():
+    g = mesh_groups(dp=6, tp=8, pp=64, devices_per_node=8)
+    assert (g["tp"].nodes, g["dp"].nodes, g["pp"].nodes) == (1, 6, 64)
+    g = mesh_groups(dp=4, tp=2, pp=2, devices_per_node=8)
+    assert (g["tp"].nodes, g["dp"].nodes, g["pp"].nodes) == (1, 1, 2)
+    assert mesh_groups(dp=8, tp=16, pp=1, devices_per_node=8)["tp"].nodes == 2
+
+
+def test_interp_log():
+    curve = ((1e3, 0.2), (1e6, 0.8))
+    assert interp_log(curve, 10) == 0.2 and interp_log(curve, 1e9) == 0.8
+    assert interp_log(curve, 10 ** 4.5) == pytest.approx(0.5)
+
+
+def test_reshard_megatron_operators():
+    cm = CostModel(cluster())
+    meta = TensorMeta((1, 32, 64), "float32")
+    ar = cm.comm.time("all_reduce", 32 * 64 * 2, cm.tp_group(4))
+    ag = cm.comm.time("all_gather", 32 * 64 * 2, cm.tp_group(4))
+    rs = cm.comm.time("reduce_scatter", 32 * 64 * 2, cm.tp_group(4))
+    args = (4, 1, "bf16")
+    assert cm.reshard_time(meta, "P", "R", *args) == pytest.approx((ar, 0.0))  # g: all-reduce / identity
+    assert cm.reshard_time(meta, "R", "R", *args, consumer_partial_grad=True) == pytest.approx((0.0, ar))  # f
+    assert cm.reshard_time(meta, "P", "S(1)", *args) == pytest.approx((rs, ag))
+    assert cm.reshard_time(meta, "S(1)", "R", *args, consumer_partial_grad=True) == pytest.approx((ag, rs))
+    assert cm.reshard_time(meta, "S(2)", "S(2)", *args) == (0.0, 0.0)
+    assert cm.reshard_time(meta, "P", "R", 1, 1, "bf16") == (0.0, 0.0)
+
+
+def test_op_time_scales_with_tp_and_microbatch():
+    g = megatron_gpt(s=256, h=512, a=8)
+    cm = CostModel(cluster())
+    plan_ops = default_plan(g, cluster(per_node=2), 2, "bf16", {"tp": 2, "dp": 1}, "m").ops
+    fc1 = g.op("h0_fc1")
+    f1, b1 = cm.op_time(fc1, None, 1, 1, "bf16")
+    f2, b2 = cm.op_time(fc1, plan_ops["h0_fc1"], 2, 1, "bf16")
+    assert f2 == pytest.approx(f1 / 2) and b2 == pytest.approx(b1 / 2)
+    f4, _ = cm.op_time(fc1, None, 1, 4, "bf16")
+    assert f4 == pytest.approx(4 * f1)
+    assert cm.op_time(g.op("h0_q_view"), None, 1, 1, "bf16") == (0.0, 0.0)
+    par, act = cm.op_memory(fc1, plan_ops["h0_fc1"], 2, 1, "bf16")
+    assert par == (4 * 512 * 512 + 4 * 512) * 2 / 2 and act == 256 * 512 * 2
+
+
+def _predict(graph, cl, batch, forced, precision="bf16"):
+    plan = default_plan(graph, cl, batch, precision, forced, "m")
+    return CostModel(cl).predict(graph, plan), plan
+
+
+def test_breakdown_adds_up_and_dp_tp_pp_all_count():
+    g = megatron_gpt(s=128, h=256, a=4, layers=4)
+    cl = cluster(nodes=2, per_node=4)
+    pred, plan = _predict(g, cl, 32, {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "mbs": 2, "recompute": "selective",
+                                      "schedule": "interleaved", "vp": 2, "sp": 1})
+    b = pred.breakdown
+    parts = b["compute_s"] + b["exposed_comm_s"] + b["bubble_s"] + b["optimizer_s"]
+    assert parts == pytest.approx(pred.step_time_s)
+    assert b["tp_comm_s"] > 0 and b["dp_comm_s"] > 0 and b["pp_comm_s"] > 0 and b["recompute_s"] > 0
+    assert len(pred.memory_per_device_bytes) == 2 and pred.fits
+    assert 0 < pred.mfu < 1
+    d = Plan.from_dict(plan.to_dict())
+    assert d == plan
+
+
+def test_default_plan_errors():
+    g = megatron_gpt(layers=2)
+    cl = cluster(per_node=8)
+    with pytest.raises(PlanError, match="devices"):
+        default_plan(g, cl, 8, "bf16", {"dp": 3, "tp": 2, "pp": 1}, "m")
+    with pytest.raises(PlanError, match="not divisible"):
+        default_plan(g, cl, 12, "bf16", {"dp": 8, "mbs": 1}, "m")
+    with pytest.raises(PlanError, match="divide"):
+        default_plan(g, cl, 8, "bf16", {"tp": 8, "dp": 1}, "m")  # 4 heads
+    notes: list[str] = []
+    plan = default_plan(g, cluster(nodes=2, per_node=2), 4, "bf16", {"tp": 4, "dp": 1}, "m", notes=notes)
+    assert plan.mesh.tp == 4 and any("spans 2 nodes" in n for n in notes)
+
+
+def test_even_stages_balance():
+    g = megatron_gpt(layers=6)
+    st_ = even_stages(g, 2, 2)
+    assert len(st_) == 4 and [s.rank for s in st_] == [0, 1, 0, 1]
+    assert st_[0].start_layer == 0 and st_[-1].end_layer == len(g.layers())
+    assert all(a.end_layer == b.start_layer for a, b in zip(st_, st_[1:]))
+
+
+CONFIGS = st.fixed_dictionaries({
+    "tp": st.sampled_from([1, 2]), "pp": st.sampled_from([1, 2]), "zero": st.integers(0, 3),
+    "recompute": st.sampled_from(["none", "selective", "full"]), "schedule": st.sampled_from(["gpipe", "1f1b"]),
+    "mbs": st.sampled_from([1, 2])})
+
+
+def _scaled(cl, flops=1.0, intra=1.0, inter=1.0, mem=1.0):
+    dev = dataclasses.replace(cl.device, peak_flops={k: v * flops for k, v in cl.device.peak_flops.items()},
+                              memory_bandwidth=cl.device.memory_bandwidth * mem)
+    return dataclasses.replace(
+        cl, device=dev, intra_node=dataclasses.replace(cl.intra_node, bandwidth=cl.intra_node.bandwidth * intra),
+        inter_node=dataclasses.replace(cl.inter_node, bandwidth=cl.inter_node.bandwidth * inter))
+
+
+GRAPH = megatron_gpt(s=64, h=128, a=4, layers=4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(cfg=CONFIGS, factor=st.floats(1.0, 8.0), which=st.sampled_from(["flops", "intra", "inter", "mem"]))
+def test_more_bandwidth_or_flops_never_slower(cfg, factor, which):
+    cl = cluster(nodes=2, per_node=4)
+    forced = dict(cfg, dp=8 // (cfg["tp"] * cfg["pp"]))
+    base, plan = _predict(GRAPH, cl, 16, forced)
+    faster = CostModel(_scaled(cl, **{which: factor})).predict(GRAPH, plan)
+    assert faster.step_time_s <= base.step_time_s * (1 + 1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(cfg=CONFIGS)
+def test_memory_never_grows_with_zero_stage(cfg):
+    cl = cluster(nodes=2, per_node=4)
+    forced = dict(cfg, dp=8 // (cfg["tp"] * cfg["pp"]))
+    mems = []
+    for z in range(4):
+        pred, _ = _predict(GRAPH, cl, 16, dict(forced, zero=z))
+        mems.append(pred.peak_memory_bytes)
+    assert all(b <= a for a, b in zip(mems, mems[1:])), mems
