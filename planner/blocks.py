@@ -1,7 +1,7 @@
 """Recognising repeated blocks: structurally identical children of a `ModuleList`/`Sequential`, at any depth.
 
 Two children are identical when they have the same class and the same parameter and buffer names, shapes and
-dtypes. A group of two or more identical children of one container is a block type named `CONTAINER.*` (e.g.
+dtypes; only composite modules with parameters count (not a run of ReLUs or the bare Linears of an MLP). A group of two or more identical children of one container is a block type named `CONTAINER.*` (e.g.
 `transformer.h.*`); each child is an instance named by its path (`transformer.h.3`). Blocks are not searched for
 inside other blocks: the outermost repetition is the one later stages reuse.
 """
@@ -10,6 +10,11 @@ from __future__ import annotations
 from typing import Hashable
 
 import torch.nn as nn
+
+
+def _can_be_block(module: nn.Module) -> bool:
+    """Blocks are composite modules with parameters: repeated ReLUs or bare Linears of an MLP are not blocks."""
+    return next(module.children(), None) is not None and next(module.parameters(), None) is not None
 
 
 def _signature(module: nn.Module) -> Hashable:
@@ -29,7 +34,8 @@ def find_blocks(model: nn.Module) -> dict[str, str]:
         if isinstance(module, (nn.ModuleList, nn.Sequential)):
             groups: dict[Hashable, list[str]] = {}
             for path, child in children:
-                groups.setdefault(_signature(child), []).append(path)
+                if _can_be_block(child):
+                    groups.setdefault(_signature(child), []).append(path)
             repeated = [paths for paths in groups.values() if len(paths) >= 2]
             base = f"{prefix}.*" if prefix else "*"
             for paths in repeated:

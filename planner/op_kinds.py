@@ -45,7 +45,7 @@ for _kind, _names in {
                    "dropout native_dropout feature_dropout where masked_fill clamp clamp_min clamp_max clip abs "
                    "reciprocal to float half bfloat16 double type type_as to_copy erf triu tril iadd isub imul "
                    "itruediv square fill zero copy lerp addcmul addcdiv sign maximum minimum logical_not eq ne "
-                   "lt le gt ge bitwise_and bitwise_or",
+                   "lt le gt ge bitwise_and bitwise_or and or xor invert",
 }.items():
     for _n in _names.split():
         _BY_NAME[_n] = _kind
@@ -67,11 +67,8 @@ if hasattr(nn, "RMSNorm"):
 
 
 def normalise(name: str) -> str:
-    """Drop leading underscores and a trailing in-place underscore: `_softmax` -> `softmax`, `add_` -> `add`."""
-    name = name.lstrip("_")
-    if name.endswith("_") and not name.endswith("__"):
-        name = name[:-1]
-    return name
+    """Drop leading/trailing underscores: `_softmax` -> `softmax`, `add_` -> `add`, `__and__` -> `and`."""
+    return name.strip("_")
 
 
 def callee_name(op: str, target: Any) -> str:

@@ -11,9 +11,12 @@ over the whole graph: a LayerNorm output saved by the q, k and v projections is 
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 import torch
 import torch.fx
@@ -30,6 +33,8 @@ from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_ke
 
 class _LeafTracer(torch.fx.Tracer):
     """fx tracer that keeps built-in modules without children (and MultiheadAttention) as single ops."""
+
+    proxy_buffer_attributes = True  # buffers become graph values, so `self.rope_cos[:s]` traces
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, nn.MultiheadAttention):
@@ -104,9 +109,30 @@ def _trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> _Traced:
     return _Traced(graph, model, values, "fx")
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence stdout/stderr at the file-descriptor level (torch.export logs graphs and warnings there)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 def _trace_export(model: nn.Module, args: tuple, kwargs: dict) -> _Traced:
     from torch.export.graph_signature import InputKind, OutputKind
-    ep = torch.export.export(model, args, kwargs, strict=False)
+    with _quiet():
+        ep = torch.export.export(model, args, kwargs, strict=False)
     sig = ep.graph_signature
     user = iter(tree_flatten((args, kwargs))[0])
     values: dict[str, Any] = {}
@@ -309,7 +335,7 @@ class _Builder:
         self._add_op(name, label, "", producers, (outputs, targets), [value], cost, None, lambda _: "loss")
 
 
-def _eager_failure(model: nn.Module, args: tuple, kwargs: dict, path: str) -> BaseException | None:
+def _eager_failure(model: nn.Module, args: tuple, kwargs: dict) -> BaseException | None:
     """Run forward eagerly on the meta inputs; the exception it raises, if any."""
     try:
         with torch.no_grad():
@@ -323,13 +349,20 @@ _DATA_DEPENDENT = ("meta tensor", "data-dependent", "_local_scalar_dense", "item
 """Message fragments that mean forward needed tensor values, which tracing on the meta device cannot give."""
 
 
-def _untraceable(path: str, errors: list[tuple[str, BaseException]], eager: BaseException | None) -> ModelError:
+def _batch_error(path: str, eager: BaseException, inputs: Any, op: str = "") -> ModelError:
+    """The one-line error for forward() failing on the sample batch (wrong shapes or dtypes)."""
+    where = frame_in_file(eager, path)
+    at = f":{where[0]}: at `{where[1]}`" if where else ""
+    return ModelError(f"{path}{at}: forward() failed on the inputs from sample_batch() [{_meta_str(inputs)}]{op}: "
+                      f"{_first_line(eager)}; make sample_batch return inputs of the shapes and dtypes forward() "
+                      "expects")
+
+
+def _untraceable(path: str, errors: list[tuple[str, BaseException]], eager: BaseException | None,
+                 inputs: Any) -> ModelError:
     """The one-line error for a model neither fx nor export could trace (or that fails on the batch)."""
     if eager is not None and not any(s in str(eager) for s in _DATA_DEPENDENT):
-        where = frame_in_file(eager, path)
-        at = f":{where[0]}: `{where[1]}`" if where else ""
-        return ModelError(f"{path}{at}: forward() failed on the inputs from sample_batch(): {_first_line(eager)}; "
-                          "make sample_batch return inputs of the shapes and dtypes forward() expects")
+        return _batch_error(path, eager, inputs)
     where = None
     for _, e in reversed(errors):
         where = where or frame_in_file(e, path)
@@ -359,18 +392,19 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
         except Exception as e:
             errors.append((name, e))
     if traced is None:
-        raise _untraceable(model_file.path, errors, _eager_failure(model, args, kwargs, model_file.path))
+        raise _untraceable(model_file.path, errors, _eager_failure(model, args, kwargs), inputs)
     builder = _Builder(model, traced, model_file.loss_fn)
     show = sys.stderr.isatty() if progress is None else progress
     try:
         output_node, outputs = _run_with_progress(builder, show)
     except _NodeFailed as failed:
-        eager = _eager_failure(model, args, kwargs, model_file.path)
+        module = builder._module_path(failed.node) or "<root>"
+        eager = _eager_failure(model, args, kwargs)
         if eager is not None:
-            raise _untraceable(model_file.path, errors, eager) from None
-        raise ModelError(f"{model_file.path}: cannot run {failed} on meta tensors (module "
-                         f"{builder._module_path(failed.node) or '<root>'}); rerun with --debug and report it") \
-            from failed.exc
+            raise _batch_error(model_file.path, eager, inputs,
+                               f" at op {failed.node.name} ({failed.label}, module {module})") from None
+        raise ModelError(f"{model_file.path}: cannot run {failed} on meta tensors (module {module}); rerun with "
+                         "--debug and report it") from failed.exc
     builder.add_loss(output_node, outputs, targets, model_file.path)
     flat_inputs = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
     return OpGraph(model_name=model_file.path, ops=tuple(builder.ops), parameters=tuple(builder.params),

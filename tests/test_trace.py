@@ -1,0 +1,184 @@
+"""Tracing the bundled examples: parameters, FLOPs against a real CPU run, saved activations, repeated blocks,
+and the torch.export fallback."""
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from planner.model_file import batch, build, load_model_file
+from planner.trace import trace_model
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+aten = torch.ops.aten
+
+
+def _example(name: str):
+    return load_model_file(os.path.join(EXAMPLES, f"{name}.py"))
+
+
+_GRAPHS: dict[tuple[str, int], object] = {}
+
+
+def _graph(name: str, batch_size: int = 2):
+    """Trace once per (example, batch) for the whole module."""
+    key = (name, batch_size)
+    if key not in _GRAPHS:
+        _GRAPHS[key] = trace_model(_example(name), batch_size)
+    return _GRAPHS[key]
+
+
+def _cpu_sdpa_fwd(q, k, v, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(q, k, v)
+
+
+def _cpu_sdpa_bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out, q, k, v)
+
+
+# FlopCounterMode knows the CUDA flash kernel but not its CPU twin; count the CPU kernel with the same formulas.
+CPU_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_fwd,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_bwd}
+
+
+def _real_flops(name: str, batch_size: int) -> tuple[int, int, int]:
+    """(fwd, bwd, unique parameter count) of one real forward+backward on CPU."""
+    mf = _example(name)
+    torch.manual_seed(0)
+    model = build(mf, "cpu")
+    model.train()
+    inputs, targets = batch(mf, batch_size)
+    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as counter:
+        if isinstance(inputs, dict):
+            out = model(**inputs)
+        elif isinstance(inputs, (tuple, list)):
+            out = model(*inputs)
+        else:
+            out = model(inputs)
+        loss = mf.loss_fn(out, targets)
+        fwd = counter.get_total_flops()
+        loss.backward()
+        bwd = counter.get_total_flops() - fwd
+    return fwd, bwd, sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "mlp", "resnet"])
+def test_flops_and_parameters_match_a_real_run(name):
+    graph = _graph(name)
+    fwd, bwd, params = _real_flops(name, 2)
+    assert graph.num_parameters == params
+    assert sum(op.fwd_flops for op in graph.ops) == fwd
+    assert sum(op.bwd_flops for op in graph.ops) == bwd
+    assert fwd > 0 and bwd > fwd
+    assert graph.flops_per_sample() == (fwd + bwd) / 2
+
+
+def test_gpt3_175b_config_parameter_count():
+    """The 175B file builds on meta: its unique parameter count equals the formula for GPT with tied embeddings."""
+    mf = _example("gpt3_175b")
+    model = build(mf, "meta")
+    h, layers, vocab, seq = 12288, 96, 51200, 2048
+    per_layer = 12 * h * h + 13 * h  # qkv+proj (4h^2+4h), mlp (8h^2+5h), two LayerNorms (4h)
+    expected = layers * per_layer + vocab * h + seq * h + 2 * h
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_mlp_saved_activations_equal_hand_count():
+    graph = _graph("mlp", 4)
+    # fc1 saves x (64), relu1 its output (256, also fc2's input: once), relu2 its output (256, also fc3's input),
+    # cross-entropy its log-softmax (10 classes) and the int64 targets; plus nll_loss's scalar total_weight.
+    b = 4
+    expected = b * (64 + 256 + 256 + 10) * 4 + b * 8 + 4
+    assert sum(op.saved_bytes for op in graph.ops) == expected
+    kinds = [op.kind for op in graph.ops]
+    assert kinds == ["linear", "elementwise", "linear", "elementwise", "linear", "loss"]
+
+
+def test_tensor_saved_by_several_ops_is_counted_once():
+    graph = _graph("gpt")
+    q, k, v = (graph.op(f"h_0_attn_{p}_proj") for p in "qkv")
+    ln_out = graph.op("h_0_ln_1").output_meta[0]
+    assert ln_out in q.saved  # the LayerNorm output is listed at its first reader ...
+    assert k.saved == () and v.saved == ()  # ... and not again
+    attn = graph.op("scaled_dot_product_attention")
+    assert attn.kind == "attention"
+    # flash attention keeps q, k, v (whole projection outputs), the output and the log-sum-exp, not s x s scores
+    assert all(len(t.shape) < 4 or t.shape[-1] != t.shape[-2] for t in attn.saved)
+
+
+def test_gpt_blocks_layers_and_tied_weights():
+    graph = _graph("gpt")
+    assert graph.tracer == "fx"
+    assert graph.block_types == {"h.*": ("h.0", "h.1", "h.2", "h.3")}
+    layers = graph.layers()
+    assert [layer.name for layer in layers] == ["pre", "h.0", "h.1", "h.2", "h.3", "post"]
+    add = graph.op("add_1")  # the residual add inside h.0 is a functional op, labelled by its module path
+    assert (add.block, add.block_type, add.kind) == ("h.0", "h.*", "elementwise")
+    assert [p.name for p in graph.op("lm_head").params] == ["wte.weight"]
+    assert [p.name for p in graph.op("wte").params] == ["wte.weight"]
+    names = [p.name for p in graph.parameters]
+    assert len(names) == len(set(names)) and "lm_head.weight" not in names
+    assert graph.ops[-1].kind == "loss" and graph.ops[-1].inputs == ("lm_head",)
+    assert {op.kind for op in graph.ops} >= {"embedding", "norm", "linear", "attention", "reshape", "loss"}
+
+
+def test_llama_blocks_and_kinds():
+    graph = _graph("llama")
+    assert graph.block_types["layers.*"] == tuple(f"layers.{i}" for i in range(4))
+    assert len(graph.block_types) == 1
+    block_ops = [[op.target for op in graph.layer_ops(layer)] for layer in graph.layers() if layer.block_type]
+    assert all(ops == block_ops[0] for ops in block_ops)  # identical blocks, identical op sequences
+
+
+def test_resnet_blocks_and_inplace_relu():
+    graph = _graph("resnet")
+    assert graph.block_types == {"layer1.*": ("layer1.0", "layer1.1"), "layer2.*": ("layer2.1", "layer2.2")}
+    assert {"conv", "norm", "pool", "linear"} <= {op.kind for op in graph.ops}
+
+
+def test_fx_failure_falls_back_to_export_and_unused_parameters_are_kept(tmp_path):
+    path = tmp_path / "branchy.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+
+        class Branchy(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+                self.unused = nn.Linear(8, 3)
+
+            def forward(self, x):
+                if x.shape[0] > 1:  # python control flow on a shape: fx cannot trace it, export can
+                    return self.fc(x) * 2
+                return self.fc(x)
+
+        def build_model():
+            return Branchy()
+
+        def sample_batch(batch_size):
+            return torch.randn(batch_size, 8), torch.randn(batch_size, 8)
+    """))
+    graph = trace_model(load_model_file(str(path)), 3)
+    assert graph.tracer == "export"
+    assert [p.name for p in graph.parameters] == ["fc.weight", "fc.bias", "unused.weight", "unused.bias"]
+    assert graph.num_parameters == 8 * 8 + 8 + 8 * 3 + 3
+    linear = next(op for op in graph.ops if op.kind == "linear")
+    assert linear.module_path == "fc" and linear.fwd_flops == 2 * 3 * 8 * 8
+    assert graph.ops[-1].kind == "loss"
+
+
+@pytest.mark.parametrize("name,block_type,count", [("hf_gpt2", "transformer.h.*", 2),
+                                                    ("hf_llama", "model.layers.*", 2)])
+def test_hugging_face_models_trace_with_export(name, block_type, count):
+    pytest.importorskip("transformers")
+    graph = trace_model(_example(name), 2)
+    model = build(_example(name), "meta")
+    assert graph.tracer == "export"
+    assert graph.num_parameters == sum(p.numel() for p in model.parameters())
+    assert len(graph.block_types[block_type]) == count
+    assert sum(1 for op in graph.ops if op.kind == "attention") == count
+    assert graph.flops_per_sample() > 6 * graph.num_parameters * 64 * 0.5
