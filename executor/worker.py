@@ -1,0 +1,88 @@
+"""The per-rank program `plan measure` launches under torchrun: build the model, apply the plan, train, measure.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m executor.worker PLAN MODEL.py --steps S \
+        --warmup W --result RESULT.json
+
+Every rank builds the model from the same seed and draws the same `sample_batch` data (each dp replica trains on its
+share). Rank 0 writes the `measured` block to RESULT.json. A rank that raises prints one line
+`shardwise rank R: <error>` on stderr and exits 1 at once, so torchrun stops the other ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+BUILD_SEED = 0
+"""Seed every rank builds the model with (the runner also broadcasts rank 0's weights)."""
+DATA_SEED = 1234
+"""Seed for sample_batch, the same on every rank."""
+
+
+def _run(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from executor.runner import apply_plan
+    from planner.model_file import batch, build, load_model_file
+    from planner.plan import Plan, write_atomic
+
+    torch.set_num_threads(args.threads)
+    plan = Plan.load(args.plan)
+    mf = load_model_file(args.model)
+    torch.manual_seed(BUILD_SEED)
+    runner = apply_plan(build(mf), plan, loss_fn=mf.loss_fn)
+    rank = dist.get_rank()
+    torch.manual_seed(DATA_SEED)
+    for i in range(args.steps):
+        inputs, targets = batch(mf, plan.global_batch_size)
+        loss = runner.step(inputs, targets)
+        if rank == 0:
+            t = runner.timings.step[-1]
+            tag = " (warm-up)" if i < args.warmup else ""
+            print(f"step {i + 1}/{args.steps}  loss {loss:.4f}  {t * 1e3:.1f} ms{tag}", flush=True)
+    measured = runner.measurement(args.warmup)
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, {"step_time_s": measured["step_time_s"],
+                                      "peak_memory_bytes": measured["peak_memory_bytes"],
+                                      "memory_bytes": measured["memory_bytes"]})
+    if rank == 0:
+        measured["step_time_s"] = max(r["step_time_s"] for r in per_rank)
+        measured["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in per_rank)
+        measured["memory_bytes"] = max((r["memory_bytes"] for r in per_rank), key=lambda m: m["peak"])
+        measured["peak_memory_bytes_per_rank"] = [r["peak_memory_bytes"] for r in per_rank]
+        measured["world_size"] = dist.get_world_size()
+        measured["device"] = str(runner.device.type)
+        measured["threads_per_rank"] = args.threads
+        measured["final_loss"] = loss if args.steps else None
+        write_atomic(args.result, json.dumps(measured) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of one rank."""
+    p = argparse.ArgumentParser(prog="executor.worker")
+    p.add_argument("plan")
+    p.add_argument("model")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--result", required=True)
+    args = p.parse_args(argv)
+    try:
+        _run(args)
+    except BaseException as e:  # one line, then die at once so torchrun tears the job down
+        rank = os.environ.get("RANK", "?")
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"shardwise rank {rank}: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+        if os.environ.get("SHARDWISE_DEBUG"):
+            traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Executor tests: parity of every parallelism with a single-process run (CPU, gloo, world sizes 2 and 4),
+checkpoints moving between plans, a crashing rank, and `plan measure`. Process launches are few and each runs many
+checks (a 2-rank job costs 5-7 s to start here)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from planner.plan import Mesh, Plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = os.path.join(ROOT, "tests", "test_executor_ranks.py")
+TOL = 1e-5
+
+SPECS_2 = [
+    {"name": "dp", "dp": 2},
+    {"name": "dp_full_recompute", "dp": 2, "rc": "full"},
+    {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
+    {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
+    {"name": "zero3", "dp": 2, "zero": 3},
+    {"name": "tp", "tp": 2, "explicit_ops": True},
+    {"name": "tp_sp", "tp": 2, "sp": True},
+    {"name": "pp_gpipe", "pp": 2, "nmb": 2, "schedule": "gpipe"},
+    {"name": "pp_1f1b", "pp": 2, "nmb": 2, "schedule": "1f1b"},
+    {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
+]
+SPECS_4 = [
+    {"name": "dp_tp", "dp": 2, "tp": 2},
+    {"name": "dp_pp", "dp": 2, "pp": 2, "nmb": 2},
+    {"name": "tp_pp_sp", "tp": 2, "pp": 2, "nmb": 2, "sp": True},
+    {"name": "zero3_tp", "dp": 2, "tp": 2, "zero": 3, "rc": "selective"},
+    {"name": "pp_interleaved", "dp": 2, "pp": 2, "vs": 2, "nmb": 2, "schedule": "interleaved"},
+    {"name": "load_into_tp_pp", "tp": 2, "pp": 2, "nmb": 2, "load": True},
+]
+
+
+def _torchrun(n, args, timeout=180):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"] + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _launch(tmp_path, n, specs, ckpt):
+    spec_file, out = tmp_path / f"specs{n}.json", tmp_path / f"out{n}.json"
+    spec_file.write_text(json.dumps(specs))
+    proc = _torchrun(n, [RANKS, str(spec_file), str(out), str(ckpt)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("executor")
+    ckpt = tmp / "ckpt"
+    r2 = _launch(tmp, 2, SPECS_2, ckpt)
+    r4 = _launch(tmp, 4, SPECS_4, ckpt)
+    return {**r2, **r4}
+
+
+@pytest.mark.parametrize("name", [s["name"] for s in SPECS_2 + SPECS_4])
+def test_matches_single_process(results, name):
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    assert r["loss_err"] <= TOL, r
+    if "param_err" in r:
+        assert r["param_err"] <= TOL, r
+    assert r["report_ok"]
+
+
+def test_sequence_parallel_shards_norms_and_recompute_saves_memory(results):
+    assert results["tp_sp"]["norm_is_dtensor"] and not results["tp"]["norm_is_dtensor"]
+    assert 0 < results["dp_full_recompute"]["activations"] < results["dp"]["activations"] / 2
+
+
+def test_checkpoint_moves_between_plans(results):
+    r = results["load_into_tp_pp"]
+    assert r["start"] == 2 and r["n_losses"] == 1  # resumed at step 2 under a different plan
+    assert r["loss_err"] <= TOL and r["param_err"] <= TOL
+
+
+SMALL_MODEL = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {examples!r})
+    import torch
+    from gpt import GPT, GPTConfig, sample_batch as _sample
+    CFG = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16)
+    class Crashing(GPT):
+        calls = 0
+        def forward(self, idx):
+            Crashing.calls += 1
+            if {crash} and os.environ.get("RANK") == "1" and Crashing.calls > 2:
+                raise RuntimeError("injected failure on rank 1")
+            return super().forward(idx)
+    def build_model():
+        return Crashing(CFG)
+    def sample_batch(b):
+        return _sample(b, CFG)
+""")
+
+
+def _model_file(tmp_path, crash):
+    p = tmp_path / ("crash.py" if crash else "small.py")
+    p.write_text(SMALL_MODEL.format(examples=os.path.join(ROOT, "examples"), crash=crash))
+    return p
+
+
+def _plan(tmp_path, model_file, **kw):
+    from planner.model_file import build, load_model_file
+    from planner.plan import model_fingerprint
+    m = build(load_model_file(str(model_file)), "meta")
+    fp = model_fingerprint((n, p.shape) for n, p in m.named_parameters())
+    plan = Plan(mesh=Mesh(dp=2), global_batch_size=8, microbatch_size=4, num_microbatches=1, precision="fp32",
+                model={"fingerprint": fp, "parameters": sum(p.numel() for p in m.parameters())},
+                predicted={"step_time_s": 0.01}, **kw)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    return path
+
+
+def _plan_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "planner.cli", "measure", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_plan_measure_end_to_end_and_calibration(tmp_path):
+    model = _model_file(tmp_path, crash=False)
+    plan = _plan(tmp_path, model)
+    out, cal = tmp_path / "measured.json", tmp_path / "calibration.json"
+    proc = _plan_cli(plan, model, "--steps", 4, "--warmup", 1, "-o", out, "--calibrate", cal)
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted" in proc.stdout and "measured" in proc.stdout
+    d = json.loads(out.read_text())
+    assert d["predicted"]["step_time_s"] == 0.01
+    assert len(d["measured"]["step_times_s"]) == 4 and d["measured"]["step_time_s"] > 0
+    assert d["measured"]["peak_memory_bytes"] > 0
+    assert d["error"]["step_time"] == pytest.approx(d["measured"]["step_time_s"] / 0.01 - 1)
+    assert json.loads(cal.read_text())["step_time_scale"] > 0
+
+
+def test_crashing_rank_ends_job_quickly(tmp_path):
+    model = _model_file(tmp_path, crash=True)
+    plan = _plan(tmp_path, model)
+    t0 = time.monotonic()
+    proc = _plan_cli(plan, model, "--steps", 6)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 60
+    assert "rank 1" in proc.stderr and "injected failure" in proc.stderr
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path):
+    model = _model_file(tmp_path, crash=False)
+    plan = _plan(tmp_path, model)
+    other = tmp_path / "other.py"
+    other.write_text(SMALL_MODEL.format(examples=os.path.join(ROOT, "examples"), crash=False)
+                     .replace("n_layer=2", "n_layer=3"))
+    for args, words in [((plan, other), "another model"),
+                        ((tmp_path / "nope.json", model), "cannot read plan")]:
+        proc = _plan_cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
+    d = json.loads(plan.read_text())
+    d["mesh"]["dq"] = 1
+    plan.write_text(json.dumps(d))
+    proc = _plan_cli(plan, model)
+    assert proc.returncode == 2 and "unknown key 'dq'" in proc.stderr
+
+
+def test_world_size_mismatch_before_process_group(monkeypatch):
+    from executor import apply_plan
+    from executor.errors import ExecutorError
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    plan = Plan(mesh=Mesh(dp=2), global_batch_size=2, microbatch_size=1, num_microbatches=1)
+    with pytest.raises(ExecutorError, match="needs 2 ranks"):
+        apply_plan(torch.nn.Linear(2, 2), plan)
+    assert not torch.distributed.is_initialized()
+
+
+def test_split_model_matches_whole_model():
+    """The fx stage cut computes exactly the model's forward, keeps parameter names, and finds the tied weight."""
+    from gpt import GPT, GPTConfig
+    from executor.pipeline import split_model, stage_modules, tied_pairs
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4, n_embd=32, n_head=4, vocab_size=64, block_size=16))
+    plan = Plan(mesh=Mesh(pp=2), global_batch_size=2, microbatch_size=1, num_microbatches=2)
+    mods = stage_modules(model, plan)
+    assert mods == [["wte", "wpe", "h.0", "h.1"], ["h.2", "h.3", "ln_f", "lm_head"]]
+    stages = split_model(model, mods)
+    x = torch.randint(0, 64, (2, 16))
+    out = x
+    for s in stages:
+        out = s(out)
+    torch.testing.assert_close(out, model(x))
+    assert "h.2.attn.q_proj.weight" in dict(stages[1].named_parameters())
+    assert tied_pairs(model, mods) == [("wte.weight", [0, 1])]
+
+
+def test_derived_megatron_placements():
+    from gpt import GPT, GPTConfig
+    from executor.parallel import derive_placements
+    model = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16))
+    p = derive_placements(model, sequence_parallel=True)
+    assert p["h.0.attn.q_proj"] == p["h.0.attn.v_proj"] == p["h.1.mlp.c_fc"] == "colwise"
+    assert p["h.0.attn.c_proj"] == p["h.1.mlp.c_proj"] == "rowwise"
+    assert p["wte"] == "vocab" and p["lm_head"] == "colwise" and p["ln_f"] == "sequence"
+    assert "wpe" not in p

@@ -1,0 +1,134 @@
+"""Rank program for tests/test_executor.py (not a test module itself): run under torchrun, it trains a small GPT
+under many plans in ONE launch and writes, from rank 0, how far each run's losses and final parameters are from a
+single-process run. Usage: torchrun --nproc-per-node N tests/test_executor_ranks.py SPECS.json OUT.json CKPT_DIR
+"""
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+CFG = dict(n_layer=4, n_embd=32, n_head=4, vocab_size=64, block_size=16)
+GLOBAL_BATCH = 8
+STEPS = 3
+
+
+def build():
+    from gpt import GPT, GPTConfig
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**CFG))
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(STEPS):
+        t = torch.randint(0, CFG["vocab_size"], (GLOBAL_BATCH, CFG["block_size"] + 1), generator=g)
+        out.append((t[:, :-1], t[:, 1:]))
+    return out
+
+
+def optimizer(params):
+    # SGD with momentum: linear in the gradients, so fp32 reduction-order noise stays at 1e-7 (Adam's
+    # normalisation would amplify it for near-zero gradients); the momentum buffer exercises optimizer-state
+    # checkpointing.
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def loss_fn(out, tgt):
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tgt.reshape(-1))
+
+
+def reference():
+    model = build()
+    opt = optimizer(model.parameters())
+    losses = []
+    for x, y in batches():
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def make_plan(spec):
+    from planner.plan import Mesh, OpPlacement, Plan
+    dp, tp, pp, nmb = spec.get("dp", 1), spec.get("tp", 1), spec.get("pp", 1), spec.get("nmb", 1)
+    ops = {}
+    if spec.get("explicit_ops"):
+        from executor.parallel import derive_placements
+        ops = {f"op_{i}": OpPlacement(strategy=s, module=m)
+               for i, (m, s) in enumerate(derive_placements(build(), spec.get("sp", False)).items())}
+    return Plan(mesh=Mesh(dp=dp, tp=tp, pp=pp), zero_stage=spec.get("zero", 0),
+                sequence_parallel=spec.get("sp", False), schedule=spec.get("schedule", "1f1b"),
+                virtual_stages=spec.get("vs", 1), recompute=spec.get("rc", "none"),
+                global_batch_size=GLOBAL_BATCH, microbatch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
+                precision="fp32", ops=ops)
+
+
+def param_error(runner, ref):
+    from torch.distributed.tensor import DTensor
+
+    from executor.checkpoint import _modules
+    err = 0.0
+    for mod in _modules(runner):
+        for name, p in mod.named_parameters(remove_duplicate=False):
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            err = max(err, (full.detach() - ref[name]).abs().max().item())
+    return err
+
+
+def run_spec(spec, ref_losses, ref_params, ckpt):
+    from torch.distributed.tensor import DTensor
+
+    from executor import apply_plan
+    runner = apply_plan(build(), make_plan(spec), optimizer=optimizer, loss_fn=loss_fn)
+    data = batches()
+    if spec.get("load"):
+        runner.load(ckpt)
+        start = runner.step_count
+    else:
+        start = 0
+    losses = [runner.step(x, y) for x, y in data[start:spec.get("stop", STEPS)]]
+    out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
+           "n_losses": len(losses), "start": start}
+    if not spec.get("stop"):
+        out["param_err"] = param_error(runner, ref_params)
+    if spec.get("save"):
+        runner.save(ckpt)
+    mem = runner.memory_bytes()
+    out["activations"] = mem["activations"]
+    out["report_ok"] = "step time" in runner.report(warmup=1)
+    mods = dict(m for part in runner.parts for m in part.named_modules())
+    norm = next((m for n, m in mods.items() if n.endswith("ln_1")), None)
+    out["norm_is_dtensor"] = norm is not None and isinstance(norm.weight, DTensor)
+    return out
+
+
+def main():
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    specs, out_path, ckpt = json.loads(open(sys.argv[1]).read()), sys.argv[2], sys.argv[3]
+    ref_losses, ref_params = reference()
+    results = {}
+    for spec in specs:
+        try:
+            results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt)
+        except Exception as e:
+            traceback.print_exc()
+            results[spec["name"]] = {"error": f"{type(e).__name__}: {e}"}
+            break
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
