@@ -45,31 +45,99 @@ def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:
     return lines
 
 
-def format_result(result: Any, explain: bool = False) -> str:
-    """The report `plan` prints: the chosen plan, its prediction, the runners-up (and, with `explain`, why the
-    winner beats the runner-up), notes and assumptions."""
+PARTS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
+"""Breakdown parts that add up to the step time."""
+TOTALS = ("tp_comm_s", "dp_comm_s", "pp_comm_s", "recompute_s")
+"""Informative totals (partly overlapped with compute)."""
+
+
+def _config(plan) -> dict[str, str]:
+    m = plan.mesh
+    return {"mesh": f"{m.dp}x{m.tp}x{m.pp}", "ZeRO": str(plan.zero_stage),
+            "mbs": f"{plan.microbatch_size}x{plan.num_microbatches}", "recompute": plan.recompute,
+            "schedule": "-" if m.pp == 1 else plan.schedule + (f"(v{plan.virtual_stages})"
+                                                                if plan.virtual_stages > 1 else ""),
+            "sp": "on" if plan.sequence_parallel else "off"}
+
+
+def format_top(candidates: list, k: int | None = None) -> list[str]:
+    """The `--top K` table: mesh (dp x tp x pp), ZeRO, micro-batch size x count, recompute, schedule, sequence
+    parallelism, predicted step, TFLOP/s per device, MFU and peak memory per device, best first."""
+    head = ("#", "mesh dpxtpxpp", "ZeRO", "mbs x m", "recompute", "schedule", "sp", "step", "TFLOP/s", "MFU",
+            "mem/device")
+    rows = []
+    for i, (plan, pred) in enumerate(candidates[:k] if k else candidates, 1):
+        c = _config(plan)
+        rows.append((str(i), c["mesh"], c["ZeRO"], c["mbs"], c["recompute"], c["schedule"], c["sp"],
+                     _ms(pred.step_time_s), f"{pred.tflops_per_device:.1f}", f"{pred.mfu:.1%}",
+                     _gib(pred.peak_memory_bytes)))
+    widths = [max(len(r[j]) for r in rows + [head]) for j in range(len(head))]
+    fmt = lambda r: "  ".join(x.rjust(w) if j in (0, 7, 8, 9, 10) else x.ljust(w)  # noqa: E731
+                              for j, (x, w) in enumerate(zip(r, widths)))
+    return [fmt(head)] + [fmt(r) for r in rows]
+
+
+def explain(best, pred, other, other_pred) -> list[str]:
+    """Why `best` beats `other`: what differs in the configuration, and the breakdown parts that differ, largest
+    first (positive = the runner-up spends longer)."""
+    a, b = _config(best), _config(other)
+    diff = [f"{k} {b[k]} (winner: {a[k]})" for k in a if a[k] != b[k]]
+    gap = other_pred.step_time_s - pred.step_time_s
+    lines = [f"why this plan: the runner-up ({', '.join(diff) or 'same configuration, other placements'}) is "
+             f"predicted {_ms(gap)} slower per step ({gap / max(pred.step_time_s, 1e-30):.1%})"]
+    if gap <= pred.step_time_s * 1e-6:
+        lines.append("  they tie on step time; the winner is the simpler plan (less ZeRO sharding, less "
+                     "recompute, fewer pipeline and tensor splits)")
+    deltas = []
+    for key in PARTS + TOTALS:
+        d = other_pred.breakdown.get(key, 0.0) - pred.breakdown.get(key, 0.0)
+        if abs(d) > 1e-12:
+            deltas.append((abs(d), key, d))
+    for _, key, d in sorted(deltas, reverse=True):
+        where = "" if key in PARTS else " (total, partly overlapped)"
+        verb = "more" if d > 0 else "less"
+        lines.append(f"  {key[:-2].replace('_', ' ')}: runner-up spends {_ms(abs(d))} {verb}{where}")
+    dm = other_pred.peak_memory_bytes - pred.peak_memory_bytes
+    lines.append(f"  memory per device: runner-up {_gib(other_pred.peak_memory_bytes)} vs "
+                 f"{_gib(pred.peak_memory_bytes)} ({'+' if dm >= 0 else '-'}{_gib(abs(dm))})")
+    return lines
+
+
+def format_result(result: Any, explain: bool = False, top: int | None = None) -> str:
+    """The report `plan` prints: the chosen plan, its prediction, the `--top K` table of candidates (and, with
+    `explain`, why the winner beats the runner-up), search statistics, notes and assumptions."""
     best, pred = result.best, result.best_prediction
-    usable = None
     cl = getattr(best, "cluster", {}) or {}
-    lines = [f"plan for {best.model.get('path', '?')} on {cl.get('name', '?')} "
+    lines = [f"plan for {best.model.get('path') or '?'} on {cl.get('name', '?')} "
              f"({cl.get('nodes', '?')} node(s) x {cl.get('devices_per_node', '?')} devices), "
              f"global batch {best.global_batch_size}",
              "  " + format_plan(best)]
     if best.stages and best.mesh.pp > 1:
         lines.append("  stages (layers): " + " ".join(f"[{s.start_layer},{s.end_layer})" for s in best.stages))
-    lines += format_prediction(pred, usable)
-    others = [(p, q) for p, q in result.candidates if p is not best and p != best]
-    if others:
-        lines.append("runners-up:")
-        for p, q in others:
-            lines.append(f"  {_ms(q.step_time_s):>10}  {format_plan(p)}")
-    if explain and others:
-        p, q = others[0]
-        lines.append(f"why: {_ms(q.step_time_s - pred.step_time_s)} faster than the runner-up; breakdown difference: "
-                     + "  ".join(f"{k} {_ms(pred.breakdown.get(k, 0) - q.breakdown.get(k, 0))}"
-                                 for k in ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")))
+    if best.ops:
+        counts: dict[str, int] = {}
+        for p in best.ops.values():
+            counts[p.strategy] = counts.get(p.strategy, 0) + 1
+        lines.append("  per-op placements: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    lines += format_prediction(pred, None)
+    if len(result.candidates) > 1:
+        lines.append(f"top {len(result.candidates[:top] if top else result.candidates)} candidates:")
+        lines += ["  " + row for row in format_top(result.candidates, top)]
+    if explain:
+        if len(result.candidates) > 1:
+            lines += _explain(best, pred, *result.candidates[1])
+        else:
+            lines.append("why this plan: no runner-up (the forced keys leave a single candidate)")
+    stats = getattr(result, "stats", None) or {}
+    if stats:
+        lines.append(f"search: {stats.get('groups_evaluated', 0)} of {stats.get('groups', 0)} candidate groups "
+                     f"evaluated, {stats.get('predictions', 0)} predictions, {stats.get('ilp_solves', 0)} placement "
+                     f"ILPs, {stats.get('seconds', 0.0):.1f} s")
     for n in result.notes:
         lines.append(f"note: {n}")
     lines.append("assumptions:")
     lines += [f"  - {a}" for a in pred.assumptions]
     return "\n".join(lines)
+
+
+_explain = explain

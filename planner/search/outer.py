@@ -239,11 +239,39 @@ class OuterSearch:
         if key not in self._placed:
             placement = self.placer.solve(tp, mbs, self.precision, sp)
             if placement is not None:
+                placement = self._check_against_megatron(tp, mbs, sp, placement)
                 for note in placement.notes:
                     if note not in self.notes:
                         self.notes.append(note)
             self._placed[key] = None if placement is None else (placement, self.layer_arrays(tp, mbs, placement))
         return self._placed[key]
+
+    def _check_against_megatron(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult:
+        """The ILP prices ops and edges one at a time; the whole-step prediction also sees effects between them
+        (e.g. one input-gradient all-reduce shared by q, k and v). So the ILP's answer is checked against
+        Megatron-LM's layout with `predict` on a one-stage, one-micro-batch plan, and the faster one is kept."""
+        if tp <= 1:
+            return ilp
+        from planner.defaults import megatron_placements
+        try:
+            mega = megatron_placements(self.graph, tp, sp)
+        except PlanError:
+            return ilp
+        if mega == dict(ilp.ops):
+            return ilp
+        dp = self.cluster.world_size // tp
+        g = Group(dp, tp, 1, mbs, 1, sp, "1f1b", 1)
+        whole = (StageSpec(start_layer=0, end_layer=len(self.layers), modules=(), rank=0),)
+        times = []
+        for ops in (dict(ilp.ops), mega):
+            res = PlacementResult(ops=ops, sequence_parallel=sp)
+            plan = self.build(g, res, whole, 0, "none", batch=dp * mbs)
+            times.append(self.cm.predict(self.graph, plan).step_time_s)
+            self.stats["predictions"] += 1
+        if times[1] < times[0]:
+            return PlacementResult(ops=mega, sequence_parallel=sp or ilp.sequence_parallel, notes=ilp.notes + (
+                f"tp={tp} mbs={mbs}: Megatron's layout predicted faster than the placement ILP's; used it",))
+        return ilp
 
     def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
         """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
@@ -303,12 +331,13 @@ class OuterSearch:
         return tuple(out)
 
     def build(self, g: Group, placement: PlacementResult, stages: tuple[StageSpec, ...], zero: int,
-              recompute: str) -> Plan:
-        """The Plan for one candidate."""
+              recompute: str, batch: int | None = None) -> Plan:
+        """The Plan for one candidate (`batch` overrides the global batch, for one-replica probes)."""
         c = self.cluster
         return Plan(mesh=Mesh(dp=g.dp, tp=g.tp, pp=g.pp), zero_stage=zero,
                     sequence_parallel=g.sp and placement.sequence_parallel, recompute=recompute,
-                    schedule=g.schedule, virtual_stages=g.vp, global_batch_size=self.batch, microbatch_size=g.mbs,
+                    schedule=g.schedule, virtual_stages=g.vp, global_batch_size=batch or self.batch,
+                    microbatch_size=g.mbs,
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
                     ops=dict(placement.ops),
                     cluster={"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
