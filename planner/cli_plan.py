@@ -96,24 +96,26 @@ def main(argv: Sequence[str]) -> int:
     forced = parse_force(args.force)
     if args.batch_size is not None and args.batch_size < 1:
         raise PlanError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not args.summary and not args.cluster:
+        raise PlanError("--cluster is required to plan (a preset such as dgx-a100-80gb, or a YAML file); "
+                        "use --summary alone to only inspect the model")
+    if args.cluster and args.batch_size is None:
+        raise PlanError("--batch-size is required to plan: the global batch per optimizer step")
+    cluster = None
+    if args.cluster:  # a bad profile fails fast, before the (slower) trace
+        from hardware_profiles.load import load_cluster
+        cluster = load_cluster(args.cluster, nodes=args.nodes)
     model_file = load_model_file(args.model)
     graph = trace_model(model_file)
     if args.summary:
         from planner.summary import format_summary
         print(format_summary(graph))
-        if not args.cluster:
-            return 0
-    if not args.cluster:
-        raise PlanError("--cluster is required to plan (a preset such as dgx-a100-80gb, or a YAML file); "
-                        "use --summary alone to only inspect the model")
-    if args.batch_size is None:
-        raise PlanError("--batch-size is required to plan: the global batch per optimizer step")
+    if cluster is None:
+        return 0
 
     from cost_model.model import CostModel
-    from hardware_profiles.load import load_cluster
     from planner.search import search
 
-    cluster = load_cluster(args.cluster, nodes=args.nodes)
     result = search(graph, cluster, CostModel(cluster), batch_size=args.batch_size, precision=args.precision,
                     forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path)
