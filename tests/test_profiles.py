@@ -145,3 +145,11 @@ def test_cli_profile_bad_output_and_flag(capsys):
     assert err.count("\n") == 1 and "--nproc" in err
     assert plan_main(["profile", "--nproc", "1", "-o", "x.yaml"]) == 2
     assert "at least 2 ranks" in capsys.readouterr().err
+
+
+def test_cli_plan_unknown_cluster_lists_presets(capsys):
+    # the profile is checked before the model is traced, so this is quick and names every preset
+    assert plan_main(["examples/gpt.py", "--cluster", "nosuch", "--batch-size", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "nosuch" in err and all(p in err for p in PRESETS)
