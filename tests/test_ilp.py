@@ -135,3 +135,21 @@ def test_map_dim_through_views_and_transposes():
     assert map_dim((2, 8, 4, 4), (2, 8, 16), 2) == 2          # merge heads back
     assert map_dim((2, 8, 16), (16, 16), 1) is None           # sequence shard is not contiguous after flatten
     assert map_dim((2, 4, 4, 4), (2, 4, 4, 4), 1, "transpose") is None  # ambiguous
+
+
+def test_block_problem_from_a_graph_matches_brute_force():
+    """The real block problem (rewired boundary edge, sequence and shard options) on a 5-op block at tp=2."""
+    g = tiny_gpt(n_blocks=2)
+    cm = FakeCostModel()
+    ctx = CostContext(tp=2, microbatch_size=2, precision="bf16")
+    ops = [g.op(f"h.1_{s}") for s in ("ln", "fc", "act", "proj", "add")]
+    cands = {op.name: strategies_for(op, 2) for op in ops}
+    rewire = {f"h.0_{s}": f"h.1_{s}" for s in ("ln", "fc", "act", "proj", "add")}
+    producers = {op.name: op for op in g.ops}
+    for frac in (None, 0.2):
+        problem = build_problem(ops, cands, cm, ctx, producers=producers, fixed={}, rewire=rewire)
+        if frac is not None:
+            lo, hi = sum(m.min() for m in problem.memory), sum(m.max() for m in problem.memory)
+            problem.budget = lo + frac * (hi - lo)
+        assert any(u == 4 for u, _, _ in problem.edges)  # the boundary edge h.1_add -> h.1_ln / h.1_add
+        assert solve(problem).objective == pytest.approx(brute_force(problem).objective)
