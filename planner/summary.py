@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections import Counter
 
 from rich.console import Console
@@ -33,7 +34,10 @@ def format_summary(graph: OpGraph) -> str:
     bwd = sum(op.bwd_flops for op in ops) / graph.batch_size
     dtypes = Counter(p.dtype for p in graph.parameters)
     kinds = Counter(op.kind for op in ops)
-    table = Table(title=f"Model summary: {graph.model_name}", show_header=False, title_justify="left")
+    name = graph.model_name
+    if os.path.isabs(name) and os.path.abspath(name).startswith(os.getcwd() + os.sep):
+        name = os.path.relpath(name)
+    table = Table(title=f"Model summary: {name}", show_header=False, title_justify="left")
     table.add_column("", style="bold", no_wrap=True)
     table.add_column("value")
     table.add_row("parameters", f"{graph.num_parameters:,} ({_si(graph.num_parameters, '')}), "
