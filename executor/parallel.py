@@ -62,11 +62,21 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(f"{p}.{i}" if p else str(i), m) for p, lst in block_lists(model) for i, m in enumerate(lst)]
 
 
-def placements_from_plan(plan: Plan) -> dict[str, str]:
-    """Module path -> tp strategy, from the plan's per-op placements (ops without a module path are skipped)."""
+def placements_from_plan(plan: Plan, model: nn.Module) -> dict[str, str]:
+    """Module path -> tp strategy, from the plan's per-op placements. Only placements a module can carry are kept:
+    colwise/rowwise on Linear, vocab on Embedding, sequence on parameter-holding leaf modules that are neither
+    (norms). An op placed `sequence` whose module is a whole block (a residual add) says nothing about a module."""
+    mods = dict(model.named_modules())
     out: dict[str, str] = {}
     for op in plan.ops.values():
-        if op.module and op.strategy in MODULE_STRATEGIES:
+        mod = mods.get(op.module) if op.module else None
+        if mod is None or op.strategy not in MODULE_STRATEGIES:
+            continue
+        fits = {"colwise": isinstance(mod, nn.Linear), "rowwise": isinstance(mod, nn.Linear),
+                "vocab": isinstance(mod, nn.Embedding),
+                "sequence": not isinstance(mod, (nn.Linear, nn.Embedding)) and not list(mod.children())
+                and any(True for _ in mod.parameters())}[op.strategy]
+        if fits:
             out.setdefault(op.module, op.strategy)
     return out
 

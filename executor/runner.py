@@ -125,8 +125,10 @@ class Runner:
                     dist.broadcast(t.data, src=0)
         self.block_paths = [p for p, _ in parallel.blocks(model)]
         self.canonical = _canonical_names(model)
-        strategies = parallel.placements_from_plan(plan) or \
-            (parallel.derive_placements(model, plan.sequence_parallel) if m.tp > 1 else {})
+        strategies = parallel.placements_from_plan(plan, model) if m.tp > 1 else {}
+        if m.tp > 1 and not any(s in ("colwise", "rowwise") for s in strategies.values()):
+            # a hand-written plan (mesh only) or one whose placements name no Linear: Megatron's layout
+            strategies = parallel.derive_placements(model, plan.sequence_parallel)
         self.strategies = strategies
         self.saved = SavedActivations()
         self.timings = Timings()

@@ -152,7 +152,12 @@ def test_crashing_rank_ends_job_quickly(tmp_path):
     assert "rank 1" in proc.stderr and "injected failure" in proc.stderr
 
 
-def test_bad_input_is_one_line_exit_2(tmp_path):
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    from planner.cli import main as plan_main
+
+    def run(*args):  # in-process: the checks happen before anything is launched
+        rc = plan_main(["measure", *map(str, args)])
+        return rc, capsys.readouterr().err
     model = _model_file(tmp_path, crash=False)
     plan = _plan(tmp_path, model)
     other = tmp_path / "other.py"
@@ -160,14 +165,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
                      .replace("n_layer=2", "n_layer=3"))
     for args, words in [((plan, other), "another model"),
                         ((tmp_path / "nope.json", model), "cannot read plan")]:
-        proc = _plan_cli(*args)
-        assert proc.returncode == 2, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
+        rc, err = run(*args)
+        assert rc == 2, err
+        assert len(err.strip().splitlines()) == 1 and words in err
     d = json.loads(plan.read_text())
     d["mesh"]["dq"] = 1
     plan.write_text(json.dumps(d))
-    proc = _plan_cli(plan, model)
-    assert proc.returncode == 2 and "unknown key 'dq'" in proc.stderr
+    rc, err = run(plan, model)
+    assert rc == 2 and "unknown key 'dq'" in err
 
 
 def test_world_size_mismatch_before_process_group(monkeypatch):
