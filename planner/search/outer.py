@@ -240,9 +240,13 @@ class OuterSearch:
             placement = self.placer.solve(tp, mbs, self.precision, sp)
             if placement is not None:
                 placement = self._check_against_megatron(tp, mbs, sp, placement)
-                for note in placement.notes:
-                    if note not in self.notes:
-                        self.notes.append(note)
+            if placement is not None and tp > 1 and not placement.ops:
+                # every op replicated over tp: tp ranks would compute the same thing twice (and an executor
+                # given no placements applies its own layout), so this is not a tensor-parallel candidate
+                placement = None
+            for note in placement.notes if placement is not None else ():
+                if note not in self.notes:
+                    self.notes.append(note)
             self._placed[key] = None if placement is None else (placement, self.layer_arrays(tp, mbs, placement))
         return self._placed[key]
 
