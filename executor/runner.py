@@ -202,7 +202,7 @@ class Runner:
         """One optimizer step: forward and backward over the plan's micro-batches, then the optimizer. Returns the
         mean loss over the global batch (the same on every rank)."""
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
-        track = self.step_count == 0 or getattr(self, "_track_next", False)
+        track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
         t0 = _now(self.device)
         with (self.saved.track() if track else contextlib.nullcontext()):
