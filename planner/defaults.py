@@ -2,11 +2,12 @@
 configuration for the `--force` keys the user left open.
 
 The Megatron layout (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence parallelism) is derived from the
-graph's structure (`cost_model.ops.roles`), never from module names: in each block the linears reading a norm's
-output are column-parallel, the linear closing the region after attention / the activation is row-parallel, the
-ops in between work on head / feature shards; the largest embedding is vocabulary-parallel and the LM head is
-column-parallel over the vocabulary with a vocabulary-parallel loss. With sequence parallelism the remaining
-[batch, seq, hidden] ops (norms, residual adds, dropout) are sharded on the sequence dim.
+graph's module structure, never from module names: in each block the nn.Linear children of one module form a
+column/row pair (`megatron_pairs`), the ops in between work on head / feature shards; the largest embedding
+(`cost_model.ops.roles`) is vocabulary-parallel and the LM head is column-parallel over the vocabulary with its
+output gathered for the loss. With sequence parallelism the [batch, seq, hidden] ops from the first block on
+(norms, residual adds, dropout) are sharded on the sequence dim. The result is always a layout the executor
+applies exactly (`planner.strategies.tp_layout_problems`).
 """
 from __future__ import annotations
 
@@ -33,28 +34,34 @@ def _pick(op, tp: int, strategy: str | None, first_input: str | None = None) -> 
 
 
 def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, OpPlacement]:
-    """Megatron-LM placements of every op over a tp axis of size `tp` (ops left out are replicated).
+    """Megatron-LM placements of every op over a tp axis of size `tp` (ops left out are replicated), in the form
+    the executor applies exactly (`planner.strategies.tp_layout_problems` accepts it):
+
+    - in each module of a block whose nn.Linear children form a pair (`megatron_pairs`), the last is rowwise and
+      the others colwise; the ops between them work on head / feature shards (`heads`, `shard`);
+    - the largest embedding is vocab-parallel and the LM head column-parallel, its output all-gathered: the loss
+      reads replicated logits (the executor has no vocabulary-parallel loss, so the plan prices that gather);
+    - with sequence parallelism, the ops from the first block on that work on [batch, seq, ...] activations
+      (norms, residual adds, dropout) are `sequence`; ops before the blocks stay replicated, as the executor
+      shards the stream on entering the first block.
 
     Raises PlanError when tp does not divide a size the layout shards (features, heads, vocabulary)."""
     if tp <= 1:
         return {}
     r = roles(graph)
+    pairs, between = megatron_pairs(graph)
+    first_block = next((i for i, op in enumerate(graph.ops) if op.block is not None), len(graph.ops))
     out: dict[str, OpPlacement] = {}
-    for op in graph.ops:
+    for i, op in enumerate(graph.ops):
         name = op.name
-        src = None
-        if op.inputs and op.inputs[0] in out:
-            src = out[op.inputs[0]].output
-        if name in r.colwise or name == r.lm_head:
-            p = _pick(op, tp, "colwise")
-            what = "output features"
-        elif name in r.rowwise:
-            p = _pick(op, tp, "rowwise")
-            what = "input features"
+        src = out[op.inputs[0]].output if op.inputs and op.inputs[0] in out else None
+        if name in pairs or name == r.lm_head:
+            strategy = pairs.get(name, "colwise")
+            p = _pick(op, tp, strategy)
+            what = "output features" if strategy == "colwise" else "input features"
         elif name == r.vocab:
-            p = _pick(op, tp, "vocab")
-            what = "vocabulary"
-        elif name in r.between:
+            p, what = _pick(op, tp, "vocab"), "vocabulary"
+        elif name in between:
             if op.kind in ("attention", "matmul", "softmax"):
                 p = _pick(op, tp, "heads")
             else:
@@ -62,15 +69,13 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
                 if p is not None and p.strategy == "sequence":
                     p = OpPlacement(strategy="shard", module=p.module, inputs=p.inputs, output=p.output,
                                     params=p.params)
+                if p is None or (src and p.inputs[0] != src):
+                    p = _follow_shard(op, src, out) or p
+                if p is None:
+                    continue  # no shard rule for this op (e.g. a multi-output chunk): priced replicated
             what = "heads / features"
-        elif name in r.after_head:
-            # vocabulary-parallel loss: each rank works on its vocabulary shard of the logits
-            n = max(1, len(op.inputs))
-            p = OpPlacement(strategy="shard", module=op.module_path,
-                            inputs=((src or "R"),) + ("R",) * (n - 1), output="R")
-            what = ""
         else:
-            if sequence_parallel:
+            if sequence_parallel and i >= first_block and name not in r.after_head:
                 p = _pick(op, tp, "sequence")
                 if p is not None:
                     out[name] = p
@@ -80,6 +85,62 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
                             "divides the model's hidden size, heads and vocabulary")
         out[name] = p
     return out
+
+
+def _follow_shard(op, src: str | None, placed: Mapping[str, OpPlacement]) -> OpPlacement | None:
+    """A `shard` placement keeping the input's shard S(d) for an op between a colwise and a rowwise linear that
+    has no rule of its own (chunk, cat, getitem): valid when every output keeps dim d at the input's size."""
+    if not src or not src.startswith("S(") or op.params or not op.output_meta or not op.input_meta:
+        return None
+    d = int(src[2:-1])
+    size = op.input_meta[0].shape[d] if d < len(op.input_meta[0].shape) else None
+    if size is None or any(d >= len(m.shape) or m.shape[d] != size for m in op.output_meta):
+        return None
+    inputs = tuple(placed[s].output if s in placed and placed[s].output == src else "R" for s in op.inputs)
+    return OpPlacement(strategy="shard", module=op.module_path, inputs=inputs or (src,), output=src)
+
+
+def megatron_pairs(graph: OpGraph) -> tuple[dict[str, str], set[str]]:
+    """Megatron's column/row pairs read off the module structure (what the executor can apply), and the ops
+    between them.
+
+    In a block, the linear ops (one 2-D weight) whose modules share a parent module (q/k/v/out-projection of an
+    attention module; up/gate/down of an MLP) form a pair when the last of them in execution order is reached from
+    every other one through non-linear, non-norm ops of the block: it is rowwise, the others colwise. The ops on
+    those paths are returned as `between` (they run on head / feature shards)."""
+    users: dict[str, list[str]] = {}
+    for op in graph.ops:
+        for s in op.inputs:
+            users.setdefault(s, []).append(op.name)
+    by_parent: dict[tuple[str, str], list] = {}
+    for op in graph.ops:
+        if op.block is not None and op.kind == "linear" and sum(len(p.shape) == 2 for p in op.params) == 1:
+            by_parent.setdefault((op.block, op.module_path.rpartition(".")[0]), []).append(op)
+    pairs: dict[str, str] = {}
+    between: set[str] = set()
+    for (block, _), lins in by_parent.items():
+        if len(lins) < 2:
+            continue
+        last = lins[-1].name
+        region: set[str] = set()
+        reached_from_all = True
+        for col in lins[:-1]:
+            seen, stack, hit = set(), list(users.get(col.name, ())), False
+            while stack:
+                n = stack.pop()
+                op = graph.op(n)
+                hit |= n == last
+                if n in seen or op.block != block or op.kind in ("linear", "norm"):
+                    continue
+                seen.add(n)
+                stack.extend(users.get(n, ()))
+            reached_from_all &= hit
+            region |= seen
+        if reached_from_all:
+            pairs.update({op.name: "colwise" for op in lins[:-1]})
+            pairs[last] = "rowwise"
+            between |= region
+    return pairs, between
 
 
 def _layer_modules(graph: OpGraph, layer) -> list[str]:

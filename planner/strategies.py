@@ -24,7 +24,8 @@ Rules by kind (each filtered by divisibility of the sharded size by tp):
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 from planner.graph import OpNode
 from planner.plan import OpPlacement
@@ -253,3 +254,186 @@ def placement_name(p: OpPlacement | None) -> str:
         return "replicate"
     text = f"{p.strategy}: {','.join(p.inputs)} -> {p.output}"
     return text + (f" | {','.join(p.params)}" if p.params else "")
+
+
+# ---- what the executor can apply ---------------------------------------------------------------------------------
+# The executor turns a plan into DTensor parallel styles per *module*, so only some per-op layouts can run. These
+# functions state that contract once; the search checks its answers with them and the executor refuses anything
+# else with the first problem they name. They read plain data (no torch, no search, no cost model).
+
+MODULE_KINDS = {"linear": ("colwise", "rowwise"), "embedding": ("vocab",), "norm": ("sequence",), "other": ()}
+"""Module kind -> the non-replicate strategies the executor can apply to it: nn.Linear column/row parallel,
+nn.Embedding vocab parallel, any other parameter-holding leaf module (a norm) sequence parallel."""
+LINEAR_CALLS = ("torch.nn.Linear", "aten.linear.default")
+"""`OpNode.target`s of an nn.Linear module call (fx leaf module; torch.export's aten op under the module)."""
+EMBEDDING_CALLS = ("torch.nn.Embedding", "aten.embedding.default")
+"""`OpNode.target`s of an nn.Embedding module call."""
+WEIGHT_LAYOUT = {"colwise": "S(0)", "rowwise": "S(1)", "vocab": "S(0)", "sequence": "R", "replicate": "R"}
+"""How each module strategy lays out the module's weight over tp (tied weights must agree)."""
+
+
+@dataclass(frozen=True)
+class TPModule:
+    """A parameter-holding module as the tp contract sees it (built from an OpGraph or from an nn.Module)."""
+
+    path: str
+    """Module path, e.g. `h.0.attn.q_proj`."""
+    kind: str
+    """`linear` (nn.Linear), `embedding` (nn.Embedding), `norm` (another leaf holding parameters) or `other`
+    (a module with children that also holds parameters directly)."""
+    position: str
+    """`pre` (before the repeated blocks), `block` (inside one) or `post` (after them)."""
+    params: tuple[str, ...] = ()
+    """Canonical names of the parameters it holds (a tied weight has one name for all its holders)."""
+
+
+def module_strategies(ops: Mapping[str, OpPlacement], modules: Sequence[TPModule]) -> tuple[dict[str, str], list[str]]:
+    """Module path -> strategy from a plan's per-op placements, and the problems found.
+
+    A placement is a module placement when its strategy is one of colwise, rowwise, vocab, sequence and its module is
+    a parameter-holding module. `sequence` on any other module (a residual add on a block, the root) describes an
+    activation, not a module, and is skipped; colwise/rowwise/vocab on a module that cannot carry them, or two
+    different strategies for one module, are problems."""
+    by_path = {m.path: m for m in modules}
+    out: dict[str, str] = {}
+    problems: list[str] = []
+    for name, p in ops.items():
+        mod = by_path.get(p.module)
+        if p.strategy not in ("colwise", "rowwise", "vocab", "sequence"):
+            continue
+        if mod is None:
+            if p.strategy != "sequence":
+                problems.append(f"op {name} is {p.strategy} but its module {p.module or '<root>'!r} is not an "
+                                f"nn.Linear/nn.Embedding the executor can shard; replicate it or re-plan")
+            continue
+        if p.strategy not in MODULE_KINDS[mod.kind]:
+            if p.strategy == "sequence" and mod.kind != "norm":
+                continue
+            problems.append(f"op {name} is {p.strategy} but module {mod.path} is a {mod.kind} module, which "
+                            f"takes {' or '.join(MODULE_KINDS[mod.kind] + ('replicate',))}; re-plan")
+            continue
+        if out.setdefault(mod.path, p.strategy) != p.strategy:
+            problems.append(f"module {mod.path} is placed both {out[mod.path]} and {p.strategy} (op {name}); "
+                            "give every op of one module the same strategy")
+    return out, problems
+
+
+def tp_layout_problems(modules: Sequence[TPModule], strategies: Mapping[str, str],
+                       sequence_parallel: bool) -> list[str]:
+    """Why the executor cannot apply this module layout (empty when it can). The runnable layouts are Megatron's:
+
+    - a *pair*: the nn.Linear children of one parent module are all colwise except exactly one rowwise, which
+      reads their (head/feature-sharded) outputs; nothing in between communicates;
+    - a lone colwise nn.Linear outside the blocks (the LM head): its output is all-gathered to replicated;
+    - vocab on nn.Embedding (output all-reduced); replicate anywhere;
+    - tied weights laid out identically by every holder (vocab embedding + colwise head both shard dim 0);
+    - with sequence parallelism the residual stream is sharded on the sequence dim from the first block on, so
+      every Linear in the blocks is in a pair, every norm in or after the blocks is `sequence`, a Linear after
+      the blocks is colwise (it gathers its input) and no Embedding sits in a block; `sequence` needs it on.
+    """
+    problems: list[str] = []
+    by_parent: dict[str, list[TPModule]] = {}
+    for m in modules:
+        if m.kind == "linear":
+            by_parent.setdefault(m.path.rpartition(".")[0], []).append(m)
+    pairs: set[str] = set()
+    for parent, lins in by_parent.items():
+        strat = {m.path: strategies.get(m.path, "replicate") for m in lins}
+        rows = [p for p, s in strat.items() if s == "rowwise"]
+        cols = [p for p, s in strat.items() if s == "colwise"]
+        if rows:
+            if len(rows) > 1 or not cols or len(rows) + len(cols) != len(lins):
+                listed = ", ".join(f"{p}={s}" for p, s in strat.items())
+                problems.append(f"module {parent or '<root>'}: its Linears {listed} are not one Megatron pair (all colwise but one rowwise); re-plan with the "
+                                "Megatron layout")
+            pairs.update(strat)
+    pos = {m.path: m for m in modules}
+    for path, s in strategies.items():
+        m = pos.get(path)
+        if m is None:
+            continue
+        if s == "colwise" and path not in pairs and m.position == "block":
+            problems.append(f"module {path} is colwise without a rowwise sibling inside a block; pair it with a "
+                            "rowwise Linear (Megatron) or replicate it")
+        if s == "colwise" and path not in pairs and sequence_parallel and m.position == "pre":
+            problems.append(f"module {path} is a lone colwise Linear before the blocks under sequence parallelism; "
+                            "replicate it")
+        if s == "sequence" and not sequence_parallel:
+            problems.append(f"module {path} is sequence-parallel but the plan has sequence_parallel off; turn it on "
+                            "or replicate the module")
+    if sequence_parallel:
+        problems += _sequence_problems(modules, strategies, pairs)
+    problems += _tied_problems(modules, strategies)
+    return problems
+
+
+def _sequence_problems(modules: Sequence[TPModule], strategies: Mapping[str, str], pairs: set[str]) -> list[str]:
+    out = []
+    for m in modules:
+        s = strategies.get(m.path, "replicate")
+        if m.position == "pre":
+            continue
+        if m.kind == "norm" and s != "sequence":
+            out.append(f"module {m.path} must be sequence-parallel: with sequence parallelism on, the activations "
+                       "it sees are sharded on the sequence dim")
+        elif m.kind == "linear" and m.position == "block" and m.path not in pairs:
+            out.append(f"module {m.path} is a Linear in a block outside a colwise/rowwise pair; with sequence "
+                       "parallelism every block Linear must be in one (or turn sequence parallelism off)")
+        elif m.kind == "linear" and m.position == "post" and s != "colwise":
+            out.append(f"module {m.path} after the blocks must be colwise under sequence parallelism (it gathers "
+                       "its sequence-sharded input)")
+        elif m.kind in ("embedding", "other") and m.position == "block":
+            out.append(f"module {m.path} ({m.kind}) inside a block cannot run on sequence shards; turn sequence "
+                       "parallelism off")
+    return out
+
+
+def _tied_problems(modules: Sequence[TPModule], strategies: Mapping[str, str]) -> list[str]:
+    holders: dict[str, list[TPModule]] = {}
+    for m in modules:
+        for p in m.params:
+            holders.setdefault(p, []).append(m)
+    out = []
+    for param, ms in holders.items():
+        lay = {m.path: WEIGHT_LAYOUT[strategies.get(m.path, "replicate")] for m in ms}
+        if len(ms) > 1 and len(set(lay.values())) > 1:
+            named = [(p, strategies.get(p, "replicate")) for p in lay]
+            out.append(f"tied parameter {param} is laid out differently by "
+                       f"{', '.join(f'{p} ({s})' for p, s in named)}; place the embedding "
+                       "vocab and the head colwise (both shard dim 0), or replicate both")
+    return out
+
+
+def graph_tp_modules(graph) -> list[TPModule]:
+    """The parameter-holding modules of a traced graph, as `TPModule`s (what `tp_layout_problems` checks).
+
+    A module's kind comes from the op that calls it (`torch.nn.Linear` / `torch.nn.Embedding`); other modules that
+    own a parameter directly are `norm` if no op runs in a sub-module of theirs, else `other`."""
+    first_block = next((i for i, op in enumerate(graph.ops) if op.block is not None), None)
+    paths = {op.module_path for op in graph.ops}
+    found: dict[str, TPModule] = {}
+    for i, op in enumerate(graph.ops):
+        for p in op.params:
+            owner = p.name.rpartition(".")[0]
+            if op.target in LINEAR_CALLS:
+                kind, owner = "linear", op.module_path
+            elif op.target in EMBEDDING_CALLS:
+                kind, owner = "embedding", op.module_path
+            else:
+                kind = "other" if any(q.startswith(owner + ".") for q in paths) else "norm"
+            if owner in found:
+                if p.name not in found[owner].params:
+                    found[owner] = TPModule(path=owner, kind=found[owner].kind, position=found[owner].position,
+                                            params=found[owner].params + (p.name,))
+                continue
+            position = "block" if op.block is not None else \
+                "pre" if first_block is None or i < first_block else "post"
+            found[owner] = TPModule(path=owner, kind=kind, position=position, params=(p.name,))
+    return list(found.values())
+
+
+def plan_tp_problems(graph, ops: Mapping[str, OpPlacement], sequence_parallel: bool) -> list[str]:
+    """Everything that stops the executor from applying these placements to the traced model (empty: runnable)."""
+    mods = graph_tp_modules(graph)
+    strategies, problems = module_strategies(ops, mods)
+    return problems + tp_layout_problems(mods, strategies, sequence_parallel)

@@ -94,7 +94,7 @@ def test_block_solved_once_and_reused_for_copies():
     assert solver.solves == 2  # one block ILP + the ops outside blocks
     for k in range(4):
         assert res.ops[f"h.{k}_fc"].strategy == "colwise"
-        assert res.ops[f"h.{k}_fc"].module == f"h.{k}_fc"
+        assert res.ops[f"h.{k}_fc"].module == f"h.{k}.mlp.fc"
         assert res.ops[f"h.{k}_proj"].strategy == "rowwise"
     solver.solve(tp=4, microbatch_size=1, precision="bf16", sp=False)
     assert solver.solves == 2  # cached

@@ -31,6 +31,8 @@ def make_op(name, kind, inputs=(), shape=(1, 8, 16), params=(), block=None, bloc
     metas = tuple(TensorMeta(tuple(s), "float32") for s in in_shapes) + tuple(
         TensorMeta(p.shape, "float32") for p in pinfo)
     out = TensorMeta(tuple(shape), "float32")
+    if not target and params and kind in ("linear", "embedding"):
+        target = "torch.nn.Linear" if kind == "linear" else "torch.nn.Embedding"  # module calls, as traced
     return OpNode(name=name, kind=kind, target=target or kind, module_path=module or name, inputs=tuple(inputs),
                   input_meta=metas, output_meta=(out,), fwd_flops=0, bwd_flops=0, bytes_read=0,
                   bytes_written=out.bytes, params=pinfo, saved=(out,), block=block, block_type=block_type)
@@ -40,13 +42,16 @@ def mlp_block(prefix: str, prev: str, h: int = 16, block_type: str = "h.*") -> l
     """A pre-norm MLP residual block: norm -> fc (h->4h) -> gelu -> proj (4h->h) -> add."""
     b = dict(block=prefix, block_type=block_type)
     return [
-        make_op(f"{prefix}_ln", "norm", [prev], (1, 8, h), [(f"{prefix}.ln.weight", (h,))], **b),
+        make_op(f"{prefix}_ln", "norm", [prev], (1, 8, h), [(f"{prefix}.ln.weight", (h,))],
+                module=f"{prefix}.ln", **b),
         make_op(f"{prefix}_fc", "linear", [f"{prefix}_ln"], (1, 8, 4 * h),
-                [(f"{prefix}.fc.weight", (4 * h, h)), (f"{prefix}.fc.bias", (4 * h,))], in_shapes=[(1, 8, h)], **b),
-        make_op(f"{prefix}_act", "elementwise", [f"{prefix}_fc"], (1, 8, 4 * h), **b),
+                [(f"{prefix}.mlp.fc.weight", (4 * h, h)), (f"{prefix}.mlp.fc.bias", (4 * h,))],
+                in_shapes=[(1, 8, h)], module=f"{prefix}.mlp.fc", **b),
+        make_op(f"{prefix}_act", "elementwise", [f"{prefix}_fc"], (1, 8, 4 * h), module=f"{prefix}.mlp", **b),
         make_op(f"{prefix}_proj", "linear", [f"{prefix}_act"], (1, 8, h),
-                [(f"{prefix}.proj.weight", (h, 4 * h))], in_shapes=[(1, 8, 4 * h)], **b),
-        make_op(f"{prefix}_add", "elementwise", [prev, f"{prefix}_proj"], (1, 8, h), **b),
+                [(f"{prefix}.mlp.proj.weight", (h, 4 * h))], in_shapes=[(1, 8, 4 * h)], module=f"{prefix}.mlp.proj",
+                **b),
+        make_op(f"{prefix}_add", "elementwise", [prev, f"{prefix}_proj"], (1, 8, h), module=prefix, **b),
     ]
 
 

@@ -32,6 +32,7 @@ from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fi
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches
+from planner.strategies import plan_tp_problems
 from planner.strategies import strategies_for
 
 
@@ -239,6 +240,8 @@ class OuterSearch:
         if key not in self._placed:
             placement = self.placer.solve(tp, mbs, self.precision, sp)
             if placement is not None:
+                placement = self._runnable(tp, mbs, sp, placement)
+            if placement is not None:
                 placement = self._check_against_megatron(tp, mbs, sp, placement)
             if placement is not None and tp > 1 and not placement.ops:
                 # every op replicated over tp: tp ranks would compute the same thing twice (and an executor
@@ -249,6 +252,26 @@ class OuterSearch:
                     self.notes.append(note)
             self._placed[key] = None if placement is None else (placement, self.layer_arrays(tp, mbs, placement))
         return self._placed[key]
+
+    def _runnable(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult | None:
+        """The ILP's placements when the executor can apply them exactly (`plan_tp_problems`), else Megatron's
+        (with a note), else None (this tp is not a candidate; the note says why)."""
+        problems = plan_tp_problems(self.graph, ilp.ops, sp and ilp.sequence_parallel)
+        if not problems:
+            return ilp
+        from planner.defaults import megatron_placements
+        try:
+            mega = megatron_placements(self.graph, tp, sp)
+            why = (plan_tp_problems(self.graph, mega, sp) or [""])[0]
+        except PlanError as e:
+            mega, why = {}, str(e)
+        if mega and not why:
+            return PlacementResult(ops=mega, sequence_parallel=sp, notes=ilp.notes + (
+                f"tp={tp} mbs={mbs}: the placement ILP's layout is not one the executor applies ({problems[0]}); "
+                "used Megatron's",))
+        self.notes.append(f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); "
+                          "tp>1 skipped for it")
+        return None
 
     def _check_against_megatron(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult:
         """The ILP prices ops and edges one at a time; the whole-step prediction also sees effects between them
@@ -261,7 +284,7 @@ class OuterSearch:
             mega = megatron_placements(self.graph, tp, sp)
         except PlanError:
             return ilp
-        if mega == dict(ilp.ops):
+        if mega == dict(ilp.ops) or plan_tp_problems(self.graph, mega, sp):
             return ilp
         dp = self.cluster.world_size // tp
         g = Group(dp, tp, 1, mbs, 1, sp, "1f1b", 1)

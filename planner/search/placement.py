@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from planner.graph import Layer, OpGraph, OpNode
 from planner.plan import OpPlacement
 from planner.search.ilp import CostContext, ILPError, add_fixed_consumers, build_problem, solve
-from planner.strategies import strategies_for
+from planner.strategies import graph_tp_modules, strategies_for
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class PlacementSolver:
             bt: [by_name[n] for n in names if n in by_name] for bt, names in self.graph.block_types.items()}
         in_block = {i for layer in layers if layer.block_type is not None for i in layer.ops}
         self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
+        first = min(in_block, default=len(self.graph.ops))
+        self.pre_block = {op.name for op in self.graph.ops[:first]}
+        norms = {m.path for m in graph_tp_modules(self.graph) if m.kind == "norm"}
+        self.in_norm_module = {op.name for op in self.graph.ops if op.module_path in norms}
 
     def solve(self, tp: int, microbatch_size: int, precision: str, sp: bool = True,
               budget_scale: float | None = None, alpha: float = 1.0, beta: float = 1.0) -> PlacementResult | None:
@@ -94,14 +98,16 @@ class PlacementSolver:
 
     # ---- pieces ---------------------------------------------------------------------------------------------------
     def _candidates(self, ops: list[OpNode], tp: int, sp: bool) -> dict[str, list[OpPlacement]]:
-        """Strategies per op: sequence parallelism off drops `sequence`; on, norms must use it (Megatron's flag)."""
+        """Strategies per op: sequence parallelism off drops `sequence`; on, norms (and the ops of a hand-written
+        norm module, e.g. RMSNorm's pow/rsqrt/mul) must use it where they can (Megatron's flag).
+        Ops before the first block never take `sequence`: the executor shards the stream entering the first block."""
         out = {}
         for op in ops:
             strats = strategies_for(op, tp)
             seq = [p for p in strats if p.strategy == "sequence"]
-            if not sp:
+            if not sp or op.name in self.pre_block:
                 strats = [p for p in strats if p.strategy != "sequence"]
-            elif op.kind == "norm" and seq:
+            elif (op.kind == "norm" or op.name in self.in_norm_module) and seq:
                 strats = seq
             out[op.name] = strats
         return out
