@@ -29,14 +29,16 @@ def build_model():
 def sample_batch(b):
     return _sample(b, CFG)
 """
+# Every key that shapes the step is forced (zero, mbs, recompute, sp): a key left out is chosen by the search,
+# and "dp2" without zero=0 once ran the search's pick, ZeRO-3.
 MATRIX = [
-    ("dp2", "dp=2,tp=1,pp=1"),
-    ("dp2 zero1", "dp=2,tp=1,pp=1,zero=1"),
-    ("dp2 zero3", "dp=2,tp=1,pp=1,zero=3"),
-    ("tp2", "dp=1,tp=2,pp=1"),
-    ("tp2 sp", "dp=1,tp=2,pp=1,sp=1"),
-    ("pp2 1f1b mbs2", "dp=1,tp=1,pp=2,mbs=2"),
-    ("dp2 recompute", "dp=2,tp=1,pp=1,recompute=full"),
+    ("dp2", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=none"),
+    ("dp2 zero1", "dp=2,tp=1,pp=1,zero=1,mbs=4,recompute=none"),
+    ("dp2 zero3", "dp=2,tp=1,pp=1,zero=3,mbs=4,recompute=none"),
+    ("tp2", "dp=1,tp=2,pp=1,mbs=8,recompute=none,sp=0"),
+    ("tp2 sp", "dp=1,tp=2,pp=1,mbs=8,recompute=none,sp=1"),
+    ("pp2 1f1b mbs2", "dp=1,tp=1,pp=2,mbs=2,recompute=none,schedule=1f1b"),
+    ("dp2 recompute", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full"),
 ]
 BATCH = 8
 

@@ -3,8 +3,16 @@
     t = max(FLOPs / (peak[dtype] * matmul_eff(FLOPs)),  bytes / (memory_bandwidth * memory_eff(bytes)))
 
 for matmul-like kinds (linear, matmul, attention, conv); memory-bound kinds (norm, softmax, elementwise, embedding
-as a gather, loss, pool, other) use only the bytes term. Views (`reshape`) launch no kernel and cost nothing.
-Efficiency curves are interpolated linearly in log(size) and clamped at their ends (`interp_log`).
+as a gather, loss, pool, other) use only the bytes term. Views (`reshape`) launch no kernel. Efficiency curves are
+interpolated linearly in log(size) and clamped at their ends (`interp_log`).
+
+Two measured terms from the profile refine this where it has them (CPU profiles written by `plan profile`):
+- `kernel_costs`: elementwise kernels that are compute-bound on the device (a tanh per element of GELU, an exp per
+  element of softmax / log-softmax in the loss, normalisation) cost max(bytes term, elements x the measured seconds
+  per element of their kernel family); attention adds a softmax over its score matrix to its matmul time.
+- `op_overhead`: every traced op (views included: each is a dispatcher call and an autograd node) adds the
+  measured host-side seconds per op in forward and per autograd node in backward, plus one node per parameter it
+  reads (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures instead.
 
 The graph's per-op figures are for `graph.batch_size` samples at the traced dtype; `OpScaler` re-prices them for a
 micro-batch at the plan's precision and for the op's share of the work over the tp axis.
@@ -65,7 +73,8 @@ def tensor_bytes(meta: TensorMeta, precision: str) -> float:
 
 @dataclass(frozen=True)
 class OpWork:
-    """What one device does for one op in one micro-batch: FLOPs and bytes, forward and backward."""
+    """What one device does for one op in one micro-batch: FLOPs, bytes and kernel elements, forward and
+    backward."""
 
     fwd_flops: float
     """Forward FLOPs on this device."""
@@ -75,6 +84,15 @@ class OpWork:
     """Bytes read and written in forward on this device."""
     bwd_bytes: float
     """Bytes read and written in backward on this device."""
+    elems: float = 0.0
+    """Elements the op's elementwise kernel runs over on this device (its output; for a loss, its logits; for
+    attention, the score matrix batch x heads x s_q x s_k)."""
+    kernel: str | None = None
+    """Kernel family priced by the profile's `kernel_costs` (see `kernel_family`), or None."""
+    params: int = 0
+    """Parameter tensors the op reads (each adds a gradient-accumulation node in backward)."""
+    dtensor: bool = False
+    """Whether the op runs on DTensors (a tensor-parallel module), paying the DTensor dispatch overhead."""
 
 
 def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
@@ -90,12 +108,48 @@ def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
     return acts, params
 
 
+TRANSCENDENTAL = frozenset({"silu", "sigmoid", "tanh", "exp", "erf", "softplus", "mish", "elu", "selu", "log",
+                            "log1p", "sin", "cos", "pow", "hardswish"})
+"""Elementwise functions that evaluate a special function per element (priced as the `tanh` kernel family)."""
+DTENSOR_STRATEGIES = frozenset({"colwise", "rowwise", "vocab"})
+"""Placement strategies the executor applies with DTensor parallel styles (their modules compute on DTensors);
+`sequence` joins them under sequence parallelism (SequenceParallel norms)."""
+
+
+def kernel_family(op: OpNode) -> str | None:
+    """The `kernel_costs` family pricing an op: gelu, tanh (other transcendentals), softmax (softmax, log-softmax,
+    cross-entropy losses), layer_norm (norms), add (other elementwise), or None (matmuls, views, gathers)."""
+    name = op.target.rsplit(".", 1)[-1].strip("_").lower()
+    if op.kind == "norm":
+        return "layer_norm"
+    if op.kind in ("softmax", "loss"):
+        return "add" if name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss") else "softmax"
+    if op.kind == "elementwise":
+        if name == "gelu":
+            return "gelu"
+        return "tanh" if name in TRANSCENDENTAL else "add"
+    if op.kind == "attention":
+        return "softmax"
+    return None
+
+
+def _kernel_elems(op: OpNode, acts: list[int], scale: float, div: int) -> float:
+    """Elements of the op's elementwise kernel on one device (see `OpWork.elems`)."""
+    if op.kind == "attention" and len(acts) >= 2:
+        q, k = op.input_meta[acts[0]].shape, op.input_meta[acts[1]].shape
+        if len(q) >= 2 and len(k) >= 2:
+            return math.prod(q[:-1]) * k[-2] * scale / div
+    if op.kind == "loss" and acts:
+        return op.input_meta[acts[0]].numel * scale / div
+    return sum(m.numel for m in op.output_meta[:1]) * scale / div
+
+
 def _divisor(placement: str, tp: int) -> int:
     """How many ways a tensor with this placement is split over tp (S(d) -> tp; R and P -> 1)."""
     return tp if placement.startswith("S") else 1
 
 
-def op_work(op: OpNode, placement, tp: int, scale: float, precision: str) -> OpWork:
+def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequence_parallel: bool = False) -> OpWork:
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
     `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with any sharded
@@ -121,8 +175,13 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str) -> OpW
         act_bytes += out_bytes
     div = tp if sharded else 1
     fwd_bytes = act_bytes + par_bytes + out_bytes
+    strategies = DTENSOR_STRATEGIES | ({"sequence"} if sequence_parallel else set())
+    dtensor = tp > 1 and placement is not None and placement.strategy in strategies
+    elem_div = tp if sharded or (placement is not None and out_pl.startswith("S") and tp > 1) else 1
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
-                  fwd_bytes=fwd_bytes, bwd_bytes=BWD_BYTES_FACTOR * fwd_bytes)
+                  fwd_bytes=fwd_bytes, bwd_bytes=BWD_BYTES_FACTOR * fwd_bytes,
+                  elems=_kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
+                  dtensor=dtensor)
 
 
 class ComputeModel:
@@ -146,8 +205,27 @@ class ComputeModel:
         eff = interp_log(self.device.memory_efficiency, nbytes)
         return nbytes / (self.device.memory_bandwidth * eff)
 
+    def kernel_time(self, work: OpWork, backward: bool) -> float:
+        """Seconds of the op's elementwise kernel from the profile's measured per-element cost (0 when the profile
+        has none for its family)."""
+        cost = self.device.kernel_costs.get(work.kernel) if work.kernel else None
+        return work.elems * cost[1 if backward else 0] if cost else 0.0
+
+    def overhead(self, kind: str, work: OpWork) -> tuple[float, float]:
+        """Host-side (forward, backward) seconds of one op: the profile's per-op and per-autograd-node overheads
+        (DTensor figures for DTensor ops), one node per parameter read for its gradient accumulation."""
+        ov = self.device.op_overhead
+        f, b = (ov.dtensor_forward, ov.dtensor_backward) if work.dtensor else (ov.forward, ov.backward)
+        return f, b + work.params * ov.backward
+
     def op_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
-        """(forward, backward) seconds of one op from its work: roofline for matmul kinds, bytes otherwise."""
+        """(forward, backward) seconds of one op from its work: roofline for matmul kinds, bytes otherwise (or the
+        measured kernel cost where larger), plus the per-op overhead."""
+        f, b = self._kernel_times(kind, work, precision)
+        of, ob = self.overhead(kind, work)
+        return f + of, b + ob
+
+    def _kernel_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
         if kind in FREE_KINDS:
             return 0.0, 0.0
         fwd_mem = self.memory_time(work.fwd_bytes)
@@ -157,10 +235,12 @@ class ComputeModel:
             # the backward of a matmul is two matmuls of the forward's size (input and weight gradients)
             half = work.bwd_flops / 2
             bwd = max(2 * self.matmul_time(half, precision), bwd_mem) if work.bwd_flops > 0 else bwd_mem
-            return fwd, bwd
+            # attention's softmax over the score matrix runs between its matmuls
+            return fwd + self.kernel_time(work, False), bwd + self.kernel_time(work, True)
+        fwd_k, bwd_k = self.kernel_time(work, False), self.kernel_time(work, True)
         if work.fwd_flops > 0 and kind not in ("embedding",):
             # FLOPs of non-matmul kernels (norms, softmax) run on vector units; the bytes term dominates at
             # realistic sizes, but never price an op below its FLOPs at fp32 vector peak
             vec = peak_flops(self.device, "fp32")
-            return max(fwd_mem, work.fwd_flops / vec), max(bwd_mem, work.bwd_flops / vec)
-        return fwd_mem, bwd_mem
+            return max(fwd_mem, work.fwd_flops / vec, fwd_k), max(bwd_mem, work.bwd_flops / vec, bwd_k)
+        return max(fwd_mem, fwd_k), max(bwd_mem, bwd_k)

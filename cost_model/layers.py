@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cost_model.compute import split_inputs, tensor_bytes
+from cost_model.compute import DTENSOR_STRATEGIES, split_inputs, tensor_bytes
 from cost_model.ops import roles
 from planner.graph import Layer, OpGraph
 from planner.plan import Plan
@@ -41,6 +41,9 @@ class LayerCost:
     """For layers outside blocks: parameter name to its local elements, so that a weight tied between the first
     and the last layer (embedding and LM head) counts once on a rank that holds both. Empty for blocks, whose
     parameters are their own."""
+    tensors: dict = field(default_factory=dict)
+    """Parameter name -> whether the executor makes it a DTensor under tensor parallelism (its module is
+    tensor-parallel); the optimizer's per-tensor overhead counts these."""
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:
@@ -82,12 +85,14 @@ class LayerCoster:
         core = self.roles.core
         fwd = bwd = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
         params: dict[str, float] = {}
+        tensors: dict[str, bool] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
         for i in layer.ops:
             op = g.ops[i]
             pl = plan.ops.get(op.name)
-            f, b = m.op_time(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced)
+            f, b = m.op_time(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
+                             sequence_parallel=plan.sequence_parallel)
             fwd, bwd = fwd + f, bwd + b
             sources = []
             for k, src in enumerate(op.inputs):
@@ -118,6 +123,10 @@ class LayerCoster:
                 a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
+            dt = tp > 1 and pl is not None and pl.strategy in (DTENSOR_STRATEGIES | (
+                {"sequence"} if plan.sequence_parallel else set()))
+            for p in op.params:
+                tensors[p.name] = tensors.get(p.name, False) or dt
         if full:
             rec += fwd
             act = self._block_input_bytes(layer, names)
@@ -125,7 +134,7 @@ class LayerCoster:
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
                          param_elems=sum(params.values()),
-                         params={} if layer.block_type else params)
+                         params={} if layer.block_type else params, tensors=tensors)
 
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core

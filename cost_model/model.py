@@ -41,10 +41,11 @@ class CostModel:
         return Group(tp, max(1, -(-tp // dpn)))
 
     def op_time(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                *, traced_batch_size: int = 1) -> tuple[float, float]:
+                *, traced_batch_size: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
         """(forward, backward) compute seconds of one op for one micro-batch on one tp rank; placement None means
-        replicated. `traced_batch_size` is the graph's `batch_size` (the tracer's default is 1)."""
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision)
+        replicated. `traced_batch_size` is the graph's `batch_size` (the tracer's default is 1);
+        `sequence_parallel` says norms run on DTensors (their per-op overhead)."""
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
         return self.compute.op_times(op.kind, work, precision)
 
     def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,

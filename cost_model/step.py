@@ -148,6 +148,37 @@ class StepPredictor:
                     total += l.param_elems
         return total + sum(seen.values())
 
+    def rank_tensors(self, r: int) -> tuple[int, int]:
+        """(plain, DTensor) parameter tensors rank r's optimizer steps over (a tied weight once per rank); under
+        FSDP2 (ZeRO >= 1 with dp > 1) every parameter is a DTensor shard."""
+        seen: dict[str, bool] = {}
+        plain = dt = 0
+        for ch in self.chunks[r]:
+            for l in ch.layers:
+                if l.params:  # outside blocks: names may repeat across layers (tied weights)
+                    for k, v in l.tensors.items():
+                        seen[k] = seen.get(k, False) or v
+                else:
+                    n = sum(l.tensors.values())
+                    dt, plain = dt + n, plain + len(l.tensors) - n
+        n = sum(seen.values())
+        dt, plain = dt + n, plain + len(seen) - n
+        if self.dp > 1 and self.plan.zero_stage >= 1:
+            return 0, plain + dt
+        return plain, dt
+
+    def optimizer_time(self, r: int, shard: float) -> float:
+        """One AdamW step on rank r over `shard` local parameter elements: the profile's measured per-element
+        cost (else the bytes roofline) plus its per-tensor overhead for plain and DTensor parameters."""
+        dev = self.cm.cluster.device
+        per_elem = dev.kernel_costs.get("adamw")
+        if per_elem:
+            t = shard * per_elem[0]
+        else:
+            t = self.cm.compute.memory_time(shard * ADAM_BYTES_PER_PARAM[self.plan.precision])
+        plain, dt = self.rank_tensors(r)
+        return t + plain * dev.op_overhead.optimizer + dt * dev.op_overhead.dtensor_optimizer
+
     def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]]]:
         """ZeRO 0/1 gradient buckets of rank r, overlapped with each chunk's last backward; returns the dp
         stream's end and its spans (start, duration, name)."""
@@ -191,7 +222,7 @@ class StepPredictor:
         for r in range(self.pp):
             psi = self.rank_params(r)
             shard = psi / self.dp if zero >= 1 else psi
-            opt = cm.compute.memory_time(shard * ADAM_BYTES_PER_PARAM[plan.precision])
+            opt = self.optimizer_time(r, shard)
             ag_after = self._coll("all_gather", psi * self.pbytes) if zero in (1, 2) else 0.0
             dp_end, spans = self.dp_tail(r, times)
             t_end = max(float(comp_end[r]), dp_end)
@@ -304,11 +335,17 @@ def memory_per_rank(sp: StepPredictor, r: int, psi: float) -> dict[str, float]:
     if plan.recompute != "none":
         # the layer being recomputed holds its full activations while its backward runs
         acts += max((l.act_full_bytes - l.act_bytes for ch in sp.chunks[r] for l in ch.layers), default=0.0)
+    biggest = max((l.param_elems for ch in sp.chunks[r] for l in ch.layers), default=0.0)
     if plan.zero_stage == 3 and sp.dp > 1:
-        biggest = max((l.param_elems for ch in sp.chunks[r] for l in ch.layers), default=0.0)
         buffers = 2 * biggest * sp.pbytes  # the layer computing and the one prefetched
+    elif plan.zero_stage in (1, 2) and sp.dp > 1:
+        # FSDP2 reduce-scatters one layer's unsharded gradients at a time (its reduce-scatter input)
+        buffers = biggest * sp.pbytes
     elif sp.dp > 1:
-        buffers = float(DDP_BUCKET_BYTES)
+        # DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False, the default: "the saved
+        # memory size will be equal to the total gradients size" with it on, torch DDP docs), so one more copy
+        # of the local gradients
+        buffers = states["gradients"]
     else:
         buffers = 0.0
     out = dict(states)

@@ -40,7 +40,7 @@ class MeasurePlan:
 
     def steps(self) -> list[str]:
         """Labels of the measurement steps, in order, for the progress bar."""
-        out = [f"matmul {dt}" for dt in self.matmul_sizes] + ["memory copy"]
+        out = [f"matmul {dt}" for dt in self.matmul_sizes] + ["memory copy", "op overheads"]
         return out + [f"{c}" for c in self.collectives]
 
 
@@ -205,3 +205,83 @@ def fit_ring_allreduce(points: Sequence[tuple[float, float]], n: int) -> tuple[f
         intercept = max(t[0] - slope * s[0], t[0] * 0.01)
     bandwidth = steps / n / slope
     return float(bandwidth), float(intercept / steps)
+
+
+# ---- host-side overheads and compute-bound elementwise kernels (eager PyTorch on CPU) ----------------------------
+
+CHAIN_OPS = 64
+"""Length of the chain of tiny ops timed for the per-op overhead."""
+KERNEL_ELEMS = 256 * 512
+"""Elements of the activation-sized tensor the elementwise kernels are timed on (a GPT MLP activation of 256 tokens
+x 512 features: 512 KiB in fp32, past L1, inside L2)."""
+ADAM_TENSORS = 64
+"""Tiny parameter tensors one timed AdamW step updates (its per-tensor cost is the time / this)."""
+
+
+def _chain_times(x0: torch.Tensor, sync: Callable[[], None], plan: MeasurePlan) -> tuple[float, float]:
+    """(forward, backward) seconds per op of a chain of CHAIN_OPS tiny adds on `x0` (which requires grad)."""
+    def fwd():
+        y = x0
+        for _ in range(CHAIN_OPS):
+            y = y + 1.0
+        return y
+
+    t_f = statistics.median(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
+    t_fb = statistics.median(time_calls(lambda: fwd().sum().backward(), sync, plan.warmup, plan.repeats,
+                                        plan.budget_s))
+    # the backward call also pays one sum op and its node; a chain's length makes those negligible
+    return t_f / CHAIN_OPS, max(t_fb - t_f, 0.0) / CHAIN_OPS
+
+
+def _adam_time(params: list, sync: Callable[[], None], plan: MeasurePlan) -> float:
+    """Seconds per parameter tensor of one default torch.optim.AdamW step over `params` (grads set)."""
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    return statistics.median(time_calls(opt.step, sync, plan.warmup, plan.repeats, plan.budget_s)) / len(params)
+
+
+def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                 mesh: object | None = None) -> dict[str, float]:
+    """Host-side seconds per op (forward), per autograd node (backward) and per AdamW parameter tensor, on plain
+    tensors and — where `mesh` (a 1-D DeviceMesh over the ranks) is given — on replicated DTensors (tensor
+    parallelism's and FSDP2's operands; Replicate so that no op communicates). One-element tensors, so the kernel
+    time is nil and what is left is the cost of dispatching the op."""
+    out: dict[str, float] = {}
+    x = torch.ones(1, device=device, requires_grad=True)
+    out["forward"], out["backward"] = _chain_times(x, sync, plan)
+    out["optimizer"] = _adam_time([torch.nn.Parameter(torch.ones(1, device=device)) for _ in range(ADAM_TENSORS)],
+                                  sync, plan)
+    if mesh is not None:
+        from torch.distributed.tensor import Replicate, distribute_tensor
+        xd = distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]).requires_grad_()
+        out["dtensor_forward"], out["dtensor_backward"] = _chain_times(xd, sync, plan)
+        ps = [torch.nn.Parameter(distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]))
+              for _ in range(ADAM_TENSORS)]
+        out["dtensor_optimizer"] = _adam_time(ps, sync, plan)
+    return out
+
+
+def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                 elems: int = KERNEL_ELEMS) -> dict[str, tuple[float, float]]:
+    """Kernel family -> (forward, backward) seconds per element on an fp32 tensor of `elems` elements: add, gelu
+    (tanh approximation, GPT-2's), tanh, softmax (log-softmax over rows of 512) and layer_norm (rows of 128).
+    Backward is (forward + backward) - forward; both include one op's dispatch, small at this size. `adamw` is
+    one default AdamW step per parameter element (its second number is 0)."""
+    x = torch.randn(elems // 512, 512, device=device)
+    xn = torch.randn(elems // 128, 128, device=device)
+    w, b = torch.ones(128, device=device), torch.zeros(128, device=device)
+    fns = {"add": (x, lambda t: t + t),
+           "gelu": (x, lambda t: torch.nn.functional.gelu(t, approximate="tanh")),
+           "tanh": (x, torch.tanh),
+           "softmax": (x, lambda t: torch.log_softmax(t, dim=-1)),
+           "layer_norm": (xn, lambda t: torch.nn.functional.layer_norm(t, (128,), w, b))}
+    out = {"adamw": (_adam_time([torch.nn.Parameter(x.clone())], sync, plan) / x.numel(), 0.0)}
+    for name, (t0, fn) in fns.items():
+        t = t0.clone().requires_grad_()
+        g = torch.ones_like(t0)
+        f = statistics.median(time_calls(lambda: fn(t), sync, plan.warmup, plan.repeats, plan.budget_s))
+        fb = statistics.median(time_calls(lambda: fn(t).backward(g), sync, plan.warmup, plan.repeats,
+                                          plan.budget_s))
+        out[name] = (f / elems, max(fb - f, 0.0) / elems)
+    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from hardware_profiles import host
-from hardware_profiles.schema import Cluster, CollectiveCurve, DeviceSpec, LinkSpec, ProfileError
+from hardware_profiles.schema import Cluster, CollectiveCurve, DeviceSpec, LinkSpec, OpOverhead, ProfileError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,6 +106,21 @@ def _device_facts(cuda: bool, local_rank: int, local_world: int) -> dict[str, An
             "usable_fraction": mem.get("MemAvailable", mem["MemTotal"]) / mem["MemTotal"], "link_kind": "loopback"}
 
 
+def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> tuple[dict, dict]:
+    """Per-op overheads (plain and DTensor, on a 1-D mesh over all ranks) and elementwise kernel costs, each the
+    median over ranks (all ranks measure at once, as they would train)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from hardware_profiles import measure as M
+    mesh = init_device_mesh(device.type, (world,))
+    local = (M.op_overheads(device, sync, plan, mesh), M.kernel_costs(device, sync, plan))
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, local)
+    over = {k: statistics.median(r[0][k] for r in everyone) for k in local[0]}
+    kern = {k: tuple(statistics.median(r[1][k][i] for r in everyone) for i in range(2)) for k in local[1]}
+    return over, kern
+
+
 def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any] | None:
     """Measure everything on this (already initialised) rank; rank 0 returns the raw results, others None."""
     import torch
@@ -125,6 +140,8 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         step(f"matmul {dt}")
     raw["copy"] = _gather_median(M.copy_rates(plan.copy_bytes, device, sync, plan))
     step("memory copy")
+    raw["overhead"], raw["kernels"] = _overheads(device, sync, plan, world)
+    step("op overheads")
     intra, inter = _node_groups(world, local_world)
     levels = [("intra_node", intra)] + ([("inter_node", inter)] if world > local_world else [])
     for level, group in levels:
@@ -169,7 +186,7 @@ def _free_port() -> int:
 def _total_steps(cfg: dict[str, Any], levels: int) -> int:
     from hardware_profiles.measure import plan_for
     plan = plan_for(cfg["quick"], cfg["backend"] == "nccl")
-    return len(plan.matmul_sizes) + 1 + levels * len(plan.collectives)
+    return len(plan.matmul_sizes) + 2 + levels * len(plan.collectives)
 
 
 class _Bar:
@@ -295,7 +312,9 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
                         usable_memory_fraction=round(min(1.0, dev["usable_fraction"]), 4),
                         peak_flops=peaks, memory_bandwidth=bw_peak,
                         matmul_efficiency=_efficiency(raw["matmul"][main_dtype], peaks[main_dtype]),
-                        memory_efficiency=_efficiency(raw["copy"], bw_peak))
+                        memory_efficiency=_efficiency(raw["copy"], bw_peak),
+                        op_overhead=OpOverhead(**raw["overhead"]) if "overhead" in raw else OpOverhead(),
+                        kernel_costs={k: (float(f), float(b)) for k, (f, b) in raw.get("kernels", {}).items()})
     links, curves = {}, []
     for level, by_name in raw["curves"].items():
         n = local_world if level == "intra_node" else world // local_world
@@ -323,6 +342,10 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "ranks), not datasheet peaks;",
              "matmul_efficiency / memory_efficiency are the measured rates by size divided by them (square "
              "matmuls; tensor copies, bytes read + written).",
+             "op_overhead: seconds per op of a chain of 64 one-element adds (forward; backward per autograd node), "
+             "per parameter tensor of a default AdamW step,",
+             "and the same on replicated DTensors (dtensor_*). kernel_costs: [forward, backward] seconds per element "
+             "of fp32 kernels on a 256 x 512 tensor.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "

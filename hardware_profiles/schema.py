@@ -15,6 +15,8 @@ YAML layout::
       memory_bandwidth: 2.039e12
       matmul_efficiency: [[1.0e9, 0.2], [1.0e12, 0.8]]   # [FLOPs of one matmul, achieved fraction of peak]
       memory_efficiency: [[1.0e6, 0.3], [1.0e9, 0.9]]    # [bytes moved by one op, achieved fraction of peak]
+      op_overhead: {forward: 4.0e-6, backward: 8.0e-6, optimizer: 6.0e-5}   # optional, measured; default 0
+      kernel_costs: {gelu: [3.6e-9, 4.0e-9]}              # optional, measured: [forward, backward] s per element
     links:
       intra_node: {kind: nvswitch, bandwidth: 300e9, latency: 3.4e-6}
       inter_node: {kind: infiniband, bandwidth: 25e9, latency: 5.0e-6}
@@ -24,7 +26,7 @@ YAML layout::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -37,8 +39,31 @@ FLOP_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 """Dtypes a device may list a peak for."""
 
 
+KERNELS = ("add", "gelu", "tanh", "softmax", "layer_norm", "adamw")
+"""Elementwise kernel families a profile may carry measured per-element costs for (see `DeviceSpec.kernel_costs`)."""
+
+
 class ProfileError(ValueError):
     """A cluster profile is malformed; the message names the field path and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpOverhead:
+    """Fixed host-side seconds per operator, on top of its kernel time: eager PyTorch's Python call, dispatcher and
+    autograd bookkeeping (on GPU, the kernel-launch floor). Measured by `plan profile` on CPU; 0 when unknown."""
+
+    forward: float = 0.0
+    """Seconds per op in forward (a chain of tiny ops, timed, divided by its length)."""
+    backward: float = 0.0
+    """Seconds per autograd node in backward (the same chain's backward)."""
+    optimizer: float = 0.0
+    """Seconds per parameter tensor of one torch.optim.AdamW step with default settings, beyond its bytes."""
+    dtensor_forward: float = 0.0
+    """Seconds per op in forward when the operands are DTensors (tensor parallelism), no communication."""
+    dtensor_backward: float = 0.0
+    """Seconds per autograd node in backward on DTensors."""
+    dtensor_optimizer: float = 0.0
+    """Seconds per DTensor parameter (FSDP2 / tensor-parallel shards) of one AdamW step."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +84,12 @@ class DeviceSpec:
     """[FLOPs of one matmul call, achieved fraction of peak], increasing in size; interpolated in log(FLOPs)."""
     memory_efficiency: tuple[tuple[float, float], ...]
     """[bytes moved by one memory-bound op, achieved fraction of memory_bandwidth], increasing in size."""
+    op_overhead: OpOverhead = OpOverhead()
+    """Fixed seconds per op, per backward node and per optimizer tensor (all 0 when the profile has none)."""
+    kernel_costs: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Kernel family (one of KERNELS) -> measured (forward, backward) seconds per element at activation sizes, for
+    elementwise kernels that are compute-bound where the bytes roofline would under-price them (transcendentals
+    on CPU). Families not listed are priced by the bytes roofline."""
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -198,7 +229,7 @@ def _link(d: Any, where: str) -> LinkSpec:
 
 def _device(d: Any, where: str) -> DeviceSpec:
     d = _keys(d, where, ("name", "memory_bytes", "usable_memory_fraction", "peak_flops", "memory_bandwidth",
-                         "matmul_efficiency", "memory_efficiency"))
+                         "matmul_efficiency", "memory_efficiency"), ("op_overhead", "kernel_costs"))
     mem = _pos(d["memory_bytes"], f"{where}.memory_bytes", integer=True, unit="bytes")
     if mem < 2**26:
         raise ProfileError(f"{where}.memory_bytes: {mem} is under 64 MiB; the unit is bytes (80 GB = 80e9 "
@@ -216,7 +247,39 @@ def _device(d: Any, where: str) -> DeviceSpec:
         peak_flops={k: float(v) for k, v in peaks.items()},
         memory_bandwidth=float(_pos(d["memory_bandwidth"], f"{where}.memory_bandwidth", unit="bytes/s")),
         matmul_efficiency=_curve(d["matmul_efficiency"], f"{where}.matmul_efficiency", y_fraction=True),
-        memory_efficiency=_curve(d["memory_efficiency"], f"{where}.memory_efficiency", y_fraction=True))
+        memory_efficiency=_curve(d["memory_efficiency"], f"{where}.memory_efficiency", y_fraction=True),
+        op_overhead=_overhead(d.get("op_overhead"), f"{where}.op_overhead"),
+        kernel_costs=_kernels(d.get("kernel_costs"), f"{where}.kernel_costs"))
+
+
+def _seconds(x: Any, where: str) -> float:
+    """A non-negative number of seconds under one second (0 is allowed: no overhead)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0:
+        return 0.0
+    s = float(_pos(x, where, unit="seconds"))
+    if s >= 1.0:
+        raise ProfileError(f"{where}: {s} s is implausibly large; the unit is seconds (e.g. 5e-6)")
+    return s
+
+
+def _overhead(d: Any, where: str) -> OpOverhead:
+    if d is None:
+        return OpOverhead()
+    names = tuple(f.name for f in fields(OpOverhead))
+    d = _keys(d, where, (), names)
+    return OpOverhead(**{k: _seconds(v, f"{where}.{k}") for k, v in d.items()})
+
+
+def _kernels(d: Any, where: str) -> dict[str, tuple[float, float]]:
+    if d is None:
+        return {}
+    d = _keys(d, where, (), KERNELS)
+    out = {}
+    for k, v in d.items():
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise ProfileError(f"{where}.{k}: expected [forward, backward] seconds per element")
+        out[k] = (_seconds(v[0], f"{where}.{k}[0]"), _seconds(v[1], f"{where}.{k}[1]"))
+    return out
 
 
 def _collective(d: Any, where: str) -> CollectiveCurve:
@@ -260,7 +323,11 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
                    "usable_memory_fraction": dev.usable_memory_fraction, "peak_flops": dict(dev.peak_flops),
                    "memory_bandwidth": dev.memory_bandwidth,
                    "matmul_efficiency": [list(p) for p in dev.matmul_efficiency],
-                   "memory_efficiency": [list(p) for p in dev.memory_efficiency]},
+                   "memory_efficiency": [list(p) for p in dev.memory_efficiency],
+                   **({"op_overhead": {f.name: getattr(dev.op_overhead, f.name) for f in fields(OpOverhead)}}
+                      if dev.op_overhead != OpOverhead() else {}),
+                   **({"kernel_costs": {k: list(v) for k, v in dev.kernel_costs.items()}}
+                      if dev.kernel_costs else {})},
         "links": {"intra_node": link(c.intra_node), "inter_node": link(c.inter_node)},
         "collectives": [{"collective": k.collective, "level": k.level, "group_size": k.group_size,
                          "points": [list(p) for p in k.points]} for k in c.collectives],
