@@ -2,7 +2,8 @@
 `sample_batch` data, and print predicted vs measured side by side.
 
 Everything that can be checked without starting processes is checked first (the plan loads and is runnable, the
-model file loads, the plan was made for this model, enough GPUs): bad input is one line and exit status 2. Ranks
+model file loads, the plan was made for this model, its tp layout is one the executor applies, enough
+GPUs): bad input is one line and exit status 2. Ranks
 run under `torchrun --standalone` (a free port per job, so parallel runs never collide), one thread each by default;
 when a rank raises, it prints one line and exits, torchrun stops the others, and this command prints that line and
 exits 1.
@@ -42,13 +43,14 @@ def _parser():
 
 def check_inputs(plan_path: str, model_path: str):
     """Load and cross-check plan and model file before anything is launched; returns the Plan."""
-    from executor.runner import check_plan_matches_model, check_runnable
+    from executor.runner import check_plan_matches_model, check_runnable, tp_strategies
     from planner.model_file import build, load_model_file
     from planner.plan import Plan
     plan = Plan.load(plan_path)
     check_runnable(plan)
     model = build(load_model_file(model_path), "meta")
     check_plan_matches_model(plan, model)
+    tp_strategies(plan, model)
     import torch
     if torch.cuda.is_available() and plan.world_size > torch.cuda.device_count():
         raise ExecutorError(f"plan needs {plan.world_size} GPUs, this machine has {torch.cuda.device_count()}; "

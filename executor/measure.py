@@ -119,6 +119,7 @@ def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
         "optimizer_s": _median(t.optimizer[warmup:] or t.optimizer),
         "peak_memory_bytes": mem["peak"],
         "memory_bytes": mem,
+        "notes": [runner.layout_note] if getattr(runner, "layout_note", "") else [],
     }
 
 
@@ -178,8 +179,9 @@ def format_report(plan: Plan, measured: Mapping[str, Any]) -> str:
     if m.get("step_time_spread_s") is not None:
         rows.append(("step time spread", "", _fmt_t(m["step_time_spread_s"]), ""))
     w = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(w[i]) if i == 0 else cell.rjust(w[i]) for i, cell in enumerate(r))
-                     for r in rows)
+    table = "\n".join("  ".join(cell.ljust(w[i]) if i == 0 else cell.rjust(w[i]) for i, cell in enumerate(r))
+                      for r in rows)
+    return "\n".join([table] + [f"note: {n}" for n in m.get("notes", ())])
 
 
 def write_calibration(path: str | os.PathLike, plan: Plan, result: Mapping[str, Any]) -> dict[str, Any]:

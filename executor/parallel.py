@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from executor.errors import ExecutorError
 from planner.plan import Plan
+from planner.strategies import TPModule, module_strategies, tp_layout_problems
 
 MODULE_STRATEGIES = ("colwise", "rowwise", "vocab", "sequence")
 """Strategies that map to a DTensor parallel style on a module; the rest (heads, shard, replicate) need no style."""
@@ -62,23 +63,49 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(f"{p}.{i}" if p else str(i), m) for p, lst in block_lists(model) for i, m in enumerate(lst)]
 
 
-def placements_from_plan(plan: Plan, model: nn.Module) -> dict[str, str]:
-    """Module path -> tp strategy, from the plan's per-op placements. Only placements a module can carry are kept:
-    colwise/rowwise on Linear, vocab on Embedding, sequence on parameter-holding leaf modules that are neither
-    (norms). An op placed `sequence` whose module is a whole block (a residual add) says nothing about a module."""
-    mods = dict(model.named_modules())
-    out: dict[str, str] = {}
-    for op in plan.ops.values():
-        mod = mods.get(op.module) if op.module else None
-        if mod is None or op.strategy not in MODULE_STRATEGIES:
+def module_table(model: nn.Module) -> list[TPModule]:
+    """The model's parameter-holding modules as the tp contract (`planner.strategies`) sees them: nn.Linear,
+    nn.Embedding, other leaves (norms), or `other`; inside a repeated block, or before / after the blocks (in
+    registration order); with canonical parameter names (a tied weight keeps its first name)."""
+    canonical: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        canonical.setdefault(id(p), name)
+    block_paths = [p for p, _ in blocks(model)]
+    seen_block = False
+    out = []
+    for path, mod in model.named_modules():
+        inside = any(path == b or path.startswith(b + ".") for b in block_paths)
+        seen_block |= inside
+        own = list(mod.parameters(recurse=False))
+        if not own:
             continue
-        fits = {"colwise": isinstance(mod, nn.Linear), "rowwise": isinstance(mod, nn.Linear),
-                "vocab": isinstance(mod, nn.Embedding),
-                "sequence": not isinstance(mod, (nn.Linear, nn.Embedding)) and not list(mod.children())
-                and any(True for _ in mod.parameters())}[op.strategy]
-        if fits:
-            out.setdefault(op.module, op.strategy)
+        kind = ("linear" if isinstance(mod, nn.Linear) else "embedding" if isinstance(mod, nn.Embedding)
+                else "other" if list(mod.children()) else "norm")
+        out.append(TPModule(path=path, kind=kind, position="block" if inside else "post" if seen_block else "pre",
+                            params=tuple(canonical[id(p)] for p in own)))
     return out
+
+
+def placements_from_plan(plan: Plan, model: nn.Module) -> dict[str, str]:
+    """Module path -> tp strategy, exactly as the plan's per-op placements say (`planner.strategies`'
+    `module_strategies`), after checking the layout is one this executor applies (`tp_layout_problems`) and that
+    tp divides the head counts of the attention modules it shards. Raises ExecutorError naming the first problem.
+    Placements of functional ops (views, attention, residual adds) describe activations, not modules: they follow
+    from the module layout."""
+    mods = module_table(model)
+    strategies, problems = module_strategies(plan.ops, mods)
+    problems += tp_layout_problems(mods, strategies, plan.sequence_parallel)
+    named = dict(model.named_modules())
+    for parent in sorted({p.rpartition(".")[0] for p, s in strategies.items() if s == "colwise"}):
+        for attr in HEAD_ATTRS:
+            n = getattr(named.get(parent), attr, None)
+            if isinstance(n, int) and not isinstance(n, bool) and n % plan.mesh.tp:
+                problems.append(f"{parent}.{attr} = {n} heads is not divisible by tp = {plan.mesh.tp}; choose a "
+                                "tp degree that divides the head count")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ExecutorError(f"plan's tensor-parallel layout cannot be applied: {problems[0]}{more}")
+    return strategies
 
 
 def derive_placements(model: nn.Module, sequence_parallel: bool) -> dict[str, str]:

@@ -64,6 +64,19 @@ def check_runnable(plan: Plan) -> None:
                             f"pp ({pp})")
 
 
+def tp_strategies(plan: Plan, model: nn.Module) -> tuple[dict[str, str], str]:
+    """Module path -> tp strategy the runner applies, and a note saying where it came from: the plan's own
+    placements, exactly (ExecutorError when the executor cannot apply them), or, for a tp > 1 plan that lists no
+    placements at all (a hand-written mesh-only plan), the executor's derived Megatron layout."""
+    if plan.mesh.tp <= 1:
+        return {}, ""
+    if not plan.ops:
+        derived = parallel.derive_placements(model, plan.sequence_parallel)
+        return derived, (f"plan lists no per-op placements: applied the executor's derived Megatron layout "
+                         f"({len(derived)} modules)")
+    return parallel.placements_from_plan(plan, model), ""
+
+
 def check_world(plan: Plan) -> tuple[int, int]:
     """(rank, world size) from the torchrun environment; the plan's world size must match."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -96,14 +109,15 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
                *, sync_init: bool = True) -> "Runner":
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
-    Checks (before any process group starts): the plan loads, matches the model, and the launched world size
-    equals the plan's. Then builds the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
+    Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
+    one the executor applies exactly (`tp_strategies`), and the launched world size equals the plan's. Then builds the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE.
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
     check_runnable(plan)
+    tp_strategies(plan, model)  # refuse a layout the executor cannot apply before any process group starts
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
@@ -125,11 +139,7 @@ class Runner:
                     dist.broadcast(t.data, src=0)
         self.block_paths = [p for p, _ in parallel.blocks(model)]
         self.canonical = _canonical_names(model)
-        strategies = parallel.placements_from_plan(plan, model) if m.tp > 1 else {}
-        if m.tp > 1 and not any(s in ("colwise", "rowwise") for s in strategies.values()):
-            # a hand-written plan (mesh only) or one whose placements name no Linear: Megatron's layout
-            strategies = parallel.derive_placements(model, plan.sequence_parallel)
-        self.strategies = strategies
+        self.strategies, self.layout_note = tp_strategies(plan, model)
         self.saved = SavedActivations()
         self.timings = Timings()
         self.step_count = 0

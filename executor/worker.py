@@ -4,7 +4,7 @@
         --warmup W --result RESULT.json
 
 Every rank builds the model from the same seed and draws the same `sample_batch` data (each dp replica trains on its
-share). Rank 0 writes the `measured` block to RESULT.json. A rank that raises prints one line
+share). Rank 0 writes the `measured` block to RESULT.json (with every step's loss, `losses`). A rank that raises prints one line
 `shardwise rank R: <error>` on stderr and exits 1 at once, so torchrun stops the other ranks.
 """
 from __future__ import annotations
@@ -36,9 +36,11 @@ def _run(args: argparse.Namespace) -> None:
     runner = apply_plan(build(mf), plan, loss_fn=mf.loss_fn)
     rank = dist.get_rank()
     torch.manual_seed(DATA_SEED)
+    losses = []
     for i in range(args.steps):
         inputs, targets = batch(mf, plan.global_batch_size)
         loss = runner.step(inputs, targets)
+        losses.append(loss)
         if rank == 0:
             t = runner.timings.step[-1]
             tag = " (warm-up)" if i < args.warmup else ""
@@ -57,6 +59,7 @@ def _run(args: argparse.Namespace) -> None:
         measured["device"] = str(runner.device.type)
         measured["threads_per_rank"] = args.threads
         measured["final_loss"] = loss if args.steps else None
+        measured["losses"] = losses
         write_atomic(args.result, json.dumps(measured) + "\n")
     dist.barrier()
     dist.destroy_process_group()

@@ -267,8 +267,8 @@ class OuterSearch:
             mega, why = {}, str(e)
         if mega and not why:
             return PlacementResult(ops=mega, sequence_parallel=sp, notes=ilp.notes + (
-                f"tp={tp} mbs={mbs}: the placement ILP's layout is not one the executor applies ({problems[0]}); "
-                "used Megatron's",))
+                f"tp={tp}{' with sequence parallelism' if sp else ''}: the placement ILP's layout is not one the "
+                f"executor applies ({problems[0]}); used Megatron's",))
         self.notes.append(f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); "
                           "tp>1 skipped for it")
         return None

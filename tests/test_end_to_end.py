@@ -1,0 +1,129 @@
+"""End to end: the planner's own plan.json runs under `plan measure`, exactly as written.
+
+A small GPT (examples/gpt.py with a tiny config) is planned on the measured cpu-local profile twice — searched
+freely, and with tp=2 + sequence parallelism forced — and each plan is run by `plan measure` on 2 CPU ranks. The
+searched plan must train with finite losses; the forced tensor-parallel plan's losses must equal a single-process
+run of the same model, data and optimizer within 1e-5 (fp32). Plans the executor cannot apply are never written:
+every layout the search writes passes the executor's check (`executor.parallel.placements_from_plan`).
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-5
+STEPS = 3
+BATCH = 8
+
+MODEL = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {examples!r})
+    from gpt import GPT, GPTConfig, sample_batch as _sample
+    CFG = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16)
+    def build_model():
+        return GPT(CFG)
+    def sample_batch(b):
+        return _sample(b, CFG)
+""")
+
+
+def _cli(*args, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def _plan(tmp_path, model, name, *force):
+    from planner.cli import main as plan_main  # in-process: tracing and search need no new interpreter
+    out = tmp_path / f"{name}.json"
+    args = [str(model), "--cluster", "cpu-local", "--batch-size", str(BATCH), "--precision", "fp32", "-o", str(out)]
+    assert plan_main(args + (["--force", ",".join(force)] if force else [])) == 0
+    return out
+
+
+def _reference_losses(model_path):
+    """What the worker does, on one process: same seeds, same data, AdamW(lr=1e-3), the model file's loss."""
+    from executor.worker import BUILD_SEED, DATA_SEED
+    from planner.model_file import batch, build, load_model_file
+    mf = load_model_file(str(model_path))
+    torch.manual_seed(BUILD_SEED)
+    model = build(mf)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.manual_seed(DATA_SEED)
+    losses = []
+    for _ in range(STEPS):
+        x, y = batch(mf, BATCH)
+        loss = mf.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    model = tmp / "small_gpt.py"
+    model.write_text(MODEL.format(examples=os.path.join(ROOT, "examples")))
+    plans = {"searched": _plan(tmp, model, "searched"),
+             "tp_sp": _plan(tmp, model, "tp_sp", "tp=2", "dp=1", "pp=1", "sp=1")}
+    out = {"model": model, "plans": plans}
+    for name, plan in plans.items():
+        measured = tmp / f"{name}.measured.json"
+        proc = _cli("measure", plan, model, "--steps", STEPS, "--warmup", 1, "-o", measured)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = json.loads(measured.read_text())
+    return out
+
+
+def test_plans_are_what_the_executor_applies(runs):
+    """The written plans pass the executor's layout check, and the forced one is Megatron's TP + SP layout."""
+    from executor.parallel import placements_from_plan
+    from planner.model_file import build, load_model_file
+    from planner.plan import Plan
+    model = build(load_model_file(str(runs["model"])), "meta")
+    tp_sp = Plan.load(runs["plans"]["tp_sp"])
+    assert tp_sp.mesh.tp == 2 and tp_sp.sequence_parallel
+    layout = placements_from_plan(tp_sp, model)
+    assert {layout[f"h.0.attn.{n}_proj"] for n in "qkv"} == {"colwise"} and layout["h.1.mlp.c_fc"] == "colwise"
+    assert layout["h.0.attn.c_proj"] == layout["h.1.mlp.c_proj"] == "rowwise"
+    assert layout["wte"] == "vocab" and layout["lm_head"] == "colwise"
+    assert layout["h.0.ln_1"] == layout["ln_f"] == "sequence"
+    assert not any(p.module in ("", "h.0", "h.1") and p.strategy in ("colwise", "rowwise", "vocab")
+                   for p in tp_sp.ops.values())
+    assert "loss" not in tp_sp.ops  # the executor gathers the logits; the plan says (and prices) so
+    searched = Plan.load(runs["plans"]["searched"])
+    if searched.mesh.tp > 1:
+        placements_from_plan(searched, model)
+
+
+def test_searched_plan_trains_with_finite_losses(runs):
+    m = runs["searched"]["measured"]
+    assert len(m["losses"]) == STEPS and all(math.isfinite(x) for x in m["losses"])
+    assert runs["searched"]["predicted"]["step_time_s"] > 0
+
+
+def test_forced_tp_plan_matches_single_process(runs):
+    ref = _reference_losses(runs["model"])
+    got = runs["tp_sp"]["measured"]["losses"]
+    assert max(abs(a - b) for a, b in zip(got, ref)) <= TOL, (got, ref)
+    assert not runs["tp_sp"]["measured"]["notes"]  # the plan's own placements were applied, nothing derived
+
+
+def test_unrunnable_layout_is_refused_before_launch(runs, tmp_path, capsys):
+    """A colwise projection with no rowwise partner: one line naming the module, exit 2, nothing launched."""
+    from planner.cli import main as plan_main
+    d = json.loads(runs["plans"]["tp_sp"].read_text())
+    d["ops"]["h_0_attn_c_proj"]["strategy"] = "colwise"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    assert plan_main(["measure", str(bad), str(runs["model"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "h.0.attn" in err[0] and "colwise" in err[0]
