@@ -110,7 +110,8 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
     Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
-    one the executor applies exactly (`tp_strategies`), and the launched world size equals the plan's. Then builds the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
+    one the executor applies exactly (`tp_strategies`), and the launched world size equals the plan's. Then builds
+    the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE.
     """

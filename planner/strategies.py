@@ -344,7 +344,8 @@ def tp_layout_problems(modules: Sequence[TPModule], strategies: Mapping[str, str
         if rows:
             if len(rows) > 1 or not cols or len(rows) + len(cols) != len(lins):
                 listed = ", ".join(f"{p}={s}" for p, s in strat.items())
-                problems.append(f"module {parent or '<root>'}: its Linears {listed} are not one Megatron pair (all colwise but one rowwise); re-plan with the "
+                problems.append(f"module {parent or '<root>'}: its Linears {listed} are not one Megatron pair "
+                                "(all colwise but one rowwise); re-plan with the "
                                 "Megatron layout")
             pairs.update(strat)
     pos = {m.path: m for m in modules}

@@ -54,8 +54,8 @@ def test_every_ranked_plan_is_runnable():
     from planner.search.outer import OuterSearch
     graph = tiny_gpt(4)
     for sp in (0, 1):
-        search = OuterSearch(graph, fake_cluster(nodes=1, devices_per_node=8), FakeCostModel(default_time=1.0), batch_size=16,
-                             forced={"tp": 2, "sp": sp})
+        search = OuterSearch(graph, fake_cluster(nodes=1, devices_per_node=8), FakeCostModel(default_time=1.0),
+                             batch_size=16, forced={"tp": 2, "sp": sp})
         ranked = search.run().ranked
         assert ranked
         for s in ranked:
