@@ -75,6 +75,11 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert {k.collective for k in c.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
                                                      "send_recv"}
     assert c.curve("send_recv", "intra_node", 2) is not None
+    ov = c.device.op_overhead  # dispatching an op costs something, and more on DTensors than on plain tensors
+    assert 0 < ov.forward < 1e-3 and 0 < ov.backward < 1e-3 and 0 < ov.optimizer < 1e-2
+    assert ov.dtensor_forward > ov.forward and ov.dtensor_optimizer > ov.optimizer
+    assert set(c.device.kernel_costs) == {"add", "gelu", "tanh", "softmax", "layer_norm", "adamw"}
+    assert all(0 < f < 1e-6 for f, _ in c.device.kernel_costs.values())
 
     # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B)
     # made in the same launch: each median of A must lie inside B's min-max spread, widened by 1.5x each way

@@ -1,0 +1,100 @@
+"""The measured refinements of the compute model: per-op host overheads (plain and DTensor), compute-bound kernel
+costs per element, the optimizer's per-tensor cost, and their profile fields (round trip, validation)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cost_model.compute import kernel_family
+from cost_model.model import CostModel
+from hardware_profiles.load import cluster_from_dict, cluster_to_dict, load_cluster
+from hardware_profiles.schema import OpOverhead, ProfileError
+from planner.defaults import default_plan
+from test_memory_activations import cluster, megatron_gpt
+
+FWD, BWD, OPT = 1e-3, 2e-3, 5e-4
+
+
+def _with(cl, **dev):
+    return dataclasses.replace(cl, device=dataclasses.replace(cl.device, **dev))
+
+
+def test_overhead_adds_exactly_per_op_and_per_backward_node():
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=1)
+    over = _with(base, op_overhead=OpOverhead(forward=FWD, backward=BWD, optimizer=OPT))
+    a, b = CostModel(base), CostModel(over)
+    for op in g.ops:
+        f0, b0 = a.op_time(op, None, 1, 1, "bf16")
+        f1, b1 = b.op_time(op, None, 1, 1, "bf16")
+        assert f1 - f0 == pytest.approx(FWD)  # views included: each is a dispatcher call
+        assert b1 - b0 == pytest.approx(BWD * (1 + len(op.params)))  # + one gradient accumulation per parameter
+    plan = default_plan(g, base, 1, "bf16", {"dp": 1, "tp": 1, "pp": 1, "mbs": 1}, "m")
+    p0, p1 = a.predict(g, plan), b.predict(g, plan)
+    n_params = sum(len(op.params) for op in g.ops)
+    want = len(g.ops) * (FWD + BWD) + n_params * BWD
+    assert p1.breakdown["compute_s"] - p0.breakdown["compute_s"] == pytest.approx(want)
+    tensors = len({p.name for op in g.ops for p in op.params})
+    assert p1.breakdown["optimizer_s"] - p0.breakdown["optimizer_s"] == pytest.approx(tensors * OPT)
+
+
+def test_tensor_parallel_modules_pay_the_dtensor_overhead():
+    g = megatron_gpt()
+    over = _with(cluster(per_node=2), op_overhead=OpOverhead(forward=FWD, dtensor_forward=7 * FWD))
+    cm = CostModel(over)
+    ops = default_plan(g, cluster(per_node=2), 2, "bf16", {"tp": 2, "dp": 1}, "m").ops
+    base = CostModel(cluster(per_node=2))
+    lin = g.op("h0_fc1")
+    assert ops["h0_fc1"].strategy == "colwise"
+    f1, _ = cm.op_time(lin, ops["h0_fc1"], 2, 1, "bf16")
+    f0, _ = base.op_time(lin, ops["h0_fc1"], 2, 1, "bf16")
+    assert f1 - f0 == pytest.approx(7 * FWD)
+    f1, _ = cm.op_time(lin, None, 1, 1, "bf16")  # replicated: a plain tensor
+    f0, _ = base.op_time(lin, None, 1, 1, "bf16")
+    assert f1 - f0 == pytest.approx(FWD)
+
+
+def test_kernel_cost_prices_compute_bound_elementwise_ops():
+    g = megatron_gpt()
+    gelu = dataclasses.replace(g.op("h0_gelu"), target="F.gelu")  # the hand-made graph names no callee
+    assert kernel_family(gelu) == "gelu" and kernel_family(g.op("h0_add1")) == "add"
+    elems = gelu.output_meta[0].numel
+    slow = _with(cluster(), kernel_costs={"gelu": (1e-6, 3e-6)})  # far above the bytes term
+    f, b = CostModel(slow).op_time(gelu, None, 1, 1, "bf16")
+    assert (f, b) == (pytest.approx(elems * 1e-6), pytest.approx(elems * 3e-6))
+    f2, _ = CostModel(slow).op_time(gelu, None, 1, 2, "bf16", traced_batch_size=1)
+    assert f2 == pytest.approx(2 * f)
+    fast = _with(cluster(), kernel_costs={"gelu": (1e-30, 1e-30)})  # below the bytes term: the roofline holds
+    assert CostModel(fast).op_time(gelu, None, 1, 1, "bf16") == CostModel(cluster()).op_time(gelu, None, 1, 1,
+                                                                                             "bf16")
+
+
+def test_kernel_families():
+    g = megatron_gpt()
+    fam = {op.kind: kernel_family(op) for op in g.ops}
+    assert fam["norm"] == "layer_norm" and fam["linear"] is None and fam["reshape"] is None
+
+
+def test_fields_round_trip_and_default_to_zero():
+    c = load_cluster("cpu-local")
+    assert c.device.op_overhead.forward > 0 and "gelu" in c.device.kernel_costs
+    assert cluster_from_dict(cluster_to_dict(c)) == c
+    gpu = load_cluster("dgx-a100-80gb")
+    assert gpu.device.op_overhead == OpOverhead() and gpu.device.kernel_costs == {}
+    assert "op_overhead" not in cluster_to_dict(gpu)["device"]
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("op_overhead", {"forward": -1e-6}, "device.op_overhead.forward: must be > 0"),
+    ("op_overhead", {"launch": 1e-6}, "device.op_overhead.launch: unknown key"),
+    ("op_overhead", {"forward": 2.0}, "implausibly large"),
+    ("kernel_costs", {"gelu": 1e-9}, "device.kernel_costs.gelu: expected [forward, backward]"),
+    ("kernel_costs", {"erf": [1e-9, 1e-9]}, "device.kernel_costs.erf: unknown key"),
+])
+def test_bad_fields_name_their_path(field, value, expected):
+    d = cluster_to_dict(load_cluster("dgx-a100-80gb"))
+    d["device"][field] = value
+    with pytest.raises(ProfileError, match=None) as e:
+        cluster_from_dict(d)
+    assert expected in str(e.value)
