@@ -300,7 +300,8 @@ class StepPredictor:
         out = [
             f"compute: per-op roofline at {plan.precision} (peak {pk / 1e12:.0f} TFLOP/s, "
             f"{cl.device.memory_bandwidth / 1e9:.0f} GB/s) scaled by the profile's measured efficiency curves; "
-            "views cost nothing",
+            "views launch no kernel" + ("; measured per-op overheads and elementwise kernel costs from the profile"
+                                        if cl.device.op_overhead.forward or cl.device.kernel_costs else ""),
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
             "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
             f"dp={self.dp}, ZeRO-{zero}: gradients {dp_how}" if self.dp > 1 else "dp=1: no gradient reduction",
@@ -310,8 +311,10 @@ class StepPredictor:
             "communication: ring alpha-beta formulas per link level, hierarchical across nodes (NCCL ring "
             "latency model); measured curves in the profile take precedence",
             "dp and tp streams do not contend for links; tp collectives are not overlapped with compute",
-            f"optimizer: Adam over the local shard, memory-bound ({ADAM_BYTES_PER_PARAM[plan.precision]:.0f} "
-            "bytes per parameter)",
+            ("optimizer: AdamW over the local shard at the profile's measured cost per element and per tensor"
+             if "adamw" in cl.device.kernel_costs else
+             f"optimizer: Adam over the local shard, memory-bound ({ADAM_BYTES_PER_PARAM[plan.precision]:.0f} "
+             "bytes per parameter)"),
             f"activations: the traced graph's saved tensors at {plan.precision} (masks 1 byte), recompute "
             f"{plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}; in-flight "
             f"micro-batches per {plan.schedule}",
