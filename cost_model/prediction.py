@@ -1,7 +1,7 @@
 """What the cost model predicts for one plan: step time with its breakdown, memory per device, a timeline."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 
@@ -46,6 +46,19 @@ class Prediction:
     """Human-readable assumptions behind the numbers (printed with every prediction)."""
     timeline: tuple[TraceEvent, ...] = field(default=(), repr=False)
     """Simulated spans, when asked for."""
+
+    def calibrated(self, scale: float, source: str) -> "Prediction":
+        """This prediction with its step time (and every time in the breakdown) multiplied by `scale`, the
+        measured/predicted ratio that `plan measure --calibrate` recorded for this profile; throughput scales by
+        1/scale. Memory is unchanged. The assumption list says so."""
+        return replace(
+            self, step_time_s=self.step_time_s * scale,
+            breakdown={k: v * scale for k, v in self.breakdown.items()},
+            tflops_per_device=self.tflops_per_device / scale, mfu=self.mfu / scale,
+            assumptions=self.assumptions + (f"calibrated: step times x{scale:.3g}, the median measured/predicted "
+                                            f"ratio of the runs recorded in {source}",),
+            timeline=tuple(replace(e, start_s=e.start_s * scale, duration_s=e.duration_s * scale)
+                           for e in self.timeline))
 
     def to_dict(self) -> dict[str, Any]:
         """The plan.json `predicted` object (the timeline is written separately)."""

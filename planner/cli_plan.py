@@ -5,6 +5,7 @@ scored by the cost model (planner.search, cost_model) -> plan.json. No logic liv
 """
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any, Sequence
 
@@ -53,6 +54,37 @@ def parse_force(text: str | None) -> dict[str, Any]:
     return out
 
 
+def read_calibration(path: str, cluster_name: str) -> float:
+    """The step_time_scale recorded by `plan measure --calibrate` for this cluster; PlanError if unusable."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise PlanError(f"--calibration {path}: cannot read it ({e.strerror}); write one with "
+                        "`plan measure PLAN MODEL --calibrate FILE`") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(f"--calibration {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"--calibration {path}: expected a JSON object written by `plan measure --calibrate`")
+    if data.get("cluster") != cluster_name:
+        raise PlanError(f"--calibration {path}: recorded for cluster {data.get('cluster')!r}, not "
+                        f"{cluster_name!r}; calibrate on this profile with `plan measure ... --calibrate`")
+    scale = data.get("step_time_scale")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+        raise PlanError(f"--calibration {path}: no positive step_time_scale in it; record a run with "
+                        "`plan measure ... --calibrate`")
+    return float(scale)
+
+
+def calibrate(result: Any, scale: float, source: str) -> Any:
+    """The search result with every prediction scaled by the calibration factor (rankings do not change)."""
+    from dataclasses import replace
+    cands = [(plan, pred.calibrated(scale, source)) for plan, pred in result.candidates]
+    best_pred = result.best_prediction.calibrated(scale, source)
+    best = replace(result.best, predicted=best_pred.to_dict())
+    return replace(result, best=best, best_prediction=best_pred, candidates=cands)
+
+
 def build_parser() -> ArgParser:
     """The `plan` argument parser."""
     p = ArgParser(
@@ -80,6 +112,9 @@ def build_parser() -> ArgParser:
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runner-up")
     p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                    help="stop searching after S seconds and return the best plan so far (default 60)")
+    p.add_argument("--calibration", metavar="CALIBRATION.json",
+                   help="scale predicted step times by the measured/predicted ratio that `plan measure "
+                        "--calibrate` recorded for this cluster profile")
     p.add_argument("-o", "--output", metavar="plan.json", help="write the chosen plan here")
     p.add_argument("--timeline", metavar="trace.json",
                    help="write the simulated step as a Chrome trace (open in Perfetto or chrome://tracing)")
@@ -105,6 +140,7 @@ def main(argv: Sequence[str]) -> int:
     if args.cluster:  # a bad profile fails fast, before the (slower) trace
         from hardware_profiles.load import load_cluster
         cluster = load_cluster(args.cluster, nodes=args.nodes)
+    scale = read_calibration(args.calibration, cluster.name) if cluster and args.calibration else None
     model_file = load_model_file(args.model)
     graph = trace_model(model_file)
     if args.summary:
@@ -119,6 +155,8 @@ def main(argv: Sequence[str]) -> int:
     result = search(graph, cluster, CostModel(cluster), batch_size=args.batch_size, precision=args.precision,
                     forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path)
+    if scale is not None:
+        result = calibrate(result, scale, args.calibration)
     from planner.report import format_result
     print(format_result(result, explain=args.explain))
     if args.output:
@@ -127,6 +165,8 @@ def main(argv: Sequence[str]) -> int:
     if args.timeline:
         from cost_model.timeline import write_chrome_trace
         prediction = CostModel(cluster).predict(graph, result.best, timeline=True)
+        if scale is not None:
+            prediction = prediction.calibrated(scale, args.calibration)
         write_chrome_trace(prediction, args.timeline)
         print(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)")
     return 0
