@@ -31,14 +31,11 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype.removeprefix("torch.")]
 
 
-@dataclass(frozen=True)
-class TensorMeta:
-    """Shape and dtype of one tensor flowing along a graph edge."""
+class _Sized:
+    """numel and bytes from `shape` and `dtype` (shared by TensorMeta and ParamInfo)."""
 
     shape: tuple[int, ...]
-    """Sizes per dim; dim 0 is the batch dim for activations."""
     dtype: str
-    """torch dtype name, e.g. `float32`."""
 
     @property
     def numel(self) -> int:
@@ -55,7 +52,17 @@ class TensorMeta:
 
 
 @dataclass(frozen=True)
-class ParamInfo:
+class TensorMeta(_Sized):
+    """Shape and dtype of one tensor flowing along a graph edge."""
+
+    shape: tuple[int, ...]
+    """Sizes per dim; dim 0 is the batch dim for activations."""
+    dtype: str
+    """torch dtype name, e.g. `float32`."""
+
+
+@dataclass(frozen=True)
+class ParamInfo(_Sized):
     """One parameter of the model, by its fully qualified name (as in `model.named_parameters()`)."""
 
     name: str
@@ -63,20 +70,7 @@ class ParamInfo:
     shape: tuple[int, ...]
     """Parameter shape."""
     dtype: str
-    """Dtype the model was built with."""
-
-    @property
-    def numel(self) -> int:
-        """Number of elements."""
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def bytes(self) -> int:
-        """Size in bytes at the traced dtype."""
-        return self.numel * dtype_bytes(self.dtype)
+    """Dtype the model was built with (bytes are at this dtype)."""
 
 
 @dataclass(frozen=True)
