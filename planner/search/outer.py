@@ -32,8 +32,7 @@ from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fi
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches
-from planner.strategies import plan_tp_problems
-from planner.strategies import strategies_for
+from planner.strategies import graph_tp_modules, module_strategies, strategies_for, tp_layout_problems
 
 
 
@@ -92,6 +91,9 @@ class OuterSearch:
         self._leanest: tuple[float, Plan] | None = None
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
+        self._tp_modules = None  # graph_tp_modules(graph), computed on first use (it walks every op)
+        self._problems: dict[tuple, list[str]] = {}
+        self._megatron: dict[tuple[int, bool], tuple[dict[str, OpPlacement], str]] = {}
 
     # ---- driver ---------------------------------------------------------------------------------------------------
     def run(self) -> OuterResult:
@@ -256,15 +258,10 @@ class OuterSearch:
     def _runnable(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult | None:
         """The ILP's placements when the executor can apply them exactly (`plan_tp_problems`), else Megatron's
         (with a note), else None (this tp is not a candidate; the note says why)."""
-        problems = plan_tp_problems(self.graph, ilp.ops, sp and ilp.sequence_parallel)
+        problems = self.tp_problems(ilp.ops, sp and ilp.sequence_parallel)
         if not problems:
             return ilp
-        from planner.defaults import megatron_placements
-        try:
-            mega = megatron_placements(self.graph, tp, sp)
-            why = (plan_tp_problems(self.graph, mega, sp) or [""])[0]
-        except PlanError as e:
-            mega, why = {}, str(e)
+        mega, why = self.megatron(tp, sp)
         if mega and not why:
             return PlacementResult(ops=mega, sequence_parallel=sp, notes=ilp.notes + (
                 f"tp={tp}{' with sequence parallelism' if sp else ''}: the placement ILP's layout is not one the "
@@ -279,12 +276,8 @@ class OuterSearch:
         Megatron-LM's layout with `predict` on a one-stage, one-micro-batch plan, and the faster one is kept."""
         if tp <= 1:
             return ilp
-        from planner.defaults import megatron_placements
-        try:
-            mega = megatron_placements(self.graph, tp, sp)
-        except PlanError:
-            return ilp
-        if mega == dict(ilp.ops) or plan_tp_problems(self.graph, mega, sp):
+        mega, why = self.megatron(tp, sp)
+        if not mega or why or mega == dict(ilp.ops):
             return ilp
         dp = self.cluster.world_size // tp
         g = Group(dp, tp, 1, mbs, 1, sp, "1f1b", 1)
@@ -299,6 +292,31 @@ class OuterSearch:
             return PlacementResult(ops=mega, sequence_parallel=sp or ilp.sequence_parallel, notes=ilp.notes + (
                 f"tp={tp} mbs={mbs}: Megatron's layout predicted faster than the placement ILP's; used it",))
         return ilp
+
+    def tp_problems(self, ops: Mapping[str, OpPlacement], sp: bool) -> list[str]:
+        """`planner.strategies.plan_tp_problems` with the graph's modules computed once per search and the answer
+        cached per distinct placement (the same layout comes back for many micro-batch sizes)."""
+        key = (frozenset(ops.items()), sp)
+        if key not in self._problems:
+            if self._tp_modules is None:
+                self._tp_modules = graph_tp_modules(self.graph)
+            strategies, problems = module_strategies(ops, self._tp_modules)
+            self._problems[key] = problems + tp_layout_problems(self._tp_modules, strategies, sp)
+        return self._problems[key]
+
+    def megatron(self, tp: int, sp: bool) -> tuple[dict[str, OpPlacement], str]:
+        """Megatron-LM's placements for (tp, sp), cached, and the first reason the executor cannot apply them
+        (empty when it can); ({}, why) when the layout does not exist for this graph."""
+        key = (tp, sp)
+        if key not in self._megatron:
+            from planner.defaults import megatron_placements
+            try:
+                mega = megatron_placements(self.graph, tp, sp)
+                why = (self.tp_problems(mega, sp) or [""])[0]
+            except PlanError as e:
+                mega, why = {}, str(e)
+            self._megatron[key] = (mega, why)
+        return self._megatron[key]
 
     def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
         """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
