@@ -10,6 +10,9 @@ Two measured terms from the profile refine this where it has them (CPU profiles 
 - `kernel_costs`: elementwise kernels that are compute-bound on the device (a tanh per element of GELU, an exp per
   element of softmax / log-softmax in the loss, normalisation) cost max(bytes term, elements x the measured seconds
   per element of their kernel family); attention adds a softmax over its score matrix to its matmul time.
+- `linear_efficiency` / `linear_backward_efficiency`: linears are priced from the measured rates of nn.Linear
+  itself (forward, and backward with its transposed operands and bias gradient) instead of square matmuls, at
+  fp32 (the dtype they are measured in).
 - `op_overhead`: every traced op (views included: each is a dispatcher call and an autograd node) adds the
   measured host-side seconds per op in forward and per autograd node in backward, plus one node per parameter it
   reads (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures instead.
@@ -230,6 +233,9 @@ class ComputeModel:
             return 0.0, 0.0
         fwd_mem = self.memory_time(work.fwd_bytes)
         bwd_mem = self.memory_time(work.bwd_bytes)
+        if kind == "linear" and precision == "fp32" and self.device.linear_backward_efficiency:
+            # measured in fp32 (`plan profile` on CPU ranks); other precisions use the matmul curve
+            return self._linear_times(work, precision, fwd_mem, bwd_mem)
         if kind in MATMUL_KINDS:
             fwd = max(self.matmul_time(work.fwd_flops, precision), fwd_mem)
             # the backward of a matmul is two matmuls of the forward's size (input and weight gradients)
@@ -244,3 +250,14 @@ class ComputeModel:
             vec = peak_flops(self.device, "fp32")
             return max(fwd_mem, work.fwd_flops / vec, fwd_k), max(bwd_mem, work.bwd_flops / vec, bwd_k)
         return max(fwd_mem, fwd_k), max(bwd_mem, bwd_k)
+
+    def _linear_times(self, work: OpWork, precision: str, fwd_mem: float, bwd_mem: float) -> tuple[float, float]:
+        """(forward, backward) kernel seconds of an nn.Linear from the profile's measured nn.Linear rates by
+        forward FLOPs (the module's own matmul layouts, transposes and bias gradient)."""
+        pk = peak_flops(self.device, precision)
+        f = work.fwd_flops
+        if f <= 0:
+            return fwd_mem, bwd_mem
+        fwd = f / (pk * interp_log(self.device.linear_efficiency, f))
+        bwd = work.bwd_flops / (pk * interp_log(self.device.linear_backward_efficiency, f))
+        return max(fwd, fwd_mem), max(bwd, bwd_mem)

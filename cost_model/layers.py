@@ -41,9 +41,27 @@ class LayerCost:
     """For layers outside blocks: parameter name to its local elements, so that a weight tied between the first
     and the last layer (embedding and LM head) counts once on a rank that holds both. Empty for blocks, whose
     parameters are their own."""
+    block: bool = False
+    """Whether the layer is one of the model's repeated blocks (the executor wraps each in its own FSDP2 unit)."""
     tensors: dict = field(default_factory=dict)
-    """Parameter name -> whether the executor makes it a DTensor under tensor parallelism (its module is
-    tensor-parallel); the optimizer's per-tensor overhead counts these."""
+    """Parameter name -> what the executor makes of it under tensor parallelism: "plain", "dtensor" (its module is
+    tensor-parallel) or "partial" (a replicated DTensor whose gradient is Partial: the weights of
+    sequence-parallel norms); the optimizer's per-tensor overhead counts these."""
+
+
+TENSOR_KINDS = ("plain", "dtensor", "partial")
+"""What a parameter tensor is at the optimizer, in increasing cost (see `LayerCost.tensors`)."""
+
+
+def _tensor_kind(pl, tp: int, sequence_parallel: bool) -> str:
+    """The `TENSOR_KINDS` entry of the parameters of an op with placement `pl`."""
+    if tp <= 1 or pl is None:
+        return "plain"
+    if pl.strategy == "sequence" and sequence_parallel:
+        # SequenceParallel keeps the norm's weights replicated while its input is sharded over the sequence, so
+        # their gradients stay Partial until an op reads them (torch.distributed.tensor.parallel.SequenceParallel)
+        return "partial"
+    return "dtensor" if pl.strategy in DTENSOR_STRATEGIES else "plain"
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:
@@ -123,10 +141,9 @@ class LayerCoster:
                 a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
-            dt = tp > 1 and pl is not None and pl.strategy in (DTENSOR_STRATEGIES | (
-                {"sequence"} if plan.sequence_parallel else set()))
+            kind = _tensor_kind(pl, tp, plan.sequence_parallel)
             for p in op.params:
-                tensors[p.name] = tensors.get(p.name, False) or dt
+                tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
         if full:
             rec += fwd
             act = self._block_input_bytes(layer, names)
@@ -134,7 +151,8 @@ class LayerCoster:
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
                          param_elems=sum(params.values()),
-                         params={} if layer.block_type else params, tensors=tensors)
+                         params={} if layer.block_type else params, block=layer.block_type is not None,
+                         tensors=tensors)
 
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_model.communication import mesh_groups
-from cost_model.layers import LayerCost, LayerCoster
+from cost_model.layers import TENSOR_KINDS, LayerCost, LayerCoster
 from cost_model.memory import DDP_BUCKET_BYTES, in_flight, model_state_bytes
 from cost_model.prediction import Prediction, TraceEvent
 from cost_model.compute import peak_flops
@@ -132,6 +132,10 @@ class StepPredictor:
             ch.zero_comm_s = sum(reduces)
         else:
             ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
+        # FSDP2's hooks and copies run on the compute stream; the profile measures forward + backward together,
+        # charged here half to each pass
+        fsdp = self.fsdp_overhead(layers)
+        ch.fwd_s, ch.bwd_s, ch.compute_s = ch.fwd_s + fsdp / 2, ch.bwd_s + fsdp / 2, ch.compute_s + fsdp
         return ch
 
     # ---- per-rank quantities -------------------------------------------------------------------------------
@@ -148,36 +152,56 @@ class StepPredictor:
                     total += l.param_elems
         return total + sum(seen.values())
 
-    def rank_tensors(self, r: int) -> tuple[int, int]:
-        """(plain, DTensor) parameter tensors rank r's optimizer steps over (a tied weight once per rank); under
-        FSDP2 (ZeRO >= 1 with dp > 1) every parameter is a DTensor shard."""
-        seen: dict[str, bool] = {}
-        plain = dt = 0
+    def rank_tensors(self, r: int) -> dict[str, int]:
+        """Parameter tensors rank r's optimizer steps over, by kind (`cost_model.layers.TENSOR_KINDS`; a tied
+        weight once per rank); under FSDP2 (ZeRO >= 1 with dp > 1) every parameter is a DTensor shard."""
+        seen: dict[str, str] = {}
+        count = dict.fromkeys(TENSOR_KINDS, 0)
         for ch in self.chunks[r]:
             for l in ch.layers:
                 if l.params:  # outside blocks: names may repeat across layers (tied weights)
                     for k, v in l.tensors.items():
-                        seen[k] = seen.get(k, False) or v
+                        seen[k] = max(seen.get(k, "plain"), v, key=TENSOR_KINDS.index)
                 else:
-                    n = sum(l.tensors.values())
-                    dt, plain = dt + n, plain + len(l.tensors) - n
-        n = sum(seen.values())
-        dt, plain = dt + n, plain + len(seen) - n
+                    for v in l.tensors.values():
+                        count[v] += 1
+        for v in seen.values():
+            count[v] += 1
         if self.dp > 1 and self.plan.zero_stage >= 1:
-            return 0, plain + dt
-        return plain, dt
+            count["dtensor"] += count["plain"]
+            count["plain"] = 0
+        return count
 
     def optimizer_time(self, r: int, shard: float) -> float:
         """One AdamW step on rank r over `shard` local parameter elements: the profile's measured per-element
-        cost (else the bytes roofline) plus its per-tensor overhead for plain and DTensor parameters."""
+        cost (else the bytes roofline) plus its per-tensor overhead for plain, DTensor and Partial-gradient DTensor
+        parameters (the last all-reduce their gradient in each optimizer op that reads it)."""
         dev = self.cm.cluster.device
         per_elem = dev.kernel_costs.get("adamw")
         if per_elem:
             t = shard * per_elem[0]
         else:
             t = self.cm.compute.memory_time(shard * ADAM_BYTES_PER_PARAM[self.plan.precision])
-        plain, dt = self.rank_tensors(r)
-        return t + plain * dev.op_overhead.optimizer + dt * dev.op_overhead.dtensor_optimizer
+        n, ov = self.rank_tensors(r), dev.op_overhead
+        partial = ov.dtensor_partial_optimizer or ov.dtensor_optimizer
+        return t + n["plain"] * ov.optimizer + n["dtensor"] * ov.dtensor_optimizer + n["partial"] * partial
+
+    def fsdp_overhead(self, layers: list[LayerCost]) -> float:
+        """FSDP2's own seconds per micro-batch (forward + backward) for one chunk under ZeRO >= 1 with dp > 1: the
+        profile's measured cost per `fully_shard`ed module (each block, and the chunk's root, as the executor
+        wraps them) and per parameter tensor; 0 otherwise."""
+        if self.dp <= 1 or self.plan.zero_stage < 1:
+            return 0.0
+        ov = self.cm.cluster.device.op_overhead
+        reshard = self.plan.zero_stage == 3
+        per_mod, per_t = (ov.fsdp_module_reshard, ov.fsdp_tensor_reshard) if reshard else \
+            (ov.fsdp_module, ov.fsdp_tensor)
+        modules = 1 + sum(1 for l in layers if l.block)
+        # a block's cost is shared by identical blocks (its names are the first one's): count blocks' tensors
+        # per layer, the others by name (a tied weight once)
+        tensors = sum(len(l.tensors) for l in layers if l.block) + len({k for l in layers if not l.block
+                                                                         for k in l.tensors})
+        return modules * per_mod + tensors * per_t
 
     def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]]]:
         """ZeRO 0/1 gradient buckets of rank r, overlapped with each chunk's last backward; returns the dp

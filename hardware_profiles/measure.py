@@ -259,6 +259,121 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
         ps = [torch.nn.Parameter(distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]))
               for _ in range(ADAM_TENSORS)]
         out["dtensor_optimizer"] = _adam_time(ps, sync, plan)
+        out["dtensor_partial_optimizer"] = partial_grad_adam(device, sync, plan, mesh)
+        out.update(fsdp_overheads(device, sync, plan, mesh))
+    return out
+
+
+def _fixed_times(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
+    """Median seconds per call of `fn` over a fixed number of calls: every rank makes the same calls (a time
+    budget could differ between ranks, and these calls communicate)."""
+    for _ in range(plan.warmup):
+        fn()
+    sync()
+    samples = []
+    for _ in range(plan.repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+FSDP_MODULES = 6
+"""Sharded modules (plus the root, as the executor wraps a model) in the stack timed for FSDP2's per-module cost."""
+FSDP_TENSORS = (1, 16)
+"""Parameter tensors per module in the two stacks, to separate the per-module from the per-tensor cost."""
+
+
+class _Tiny(torch.nn.Module):
+    """A module with `n` tiny parameters whose forward adds each to its input (no kernel time to speak of)."""
+
+    def __init__(self, n: int, numel: int, device: torch.device, inner: list | None = None):
+        super().__init__()
+        self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(numel, device=device)) for _ in range(n))
+        self.inner = torch.nn.ModuleList(inner or [])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for p in self.ps:
+            x = x + p
+        for m in self.inner:
+            x = m(x)
+        return x
+
+
+def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Callable[[], None],
+                    plan: MeasurePlan, mesh: object) -> float:
+    """Seconds of forward + backward of a root `_Tiny` holding FSDP_MODULES `_Tiny` blocks of `n` parameters each,
+    under FSDP2 `fully_shard` per block and on the root (as the executor applies it), or plain when `reshard` is
+    None."""
+    numel = 4 * mesh.size()
+    root = _Tiny(n, numel, device, [_Tiny(n, numel, device) for _ in range(FSDP_MODULES)])
+    if reshard is not None:
+        from torch.distributed.fsdp import fully_shard
+        for m in root.inner:
+            fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
+    x = torch.ones(numel, device=device)
+
+    def step():
+        root(x).sum().backward()
+        for p in root.parameters():
+            p.grad = None
+    return _fixed_times(step, sync, plan)
+
+
+def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                   mesh: object) -> dict[str, float]:
+    """FSDP2's own seconds per forward + backward of one `fully_shard`ed module (its pre/post forward and
+    backward hooks, all-gather copy-in/copy-out, the gradient reduce-scatter with its copies, and those tiny
+    collectives' latency), with and without resharding after forward (ZeRO-3 / ZeRO-1,2), split into a part per
+    module and a part per parameter tensor from stacks of FSDP_TENSORS tensors per module: the stack's time under
+    FSDP2 minus the same stack unsharded, over its FSDP_MODULES + 1 modules."""
+    out: dict[str, float] = {}
+    (n0, n1), mods = FSDP_TENSORS, FSDP_MODULES + 1
+    for key, reshard in (("fsdp_module", False), ("fsdp_module_reshard", True)):
+        per = [(_fsdp_step_time(n, reshard, device, sync, plan, mesh)
+                - _fsdp_step_time(n, None, device, sync, plan, mesh)) / mods for n in (n0, n1)]
+        per_tensor = max((per[1] - per[0]) / (n1 - n0), 0.0)
+        out[key] = max(per[0] - n0 * per_tensor, 0.0)
+        out[key.replace("module", "tensor")] = per_tensor
+    return out
+
+
+def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object,
+                      tensors: int = 8) -> float:
+    """Seconds per parameter tensor of one default AdamW step over replicated DTensor parameters whose gradients
+    are Partial (sequence-parallel norms' weights: each optimizer op that reads such a gradient all-reduces it)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+    ps = [torch.nn.Parameter(distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]))
+          for _ in range(tensors)]
+    for p in ps:
+        p.grad = DTensor.from_local(torch.ones(1, device=device), mesh, [Partial()])
+    opt = torch.optim.AdamW(ps, lr=1e-4)
+    return _fixed_times(opt.step, sync, plan) / tensors
+
+
+def linear_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                 overhead: dict[str, float]) -> list[tuple[float, float, float]]:
+    """[(forward FLOPs 2n^3, forward FLOP/s, backward FLOP/s)] of an nn.Linear(n, n) with bias on a (4, n/4, n)
+    input, for each n: the module as models call it (addmm on a view, the backward's two matmuls on transposed
+    operands, the bias gradient's sum). The per-op overheads the cost model charges a linear separately (one op
+    forward; its node and one per parameter backward) are taken out of the times."""
+    out = []
+    for n in sizes:
+        lin = torch.nn.Linear(n, n, device=device)
+        x = torch.randn(4, max(n // 4, 1), n, device=device, requires_grad=True)
+        dy = torch.randn(4, max(n // 4, 1), n, device=device)
+        flops = 2.0 * x.shape[0] * x.shape[1] * n * n
+
+        def fb():
+            lin(x).backward(dy)
+            lin.weight.grad = lin.bias.grad = x.grad = None
+        f = statistics.median(time_calls(lambda: lin(x), sync, plan.warmup, plan.repeats, plan.budget_s))
+        t = statistics.median(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s))
+        f_k = max(f - overhead.get("forward", 0.0), f * 0.05)
+        b_k = max(t - f - 3 * overhead.get("backward", 0.0), (t - f) * 0.05, 1e-9)
+        out.append((flops, flops / f_k, 2 * flops / b_k))
     return out
 
 

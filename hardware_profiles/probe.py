@@ -141,6 +141,12 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
     raw["copy"] = _gather_median(M.copy_rates(plan.copy_bytes, device, sync, plan))
     step("memory copy")
     raw["overhead"], raw["kernels"] = _overheads(device, sync, plan, world)
+    if not cuda:  # linears at the main dtype; on GPUs that is bf16, whose curve matmul_efficiency already is
+        local = M.linear_rates(plan.matmul_sizes["fp32"], device, sync, plan, raw["overhead"])
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, local)
+        raw["linear"] = [(f, statistics.median(r[i][1] for r in everyone),
+                          statistics.median(r[i][2] for r in everyone)) for i, (f, _, _) in enumerate(local)]
     step("op overheads")
     intra, inter = _node_groups(world, local_world)
     levels = [("intra_node", intra)] + ([("inter_node", inter)] if world > local_world else [])
@@ -314,7 +320,11 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
                         matmul_efficiency=_efficiency(raw["matmul"][main_dtype], peaks[main_dtype]),
                         memory_efficiency=_efficiency(raw["copy"], bw_peak),
                         op_overhead=OpOverhead(**raw["overhead"]) if "overhead" in raw else OpOverhead(),
-                        kernel_costs={k: (float(f), float(b)) for k, (f, b) in raw.get("kernels", {}).items()})
+                        kernel_costs={k: (float(f), float(b)) for k, (f, b) in raw.get("kernels", {}).items()},
+                        linear_efficiency=_efficiency([(f, r) for f, r, _ in raw.get("linear", [])],
+                                                      peaks[main_dtype]),
+                        linear_backward_efficiency=_efficiency([(f, r) for f, _, r in raw.get("linear", [])],
+                                                               peaks[main_dtype]))
     links, curves = {}, []
     for level, by_name in raw["curves"].items():
         n = local_world if level == "intra_node" else world // local_world
@@ -345,7 +355,10 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "op_overhead: seconds per op of a chain of 64 one-element adds (forward; backward per autograd node), "
              "per parameter tensor of a default AdamW step,",
              "and the same on replicated DTensors (dtensor_*). kernel_costs: [forward, backward] seconds per element "
-             "of fp32 kernels on a 256 x 512 tensor.",
+             "of fp32 kernels on a 256 x 512 tensor. fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
+             "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
+             "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
+             "rates (per-op overheads taken out) over peak_flops, by forward FLOPs.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "

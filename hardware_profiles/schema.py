@@ -64,6 +64,18 @@ class OpOverhead:
     """Seconds per autograd node in backward on DTensors."""
     dtensor_optimizer: float = 0.0
     """Seconds per DTensor parameter (FSDP2 / tensor-parallel shards) of one AdamW step."""
+    dtensor_partial_optimizer: float = 0.0
+    """Seconds per replicated DTensor parameter with a Partial gradient (sequence-parallel norms) of one AdamW
+    step: each optimizer op reading the gradient all-reduces it."""
+    fsdp_module: float = 0.0
+    """FSDP2's seconds per forward + backward of one `fully_shard`ed module without resharding (ZeRO-1/2): hooks,
+    all-gather copy-in/out, gradient reduce-scatter copies and its tiny collectives' latency."""
+    fsdp_tensor: float = 0.0
+    """Additional FSDP2 seconds per parameter tensor of such a module (ZeRO-1/2)."""
+    fsdp_module_reshard: float = 0.0
+    """As `fsdp_module`, resharding after forward (ZeRO-3: a second all-gather before backward)."""
+    fsdp_tensor_reshard: float = 0.0
+    """As `fsdp_tensor`, resharding after forward (ZeRO-3)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +102,14 @@ class DeviceSpec:
     """Kernel family (one of KERNELS) -> measured (forward, backward) seconds per element at activation sizes, for
     elementwise kernels that are compute-bound where the bytes roofline would under-price them (transcendentals
     on CPU). Families not listed are priced by the bytes roofline."""
+
+    linear_efficiency: tuple[tuple[float, float], ...] = ()
+    """[forward FLOPs of one nn.Linear call, achieved fraction of peak_flops' main dtype in its forward], measured on
+    the module itself (n tokens x n features -> n, a 3-D input as transformers pass) with the per-op overhead taken
+    out; empty when not measured (matmul_efficiency prices linears)."""
+    linear_backward_efficiency: tuple[tuple[float, float], ...] = ()
+    """[forward FLOPs of the nn.Linear, achieved fraction of peak in its backward (2x the forward FLOPs: input and
+    weight gradients, with the bias gradient and the transposes it takes)], as `linear_efficiency`."""
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -229,7 +249,8 @@ def _link(d: Any, where: str) -> LinkSpec:
 
 def _device(d: Any, where: str) -> DeviceSpec:
     d = _keys(d, where, ("name", "memory_bytes", "usable_memory_fraction", "peak_flops", "memory_bandwidth",
-                         "matmul_efficiency", "memory_efficiency"), ("op_overhead", "kernel_costs"))
+                         "matmul_efficiency", "memory_efficiency"),
+              ("op_overhead", "kernel_costs", "linear_efficiency", "linear_backward_efficiency"))
     mem = _pos(d["memory_bytes"], f"{where}.memory_bytes", integer=True, unit="bytes")
     if mem < 2**26:
         raise ProfileError(f"{where}.memory_bytes: {mem} is under 64 MiB; the unit is bytes (80 GB = 80e9 "
@@ -249,7 +270,9 @@ def _device(d: Any, where: str) -> DeviceSpec:
         matmul_efficiency=_curve(d["matmul_efficiency"], f"{where}.matmul_efficiency", y_fraction=True),
         memory_efficiency=_curve(d["memory_efficiency"], f"{where}.memory_efficiency", y_fraction=True),
         op_overhead=_overhead(d.get("op_overhead"), f"{where}.op_overhead"),
-        kernel_costs=_kernels(d.get("kernel_costs"), f"{where}.kernel_costs"))
+        kernel_costs=_kernels(d.get("kernel_costs"), f"{where}.kernel_costs"),
+        **{k: _curve(d[k], f"{where}.{k}", y_fraction=True) for k in ("linear_efficiency",
+                                                                     "linear_backward_efficiency") if k in d})
 
 
 def _seconds(x: Any, where: str) -> float:
@@ -327,7 +350,9 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
                    **({"op_overhead": {f.name: getattr(dev.op_overhead, f.name) for f in fields(OpOverhead)}}
                       if dev.op_overhead != OpOverhead() else {}),
                    **({"kernel_costs": {k: list(v) for k, v in dev.kernel_costs.items()}}
-                      if dev.kernel_costs else {})},
+                      if dev.kernel_costs else {}),
+                   **{k: [list(p) for p in getattr(dev, k)] for k in ("linear_efficiency",
+                                                                     "linear_backward_efficiency") if getattr(dev, k)}},
         "links": {"intra_node": link(c.intra_node), "inter_node": link(c.inter_node)},
         "collectives": [{"collective": k.collective, "level": k.level, "group_size": k.group_size,
                          "points": [list(p) for p in k.points]} for k in c.collectives],

@@ -5,7 +5,7 @@ import pytest
 
 from hardware_profiles import load_cluster, save_cluster
 from hardware_profiles.host import link_kind_from_topo, meminfo, parse_nvidia_topo
-from hardware_profiles.measure import fit_ring_allreduce
+from hardware_profiles.measure import fit_ring_allreduce, plan_for
 from hardware_profiles.probe import profile_local
 
 DGX_A100_TOPO = """\
@@ -80,6 +80,12 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert ov.dtensor_forward > ov.forward and ov.dtensor_optimizer > ov.optimizer
     assert set(c.device.kernel_costs) == {"add", "gelu", "tanh", "softmax", "layer_norm", "adamw"}
     assert all(0 < f < 1e-6 for f, _ in c.device.kernel_costs.values())
+    # FSDP2's hooks and copies cost something per module; a Partial gradient's all-reduces cost more than none
+    assert 0 < ov.fsdp_module < 0.5 and 0 < ov.fsdp_module_reshard < 0.5
+    assert ov.dtensor_partial_optimizer > ov.optimizer
+    n = len(plan_for(True, False).matmul_sizes["fp32"])  # nn.Linear rates at every fp32 matmul size
+    assert len(c.device.linear_efficiency) == len(c.device.linear_backward_efficiency) == n
+    assert all(0 < e <= 1 for _, e in c.device.linear_efficiency + c.device.linear_backward_efficiency)
 
     # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B)
     # made in the same launch: each median of A must lie inside B's min-max spread, widened by 1.5x each way

@@ -1,0 +1,79 @@
+"""Measured terms for FSDP2's per-module cost, Partial-gradient optimizer steps under sequence parallelism, and
+nn.Linear's own forward/backward rates: each adds exactly what the profile says, and round-trips through YAML."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cost_model.model import CostModel
+from hardware_profiles.load import cluster_from_dict, cluster_to_dict
+from hardware_profiles.schema import OpOverhead, ProfileError
+from planner.defaults import default_plan
+from test_memory_activations import cluster, megatron_gpt
+
+MOD, TEN = 3e-3, 1e-4
+
+
+def _with(cl, **dev):
+    return dataclasses.replace(cl, device=dataclasses.replace(cl.device, **dev))
+
+
+@pytest.mark.parametrize("zero,keys", [(3, ("fsdp_module_reshard", "fsdp_tensor_reshard")),
+                                       (1, ("fsdp_module", "fsdp_tensor"))])
+def test_fsdp_overhead_per_module_and_tensor(zero, keys):
+    g = megatron_gpt(layers=3)
+    base = cluster(per_node=2)
+    over = _with(base, op_overhead=OpOverhead(**dict(zip(keys, (MOD, TEN)))))
+    plan = default_plan(g, base, 2, "bf16", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": zero}, "m")
+    p0, p1 = CostModel(base).predict(g, plan), CostModel(over).predict(g, plan)
+    blocks = {op.block for op in g.ops if op.block}
+    tensors = len({p.name for op in g.ops for p in op.params})
+    want = (len(blocks) + 1) * MOD + tensors * TEN  # each block and the root are fully_shard'ed
+    assert p1.step_time_s - p0.step_time_s == pytest.approx(want * plan.num_microbatches)
+    # no FSDP without data parallelism, nor under DDP (ZeRO-0)
+    for force in ({"dp": 1, "tp": 2, "pp": 1, "mbs": 1}, {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}):
+        plan = default_plan(g, base, 2, "bf16", force, "m")
+        assert CostModel(over).predict(g, plan).step_time_s == CostModel(base).predict(g, plan).step_time_s
+
+
+def test_sequence_parallel_norm_weights_pay_the_partial_gradient_optimizer_cost():
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=2)
+    over = _with(base, op_overhead=OpOverhead(dtensor_optimizer=1e-4, dtensor_partial_optimizer=5e-3))
+    force = {"dp": 1, "tp": 2, "pp": 1, "mbs": 1}
+    sp = default_plan(g, base, 2, "bf16", {**force, "sp": 1}, "m")
+    assert sp.sequence_parallel and any(pl.strategy == "sequence" for pl in sp.ops.values())
+    norm_tensors = len({p.name for op in g.ops for p in op.params
+                        if sp.ops.get(op.name) is not None and sp.ops[op.name].strategy == "sequence"})
+    assert norm_tensors > 0
+    no_sp = default_plan(g, base, 2, "bf16", {**force, "sp": 0}, "m")
+    d_sp = CostModel(over).predict(g, sp).breakdown["optimizer_s"] - CostModel(base).predict(g, sp).breakdown[
+        "optimizer_s"]
+    d_no = CostModel(over).predict(g, no_sp).breakdown["optimizer_s"] - CostModel(base).predict(g, no_sp).breakdown[
+        "optimizer_s"]
+    assert d_sp - d_no == pytest.approx(norm_tensors * 5e-3)  # the norms' weights are plain tensors without SP
+
+
+def test_linear_priced_from_measured_linear_rates_at_fp32():
+    g = megatron_gpt()
+    lin = g.op("h0_fc1")
+    base = cluster()
+    meas = _with(base, linear_efficiency=((1e3, 0.5), (1e12, 0.5)), linear_backward_efficiency=((1e3, 0.25),))
+    f0, b0 = CostModel(base).op_time(lin, None, 1, 1, "fp32")
+    f1, b1 = CostModel(meas).op_time(lin, None, 1, 1, "fp32")
+    pk = base.device.peak_flops["fp32"]
+    assert f1 == pytest.approx(max(lin.fwd_flops / (pk * 0.5), f0))
+    assert b1 == pytest.approx(max(lin.bwd_flops / (pk * 0.25), b0))
+    assert CostModel(meas).op_time(lin, None, 1, 1, "bf16") == CostModel(base).op_time(lin, None, 1, 1, "bf16")
+
+
+def test_new_fields_round_trip_and_validate():
+    c = _with(cluster(), op_overhead=OpOverhead(fsdp_module=MOD, dtensor_partial_optimizer=2e-3),
+              linear_efficiency=((1e6, 0.3), (1e9, 0.9)), linear_backward_efficiency=((1e6, 0.2), (1e9, 0.7)))
+    assert cluster_from_dict(cluster_to_dict(c)) == c
+    d = cluster_to_dict(c)
+    d["device"]["linear_efficiency"] = [[1e6, 1.5]]
+    with pytest.raises(ProfileError) as e:
+        cluster_from_dict(d)
+    assert "device.linear_efficiency[0][1]" in str(e.value)
