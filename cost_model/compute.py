@@ -15,7 +15,9 @@ Two measured terms from the profile refine this where it has them (CPU profiles 
   fp32 (the dtype they are measured in).
 - `op_overhead`: every traced op (views included: each is a dispatcher call and an autograd node) adds the
   measured host-side seconds per op in forward and per autograd node in backward, plus one node per parameter it
-  reads (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures instead.
+  reads (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures instead. A
+  linear, several dispatches (transpose, addmm, views) and nodes, pays the measured overhead of a whole tiny
+  F.linear call (plain or column-parallel DTensor) where the profile has it.
 
 The graph's per-op figures are for `graph.batch_size` samples at the traced dtype; `OpScaler` re-prices them for a
 micro-batch at the plan's precision and for the op's share of the work over the tp axis.
@@ -218,6 +220,11 @@ class ComputeModel:
         """Host-side (forward, backward) seconds of one op: the profile's per-op and per-autograd-node overheads
         (DTensor figures for DTensor ops), one node per parameter read for its gradient accumulation."""
         ov = self.device.op_overhead
+        if kind == "linear":  # a linear is several dispatches: its measured whole-call overhead where known
+            lf, lb = (ov.dtensor_linear_forward, ov.dtensor_linear_backward) if work.dtensor else \
+                (ov.linear_forward, ov.linear_backward)
+            if lf and lb:
+                return lf, lb
         f, b = (ov.dtensor_forward, ov.dtensor_backward) if work.dtensor else (ov.forward, ov.backward)
         return f, b + work.params * ov.backward
 

@@ -241,6 +241,25 @@ def _adam_time(params: list, sync: Callable[[], None], plan: MeasurePlan) -> flo
     return statistics.median(time_calls(opt.step, sync, plan.warmup, plan.repeats, plan.budget_s)) / len(params)
 
 
+LINEAR_CHAIN = 16
+"""Tiny linears chained per timed call for the per-linear overhead (amortises the backward call's start-up)."""
+
+
+def _linear_overhead(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, sync: Callable[[], None],
+                     plan: MeasurePlan) -> tuple[float, float]:
+    """(forward, backward) seconds per tiny F.linear in a chain of LINEAR_CHAIN of them (all its dispatches: the
+    weight's transpose, addmm, views; in backward its nodes and the gradient accumulations of weight and bias)."""
+    def fwd():
+        y = x
+        for _ in range(LINEAR_CHAIN):
+            y = torch.nn.functional.linear(y, w, b)
+        return y
+    g = torch.ones_like(fwd()).detach()
+    f = statistics.median(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
+    fb = statistics.median(time_calls(lambda: fwd().backward(g), sync, plan.warmup, plan.repeats, plan.budget_s))
+    return f / LINEAR_CHAIN, max(fb - f, 0.0) / LINEAR_CHAIN
+
+
 def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
                  mesh: object | None = None) -> dict[str, float]:
     """Host-side seconds per op (forward), per autograd node (backward) and per AdamW parameter tensor, on plain
@@ -250,12 +269,20 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     out: dict[str, float] = {}
     x = torch.ones(1, device=device, requires_grad=True)
     out["forward"], out["backward"] = _chain_times(x, sync, plan)
+    lin = [torch.ones(2, 2, device=device, requires_grad=True), torch.nn.Parameter(torch.ones(2, 2, device=device)),
+           torch.nn.Parameter(torch.ones(2, device=device))]
+    out["linear_forward"], out["linear_backward"] = _linear_overhead(*lin, sync, plan)
     out["optimizer"] = _adam_time([torch.nn.Parameter(torch.ones(1, device=device)) for _ in range(ADAM_TENSORS)],
                                   sync, plan)
     if mesh is not None:
         from torch.distributed.tensor import Replicate, distribute_tensor
         xd = distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]).requires_grad_()
         out["dtensor_forward"], out["dtensor_backward"] = _chain_times(xd, sync, plan)
+        # a linear on DTensors: replicated square weight, so the chain composes and nothing communicates
+        lin = [distribute_tensor(torch.ones(2, 2, device=device), mesh, [Replicate()]).requires_grad_(),
+               torch.nn.Parameter(distribute_tensor(torch.ones(2, 2, device=device), mesh, [Replicate()])),
+               torch.nn.Parameter(distribute_tensor(torch.ones(2, device=device), mesh, [Replicate()]))]
+        out["dtensor_linear_forward"], out["dtensor_linear_backward"] = _linear_overhead(*lin, sync, plan)
         ps = [torch.nn.Parameter(distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]))
               for _ in range(ADAM_TENSORS)]
         out["dtensor_optimizer"] = _adam_time(ps, sync, plan)

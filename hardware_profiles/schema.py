@@ -67,6 +67,16 @@ class OpOverhead:
     dtensor_partial_optimizer: float = 0.0
     """Seconds per replicated DTensor parameter with a Partial gradient (sequence-parallel norms) of one AdamW
     step: each optimizer op reading the gradient all-reduces it."""
+    linear_forward: float = 0.0
+    """Seconds of one nn.Linear forward beyond its matmul: all its dispatches (a tiny F.linear timed); 0 when not
+    measured (the linear then pays `forward`)."""
+    linear_backward: float = 0.0
+    """Seconds of one nn.Linear backward beyond its matmuls: its autograd nodes and its parameters' gradient
+    accumulations (0: one node and one per parameter at `backward`)."""
+    dtensor_linear_forward: float = 0.0
+    """As `linear_forward` for a column-parallel linear on DTensors (sharded weight, replicated input)."""
+    dtensor_linear_backward: float = 0.0
+    """As `linear_backward` on DTensors."""
     fsdp_module: float = 0.0
     """FSDP2's seconds per forward + backward of one `fully_shard`ed module without resharding (ZeRO-1/2): hooks,
     all-gather copy-in/out, gradient reduce-scatter copies and its tiny collectives' latency."""

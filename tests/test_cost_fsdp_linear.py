@@ -77,3 +77,19 @@ def test_new_fields_round_trip_and_validate():
     with pytest.raises(ProfileError) as e:
         cluster_from_dict(d)
     assert "device.linear_efficiency[0][1]" in str(e.value)
+
+
+def test_linear_pays_its_measured_whole_call_overhead():
+    g = megatron_gpt()
+    lin, norm = g.op("h0_fc1"), g.op("h0_ln1")
+    base = cluster(per_node=2)
+    ov = OpOverhead(forward=1e-5, backward=2e-5, linear_forward=7e-5, linear_backward=9e-5,
+                    dtensor_linear_forward=3e-4, dtensor_linear_backward=5e-4)
+    cm, cm0 = CostModel(_with(base, op_overhead=ov)), CostModel(base)
+    f, b = (x - y for x, y in zip(cm.op_time(lin, None, 1, 1, "bf16"), cm0.op_time(lin, None, 1, 1, "bf16")))
+    assert (f, b) == (pytest.approx(7e-5), pytest.approx(9e-5))  # replaces the per-op and per-node charges
+    f, b = (x - y for x, y in zip(cm.op_time(norm, None, 1, 1, "bf16"), cm0.op_time(norm, None, 1, 1, "bf16")))
+    assert (f, b) == (pytest.approx(1e-5), pytest.approx(2e-5 * 3))  # other ops keep them
+    pl = default_plan(g, base, 2, "bf16", {"tp": 2, "dp": 1}, "m").ops["h0_fc1"]
+    f, b = (x - y for x, y in zip(cm.op_time(lin, pl, 2, 1, "bf16"), cm0.op_time(lin, pl, 2, 1, "bf16")))
+    assert (f, b) == (pytest.approx(3e-4), pytest.approx(5e-4))

@@ -83,6 +83,8 @@ def test_profile_two_gloo_ranks(tmp_path):
     # FSDP2's hooks and copies cost something per module; a Partial gradient's all-reduces cost more than none
     assert 0 < ov.fsdp_module < 0.5 and 0 < ov.fsdp_module_reshard < 0.5
     assert ov.dtensor_partial_optimizer > ov.optimizer
+    assert 0 < ov.linear_forward < 1e-3 and 0 < ov.linear_backward < 1e-3  # a tiny linear's whole-call overhead
+    assert ov.dtensor_linear_forward > ov.linear_forward
     n = len(plan_for(True, False).matmul_sizes["fp32"])  # nn.Linear rates at every fp32 matmul size
     assert len(c.device.linear_efficiency) == len(c.device.linear_backward_efficiency) == n
     assert all(0 < e <= 1 for _, e in c.device.linear_efficiency + c.device.linear_backward_efficiency)
