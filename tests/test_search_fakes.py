@@ -113,8 +113,8 @@ class FakeCostModel:
         return (params, out)
 
     def predict(self, graph, plan, timeline=False):
-        """step = compute of the busiest pipeline rank x (m + (pp - 1) / v) + dp gradient all-reduce (+50% under
-        ZeRO-3 for the parameter gathers),
+        """step = compute (op_time plus the re-sharding into each op, reshard_time) of the busiest pipeline rank x
+        (m + (pp - 1) / v) + dp gradient all-reduce (+50% under ZeRO-3 for the parameter gathers),
         where the all-reduce moves 2 x param bytes on the device / link bandwidth of the dp group;
         memory = param bytes x 4 (weights, grads, 2 Adam moments; optimizer+grads / dp under ZeRO) + activations x
         in-flight micro-batches (divided by 4 under full recompute)."""
@@ -136,6 +136,7 @@ def fake_predict(cm: FakeCostModel, graph: OpGraph, plan) -> Prediction:
                 op = graph.ops[i]
                 pl = plan.placement(op.name)
                 t += sum(cm.op_time(op, pl, tp, plan.microbatch_size, plan.precision))
+                t += _reshard_into(cm, graph, plan, op, pl)
                 p_, a_ = cm.op_memory(op, pl, tp, plan.microbatch_size, plan.precision)
                 pb, ab = pb + p_, ab + a_
         stage_t.append(t * (4 / 3 if plan.recompute == "full" else 1.0))
@@ -163,6 +164,20 @@ def fake_predict(cm: FakeCostModel, graph: OpGraph, plan) -> Prediction:
                                                    "bubble_s": 0.0, "optimizer_s": 0.0},
                       peak_memory_bytes=max(mem), memory_per_device_bytes=tuple(mem), memory_breakdown={},
                       tflops_per_device=1.0 / step, mfu=0.1 / step, fits=max(mem) <= usable)
+
+
+def _reshard_into(cm: FakeCostModel, graph: OpGraph, plan, op: OpNode, pl) -> float:
+    """Re-sharding of op's inputs from their producers' output layouts (as the real cost model charges it)."""
+    total = 0.0
+    for k, src in enumerate(op.inputs):
+        if src not in graph.index or not graph.op(src).output_meta:
+            continue
+        src_pl = plan.placement(src)
+        have = src_pl.output if src_pl is not None else "R"
+        want = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
+        total += sum(cm.reshard_time(graph.op(src).output_meta[0], have, want, plan.mesh.tp,
+                                     plan.microbatch_size, plan.precision))
+    return total
 
 
 def fake_cluster(nodes: int = 1, devices_per_node: int = 8, memory_bytes: int = 2**40, inter_bw: float = 25e9,

@@ -81,3 +81,16 @@ def test_time_budget_returns_best_so_far():
     res, cm = run(nodes=2, budget=0.0)
     assert res.ranked and any("time budget" in n for n in res.notes)
     assert res.stats["groups_evaluated"] == 1
+
+
+def test_bounded_groups_leave_the_top_k_unchanged():
+    # groups whose placed bound exceeds the k-th best are swept only to their first fitting candidate; the k best
+    # candidates must be those of the full sweep (top_k huge: nothing is ever bounded)
+    kw = dict(nodes=2, memory=int(PARAM_BYTES * 0.8))
+    short, _ = run(top_k=3, **kw)
+    full, _ = run(top_k=10 ** 9, **kw)
+    assert full.stats["groups_bounded"] == 0 < short.stats["groups_bounded"]
+    assert short.stats["predictions"] < full.stats["predictions"]
+    assert short.stats["bound_violations"] == full.stats["bound_violations"] == 0
+    key = [(s.plan, s.prediction.step_time_s) for s in full.ranked[:3]]
+    assert [(s.plan, s.prediction.step_time_s) for s in short.ranked[:3]] == key

@@ -50,12 +50,13 @@ def test_megatron_placements_of_the_examples_are_runnable(example):
 
 
 def test_every_ranked_plan_is_runnable():
-    from test_search_fakes import FakeCostModel, fake_cluster, tiny_gpt
+    from test_search_fakes import RESHARD, FakeCostModel, fake_cluster, tiny_gpt
     from planner.search.outer import OuterSearch
     graph = tiny_gpt(4)
+    cheap = {k: v / 1000 for k, v in RESHARD.items()}  # layout changes cheap enough that tp=2 shards something
     for sp in (0, 1):
-        search = OuterSearch(graph, fake_cluster(nodes=1, devices_per_node=8), FakeCostModel(default_time=1.0),
-                             batch_size=16, forced={"tp": 2, "sp": sp})
+        search = OuterSearch(graph, fake_cluster(nodes=1, devices_per_node=8),
+                             FakeCostModel(default_time=1.0, reshard=cheap), batch_size=16, forced={"tp": 2, "sp": sp})
         ranked = search.run().ranked
         assert ranked
         for s in ranked:

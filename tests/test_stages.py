@@ -1,8 +1,12 @@
-"""The pipeline-stage DP against a slow reference on random arrays, and hand-computable cuts."""
+"""The pipeline-stage DP against a slow reference on random arrays, hand-computable cuts, and the pipeline lower
+bounds the search prunes with against the simulator."""
+import itertools
+
 import numpy as np
 import pytest
 
-from planner.search.stages import cut_stages, cut_stages_reference, inflight_microbatches
+from planner.search.stages import (cut_stages, cut_stages_reference, inflight_microbatches, min_pipeline_bound,
+                                   pipeline_bound)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -47,3 +51,47 @@ def test_inflight():
     assert list(inflight_microbatches("1f1b", 4, 2)) == [2, 2, 2, 1]
     assert list(inflight_microbatches("gpipe", 2, 8)) == [8, 8]
     assert list(inflight_microbatches("interleaved", 2, 8, 2)) == [2, 1, 2, 1]
+
+
+def _simulated_step(schedule, fwd, bwd, m):
+    from cost_model.simulator import simulate
+    return float(simulate(schedule, fwd, bwd, m, 0.0).rank_end().max())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_pipeline_bound_never_exceeds_the_simulated_pipeline(seed):
+    # the search prunes with this bound: it must hold for every schedule the simulator runs
+    rng = np.random.default_rng(seed)
+    pp = int(rng.integers(1, 6))
+    schedule, v = [("gpipe", 1), ("1f1b", 1), ("interleaved", int(rng.integers(2, 4)))][seed % 3]
+    if pp == 1:
+        schedule, v = "1f1b", 1
+    m = pp * int(rng.integers(1, 5)) if schedule == "interleaved" else int(rng.integers(1, 12))
+    fwd, bwd = rng.uniform(0.1, 3, (pp, v)), rng.uniform(0.1, 6, (pp, v))
+    stage_times = [fwd[k % pp, k // pp] + bwd[k % pp, k // pp] for k in range(pp * v)]
+    bound = pipeline_bound(stage_times, pp, m)
+    assert bound <= _simulated_step(schedule, fwd, bwd, m) * (1 + 1e-12)
+    if pp == 1:
+        assert bound == pytest.approx(m * stage_times[0])
+
+
+def test_pipeline_bound_with_the_bottleneck_first():
+    # stage 0 takes 10 s (5 + 5), stage 1 1 s, 4 micro-batches of 1F1B: stage 1's work hides behind stage 0's,
+    # the step is 4 x 10 = 40 s. The earlier bound sum_k T_k + (m - 1) max_k T_k = 41 s claimed more than that.
+    fwd, bwd = np.array([[5.0], [0.5]]), np.array([[5.0], [0.5]])
+    assert _simulated_step("1f1b", fwd, bwd, 4) == pytest.approx(40.0)
+    assert pipeline_bound([10.0, 1.0], 2, 4) == pytest.approx(40.0)
+    assert pipeline_bound([1.0, 10.0], 2, 4) == pytest.approx(41.0)  # bottleneck last: 1 + 4 x 10
+    assert _simulated_step("1f1b", fwd[::-1], bwd[::-1], 4) == pytest.approx(41.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_min_pipeline_bound_is_the_minimum_over_cuts(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(1, 9))
+    pp, m = int(rng.integers(1, n + 1)), int(rng.integers(1, 9))
+    t = rng.uniform(0.1, 3, n)
+    brute = min(pipeline_bound([t[i:j].sum() for i, j in zip((0,) + cuts, cuts + (n,))], pp, m)
+                for cuts in itertools.combinations(range(1, n), pp - 1))
+    assert min_pipeline_bound(t, pp, m) == pytest.approx(brute)
+    assert min_pipeline_bound(t, n + 1, m) == np.inf

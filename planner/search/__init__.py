@@ -32,7 +32,7 @@ class SearchResult:
     notes: list = field(default_factory=list)
     """Warnings and remarks for the user (e.g. tp spanning nodes)."""
     stats: dict = field(default_factory=dict)
-    """Search counters: groups, groups_evaluated, predictions, ilp_solves, seconds."""
+    """Search counters: groups, groups_evaluated, groups_bounded, predictions, ilp_solves, seconds."""
 
 
 def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
@@ -46,7 +46,8 @@ def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int
 
     def run(on_progress=None):
         return OuterSearch(graph, cluster, cost_model, batch_size=batch_size, precision=precision, forced=forced,
-                           time_budget_s=time_budget_s, model_path=model_path, on_progress=on_progress).run()
+                           time_budget_s=time_budget_s, model_path=model_path, on_progress=on_progress,
+                           top_k=top_k).run()
 
     if progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

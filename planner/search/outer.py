@@ -5,9 +5,10 @@ Order of work (cheap to expensive):
 
 1. Enumerate groups (`planner.search.space`): a group fixes dp, tp, pp, micro-batch size, sp, schedule and v.
 2. Lower-bound each group's step time from per-op compute alone: every op at its fastest strategy
-   (`op_time`), layers cut into stages by the stage DP; a synchronous pipeline needs at least
-   sum_k T_k + (m - 1) max_k T_k (the first micro-batch crosses every stage, the bottleneck stage runs all m), and
-   an interleaved one at least m * sum_k T_k / pp. Communication, bubbles and recompute only add to this.
+   (`op_time`); a GPipe or 1F1B pipeline needs at least min over stage cuts of max_r (m T_r + sum_{k<r} T_k)
+   (rank r runs all m micro-batches of its stage after the first one's forward crossed the stages before it,
+   and the last one's backward crosses them again: `stages.min_pipeline_bound`), and an interleaved one at
+   least m * sum_k T_k / pp. Communication, bubbles and recompute only add to this.
 3. Visit groups in increasing bound; stop when the bound reaches the best predicted step found (nothing left can
    win) or the time budget runs out.
 4. In a group: placements from the ILP (cached), stages from the DP on the placed layer times, then ZeRO stages
@@ -15,9 +16,18 @@ Order of work (cheap to expensive):
    the less sharded ones cannot either; a ZeRO stage that fits is not retried with more recompute, which can
    only be slower. A group
    whose leanest candidate does not fit is retried once with memory-aware stage cuts and a memory-budgeted ILP.
+5. Before a group's sweep, a second, tighter bound from its actual placements and stage cuts (`placed_bound`):
+   per layer the compute plus re-sharding time the ILP priced (`op_time` + `reshard_time` of the chosen
+   placements, which `predict` charges at least: it adds partial-gradient reductions, recompute, ZeRO and
+   data-parallel traffic, the optimizer and waits), and per pipeline rank r, m times its stages' time plus the
+   time of the first micro-batch's forward and backward on the stages before it (`stages.pipeline_bound`). When
+   that bound exceeds the `top_k`-th best step found so far, no candidate of the sweep can enter the top `top_k`,
+   so the sweep stops at its first fitting candidate (which decides, exactly as the full sweep would, whether
+   the memory-aware retry runs). The `top_k` candidates returned are the same as with the full sweep.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -31,7 +41,7 @@ from planner.graph import OpGraph
 from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
-from planner.search.stages import cut_stages, inflight_microbatches
+from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
 from planner.strategies import graph_tp_modules, module_strategies, strategies_for, tp_layout_problems
 
 
@@ -57,16 +67,24 @@ class OuterResult:
     notes: list[str]
     """What the search did and skipped, for the user."""
     stats: dict[str, Any] = field(default_factory=dict)
-    """Counts: groups, groups_evaluated, predictions, ilp_solves, bound_violations, seconds."""
+    """Counts: groups, groups_evaluated, groups_bounded (swept only to their first fitting candidate),
+    predictions, ilp_solves, bound_violations, seconds."""
 
 
 @dataclass
 class _Layers:
-    """Per-layer arrays for one (tp, mbs, sp) placement."""
+    """Per-layer arrays for one (tp, mbs, sp) placement (one micro-batch)."""
 
     time: np.ndarray
+    """Compute (`op_time`, forward + backward) plus re-sharding into each op (`reshard_time`), seconds."""
     param: np.ndarray
+    """Parameter bytes (`op_memory`)."""
     act: np.ndarray
+    """Saved activation bytes (`op_memory`)."""
+    bound: np.ndarray
+    """What `placed_bound` sums: like `time`, but a block's re-sharding into its first op is the smaller of its
+    first and second copy's (the first copy's inputs come from the ops before the blocks, the others' from the
+    previous copy; `time` prices every copy like the first)."""
 
 
 class OuterSearch:
@@ -74,15 +92,18 @@ class OuterSearch:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
                  forced: Mapping[str, Any] | None = None, time_budget_s: float = 60.0, model_path: str = "",
-                 on_progress: Callable[[int, int, str], None] | None = None):
+                 on_progress: Callable[[int, int, str], None] | None = None, top_k: int = 5):
         self.graph, self.cluster, self.cm = graph, cluster, cost_model
+        self.top_k = max(1, top_k)
+        self._top: list[float] = []  # the top_k fastest fitting step times found so far, ascending
         self.batch, self.precision = batch_size, precision
         self.forced = dict(forced or {})
         self.budget_s, self.model_path, self.on_progress = time_budget_s, model_path, on_progress
         self.layers = graph.layers()
         self.placer = PlacementSolver(graph, cost_model)
         self.notes: list[str] = []
-        self.stats = {"groups": 0, "groups_evaluated": 0, "predictions": 0, "bound_violations": 0}
+        self.stats = {"groups": 0, "groups_evaluated": 0, "groups_bounded": 0, "predictions": 0,
+                      "bound_violations": 0}
         self._op_min: dict[tuple, np.ndarray] = {}
         self._bottleneck: dict[tuple, float] = {}
         self._cuts: dict[tuple, tuple[StageSpec, ...] | None] = {}
@@ -91,6 +112,7 @@ class OuterSearch:
         self._leanest: tuple[float, Plan] | None = None
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
+        self._num_params = graph.num_parameters  # a sum over every parameter: once, not per candidate
         self._tp_modules = None  # graph_tp_modules(graph), computed on first use (it walks every op)
         self._problems: dict[tuple, list[str]] = {}
         self._megatron: dict[tuple[int, bool], tuple[dict[str, OpPlacement], str]] = {}
@@ -126,6 +148,8 @@ class OuterSearch:
             for s in self.evaluate(g, lb):
                 ranked.append(s)
                 best = min(best, s.prediction.step_time_s)
+                bisect.insort(self._top, s.prediction.step_time_s)
+                del self._top[self.top_k:]
         if self.on_progress:
             self.on_progress(len(bounds), len(bounds), "done")
         self.stats["ilp_solves"] = self.placer.solves
@@ -163,12 +187,10 @@ class OuterSearch:
             return float(t.sum()) * g.num_microbatches
         if g.schedule == "interleaved":
             return float(t.sum()) * g.num_microbatches / g.pp
-        key = (g.tp, g.mbs, g.pp)
+        key = (g.tp, g.mbs, g.pp, g.num_microbatches)
         if key not in self._bottleneck:
-            zeros = np.zeros_like(t)
-            cut = cut_stages(t, zeros, zeros, g.pp)
-            self._bottleneck[key] = math.inf if cut is None else cut.bottleneck
-        return float(t.sum()) + (g.num_microbatches - 1) * self._bottleneck[key]
+            self._bottleneck[key] = min_pipeline_bound(t, g.pp, g.num_microbatches)
+        return self._bottleneck[key]
 
     # ---- one group ------------------------------------------------------------------------------------------------
     def evaluate(self, g: Group, lb: float) -> list[Scored]:
@@ -181,15 +203,25 @@ class OuterSearch:
         stages = self.stages(g, arrays, math.inf)
         if stages is None:
             return []
-        found, leanest = self._sweep(g, lb, placement, stages)
+        found, leanest = self._sweep(g, max(lb, self.placed_bound(g, arrays, stages)), placement, stages)
         if found or leanest is None:
             return found
         return self._retry_leaner(g, lb, placement, arrays, leanest)
 
+    def placed_bound(self, g: Group, arrays: _Layers, stages: tuple[StageSpec, ...]) -> float:
+        """A step time no candidate with these placements (per-layer `arrays`) and stage cuts can beat (step 5 of
+        the module docstring)."""
+        times = [float(arrays.bound[s.start_layer:s.end_layer].sum()) for s in stages]
+        return pipeline_bound(times, g.pp, g.num_microbatches)
+
     def _sweep(self, g: Group, lb: float, placement: PlacementResult,
                stages: tuple[StageSpec, ...]) -> tuple[list[Scored], Any]:
+        """Predict ZeRO x recompute leanest first (module docstring, step 4); only up to the first fitting
+        candidate when `lb` shows that none can enter the top `top_k` (step 5). The fitting ones and the leanest."""
         found: list[Scored] = []
         leanest = None
+        bounded = len(self._top) >= self.top_k and lb > self._top[-1] * (1 + 1e-6)
+        self.stats["groups_bounded"] += bounded
         todo = zero_stages(g.dp, self.forced)  # leanest first
         for recompute in recomputes(self.forced):
             # a ZeRO stage that fitted with less recompute is at least as fast there: only retry the others
@@ -203,6 +235,8 @@ class OuterSearch:
                     failed = todo[k:]  # less sharding needs more memory: these cannot fit either
                     break
                 found.append(Scored(plan, pred, lb))
+                if bounded:
+                    return found, leanest
             if not failed:
                 break
             todo = failed
@@ -232,7 +266,7 @@ class OuterSearch:
             stages = self.stages(g, arrays, math.inf)
         if stages is None:
             return []
-        found, _ = self._sweep(g, lb, placement, stages)
+        found, _ = self._sweep(g, max(lb, self.placed_bound(g, arrays, stages)), placement, stages)
         return found
 
     # ---- pieces ---------------------------------------------------------------------------------------------------
@@ -321,25 +355,36 @@ class OuterSearch:
     def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
         """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
         args = (tp, mbs, self.precision)
-        times, params, acts = [], [], []
-        by_type: dict[str, tuple[float, float, float]] = {}
+        first: dict[str, tuple[float, ...]] = {}  # block type -> its first copy's (time, param, act, compute, reshard)
+        second: dict[str, float] = {}  # block type -> its second copy's re-sharding
+        rows = []
         for layer in self.layers:
-            if layer.block_type is not None and layer.block_type in by_type:
-                t, p, a = by_type[layer.block_type]
-            else:
-                t = p = a = 0.0
-                for op in self.graph.layer_ops(layer):
-                    pl = placement.ops.get(op.name)
-                    t += sum(self.cm.op_time(op, pl, *args))
-                    pb, ab = self.cm.op_memory(op, pl, *args)
-                    p, a = p + pb, a + ab
-                    t += self._reshard_in(op, pl, placement, args)
-                if layer.block_type is not None:
-                    by_type[layer.block_type] = (t, p, a)
-            times.append(t)
-            params.append(p)
-            acts.append(a)
-        return _Layers(np.array(times), np.array(params), np.array(acts))
+            bt = layer.block_type
+            if bt is None or bt not in first or bt not in second:
+                row = self._layer_row(layer, placement, args)
+                if bt is not None and bt in first:
+                    second[bt] = row[4]
+                elif bt is not None:
+                    first[bt] = row
+            rows.append(first[bt] if bt is not None else row)
+        out = []
+        for layer, (t, p, a, c, r) in zip(self.layers, rows):
+            r = min(r, second.get(layer.block_type, r)) if layer.block_type is not None else r
+            out.append((t, p, a, c + r))
+        return _Layers(*(np.array(col) for col in zip(*out)))
+
+    def _layer_row(self, layer, placement: PlacementResult, args: tuple) -> tuple[float, float, float, float, float]:
+        """One layer's (compute + re-sharding, parameter bytes, activation bytes, compute, re-sharding)."""
+        t = p = a = c = r = 0.0
+        for op in self.graph.layer_ops(layer):
+            pl = placement.ops.get(op.name)
+            ct = sum(self.cm.op_time(op, pl, *args))
+            t, c = t + ct, c + ct
+            pb, ab = self.cm.op_memory(op, pl, *args)
+            p, a = p + pb, a + ab
+            rt = self._reshard_in(op, pl, placement, args)
+            t, r = t + rt, r + rt
+        return t, p, a, c, r
 
     def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
         total = 0.0
@@ -386,7 +431,7 @@ class OuterSearch:
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
                     ops=dict(placement.ops),
                     cluster={"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
-                    model={"path": self.model_path, "parameters": self.graph.num_parameters,
+                    model={"path": self.model_path, "parameters": self._num_params,
                            "fingerprint": self._fingerprint})
 
     def predict(self, plan: Plan, lb: float) -> Any:

@@ -115,3 +115,42 @@ def inflight_microbatches(schedule: str, pp: int, num_microbatches: int, virtual
     if schedule == "gpipe":
         return np.full(stages, float(num_microbatches))
     return np.minimum(pp - ranks, num_microbatches).astype(float)
+
+
+def pipeline_bound(stage_times, pp: int, num_microbatches: int) -> float:
+    """A lower bound on a synchronous pipeline's step from per-stage times (forward + backward of one
+    micro-batch, stages in model order, stage k on rank k % pp; pp = 1 is no pipeline):
+
+        max_r  m * W_r + sum_{k < r} T_k        W_r = sum of the times of rank r's stages
+
+    Rank r runs all m micro-batches of its stages one pass at a time; its first pass (micro-batch 0's forward of
+    its first stage, stage r) waits for that micro-batch's forwards on stages 0..r-1, and its last pass (a
+    backward of stage r, in GPipe, 1F1B and interleaved 1F1B alike) is followed by the backwards on stages
+    r-1..0."""
+    t = np.asarray(stage_times, dtype=float)
+    m = num_microbatches
+    if pp <= 1:
+        return float(t.sum()) * m
+    per_rank = np.bincount(np.arange(len(t)) % pp, weights=t, minlength=pp)
+    before = np.concatenate([[0.0], np.cumsum(t[:pp - 1])])
+    return float((m * per_rank + before).max())
+
+
+def min_pipeline_bound(time, pp: int, num_microbatches: int) -> float:
+    """The smallest `pipeline_bound` over every cut of the layers (per-layer times `time`) into pp contiguous
+    stages, one per rank: a step-time lower bound for a GPipe or 1F1B pipeline whatever its cut. With prefix
+    sums c, a stage [i, j) on rank r contributes c_i + m (c_j - c_i), and the program minimises the largest:
+
+        G[0][0] = 0;   G[k][j] = min_{i < j} max(G[k-1][i], c_i + m (c_j - c_i));   answer G[pp][L]"""
+    t = np.asarray(time, dtype=float)
+    n, m = len(t), num_microbatches
+    if pp < 1 or pp > n:
+        return np.inf
+    c = np.concatenate([[0.0], np.cumsum(t)])
+    cost = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1),
+                    c[:, None] + m * (c[None, :] - c[:, None]), np.inf)  # [i, j]
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for _ in range(pp):
+        best = np.maximum(best[:, None], cost).min(axis=0)
+    return float(best[n])
