@@ -20,10 +20,12 @@ Order of work (cheap to expensive):
    per layer the compute plus re-sharding time the ILP priced (`op_time` + `reshard_time` of the chosen
    placements, which `predict` charges at least: it adds partial-gradient reductions, recompute, ZeRO and
    data-parallel traffic, the optimizer and waits), and per pipeline rank r, m times its stages' time plus the
-   time of the first micro-batch's forward and backward on the stages before it (`stages.pipeline_bound`). When
-   that bound exceeds the `top_k`-th best step found so far, no candidate of the sweep can enter the top `top_k`,
-   so the sweep stops at its first fitting candidate (which decides, exactly as the full sweep would, whether
-   the memory-aware retry runs). The `top_k` candidates returned are the same as with the full sweep.
+   time of the first micro-batch's forward and backward on the stages before it (`stages.pipeline_bound`); full
+   recompute adds the blocks' forward compute, which it runs again. When the bound of a recompute level exceeds
+   the `top_k`-th best step found so far, none of its candidates can enter the top `top_k`: the level is swept
+   only to its first fitting candidate (which decides, exactly as the full sweep would, whether the
+   memory-aware retry runs), or skipped when an earlier level already fitted. The `top_k` candidates returned
+   are the same as with the full sweep.
 """
 from __future__ import annotations
 
@@ -81,6 +83,9 @@ class _Layers:
     """Parameter bytes (`op_memory`)."""
     act: np.ndarray
     """Saved activation bytes (`op_memory`)."""
+    refwd: np.ndarray
+    """Forward compute (`op_time`) of block layers, 0 elsewhere: what full recomputation runs again (it
+    re-runs every block's forward in its backward; Chen et al. 2016, Korthikanti et al. 2022)."""
     bound: np.ndarray
     """What `placed_bound` sums: like `time`, but a block's re-sharding into its first op is the smaller of its
     first and second copy's (the first copy's inputs come from the ops before the blocks, the others' from the
@@ -203,39 +208,47 @@ class OuterSearch:
         stages = self.stages(g, arrays, math.inf)
         if stages is None:
             return []
-        found, leanest = self._sweep(g, max(lb, self.placed_bound(g, arrays, stages)), placement, stages)
+        found, leanest = self._sweep(g, lb, placement, arrays, stages)
         if found or leanest is None:
             return found
         return self._retry_leaner(g, lb, placement, arrays, leanest)
 
-    def placed_bound(self, g: Group, arrays: _Layers, stages: tuple[StageSpec, ...]) -> float:
-        """A step time no candidate with these placements (per-layer `arrays`) and stage cuts can beat (step 5 of
-        the module docstring)."""
-        times = [float(arrays.bound[s.start_layer:s.end_layer].sum()) for s in stages]
+    def placed_bound(self, g: Group, arrays: _Layers, stages: tuple[StageSpec, ...], recompute: str = "none"
+                     ) -> float:
+        """A step time no candidate with these placements (per-layer `arrays`), stage cuts and recompute level can
+        beat (step 5 of the module docstring)."""
+        per_layer = arrays.bound + arrays.refwd if recompute == "full" else arrays.bound
+        times = [float(per_layer[s.start_layer:s.end_layer].sum()) for s in stages]
         return pipeline_bound(times, g.pp, g.num_microbatches)
 
-    def _sweep(self, g: Group, lb: float, placement: PlacementResult,
+    def _sweep(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
                stages: tuple[StageSpec, ...]) -> tuple[list[Scored], Any]:
-        """Predict ZeRO x recompute leanest first (module docstring, step 4); only up to the first fitting
-        candidate when `lb` shows that none can enter the top `top_k` (step 5). The fitting ones and the leanest."""
+        """Predict ZeRO x recompute leanest first (module docstring, step 4). A recompute level whose
+        `placed_bound` shows that none of its candidates can enter the top `top_k` (step 5) is swept only up to
+        its first fitting candidate, and not at all once another level has fitted. The fitting ones and the
+        leanest."""
         found: list[Scored] = []
         leanest = None
-        bounded = len(self._top) >= self.top_k and lb > self._top[-1] * (1 + 1e-6)
-        self.stats["groups_bounded"] += bounded
+        kth = self._top[-1] * (1 + 1e-6) if len(self._top) >= self.top_k else math.inf
+        self.stats["groups_bounded"] += max(lb, self.placed_bound(g, arrays, stages)) > kth
         todo = zero_stages(g.dp, self.forced)  # leanest first
         for recompute in recomputes(self.forced):
+            level_lb = max(lb, self.placed_bound(g, arrays, stages, recompute))
+            out_of_top = level_lb > kth
+            if out_of_top and found:
+                continue  # nothing here can enter the top k, and something fitted already: no retry depends on it
             # a ZeRO stage that fitted with less recompute is at least as fast there: only retry the others
             failed = []
             for k, zero in enumerate(todo):
                 plan = self.build(g, placement, stages, zero, recompute)
-                pred = self.predict(plan, lb)
+                pred = self.predict(plan, level_lb)
                 if leanest is None or pred.peak_memory_bytes < leanest[0].peak_memory_bytes:
                     leanest = (pred, plan)
                 if not pred.fits:
                     failed = todo[k:]  # less sharding needs more memory: these cannot fit either
                     break
-                found.append(Scored(plan, pred, lb))
-                if bounded:
+                found.append(Scored(plan, pred, level_lb))
+                if out_of_top:
                     return found, leanest
             if not failed:
                 break
@@ -266,7 +279,7 @@ class OuterSearch:
             stages = self.stages(g, arrays, math.inf)
         if stages is None:
             return []
-        found, _ = self._sweep(g, max(lb, self.placed_bound(g, arrays, stages)), placement, stages)
+        found, _ = self._sweep(g, lb, placement, arrays, stages)
         return found
 
     # ---- pieces ---------------------------------------------------------------------------------------------------
@@ -355,7 +368,7 @@ class OuterSearch:
     def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
         """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
         args = (tp, mbs, self.precision)
-        first: dict[str, tuple[float, ...]] = {}  # block type -> its first copy's (time, param, act, compute, reshard)
+        first: dict[str, tuple[float, ...]] = {}  # block type -> its first copy's row (`_layer_row`)
         second: dict[str, float] = {}  # block type -> its second copy's re-sharding
         rows = []
         for layer in self.layers:
@@ -368,23 +381,25 @@ class OuterSearch:
                     first[bt] = row
             rows.append(first[bt] if bt is not None else row)
         out = []
-        for layer, (t, p, a, c, r) in zip(self.layers, rows):
+        for layer, (t, p, a, c, r, f) in zip(self.layers, rows):
             r = min(r, second.get(layer.block_type, r)) if layer.block_type is not None else r
-            out.append((t, p, a, c + r))
+            out.append((t, p, a, f if layer.block_type is not None else 0.0, c + r))
         return _Layers(*(np.array(col) for col in zip(*out)))
 
-    def _layer_row(self, layer, placement: PlacementResult, args: tuple) -> tuple[float, float, float, float, float]:
-        """One layer's (compute + re-sharding, parameter bytes, activation bytes, compute, re-sharding)."""
-        t = p = a = c = r = 0.0
+    def _layer_row(self, layer, placement: PlacementResult, args: tuple) -> tuple[float, ...]:
+        """One layer's (compute + re-sharding, parameter bytes, activation bytes, compute, re-sharding, forward
+        compute)."""
+        t = p = a = c = r = f = 0.0
         for op in self.graph.layer_ops(layer):
             pl = placement.ops.get(op.name)
-            ct = sum(self.cm.op_time(op, pl, *args))
-            t, c = t + ct, c + ct
+            fwd_bwd = self.cm.op_time(op, pl, *args)
+            ct = sum(fwd_bwd)
+            t, c, f = t + ct, c + ct, f + fwd_bwd[0]
             pb, ab = self.cm.op_memory(op, pl, *args)
             p, a = p + pb, a + ab
             rt = self._reshard_in(op, pl, placement, args)
             t, r = t + rt, r + rt
-        return t, p, a, c, r
+        return t, p, a, c, r, f
 
     def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
         total = 0.0
