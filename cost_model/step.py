@@ -328,7 +328,10 @@ class StepPredictor:
                                         if cl.device.op_overhead.forward or cl.device.kernel_costs else ""),
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
             "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
-            f"dp={self.dp}, ZeRO-{zero}: gradients {dp_how}" if self.dp > 1 else "dp=1: no gradient reduction",
+            (f"dp={self.dp}, ZeRO-{zero}: gradients {dp_how}" + (
+                "; FSDP2's measured cost per fully_shard'ed module and parameter tensor"
+                if zero >= 1 and (cl.device.op_overhead.fsdp_module or cl.device.op_overhead.fsdp_module_reshard)
+                else "")) if self.dp > 1 else "dp=1: no gradient reduction",
             f"pp={self.pp}, schedule {plan.schedule}" + (f" with v={self.v}" if self.v > 1 else "")
             + f", {self.m} micro-batches of {plan.microbatch_size}; stage-boundary send/recv "
               f"{self.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else ""),
