@@ -5,6 +5,7 @@ GPT-3 175B on 1024 GPUs <= 20 s, MT-NLG 530B on 2520 GPUs <= 30 s. Tracing is ti
 """
 from __future__ import annotations
 
+import os
 import time
 
 from search_common import gpt_graph
@@ -23,6 +24,7 @@ CASES = [
 
 def main() -> None:
     """Trace each model, run the search with the real cost model, print the wall times against the targets."""
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (wall times grow with other work)")
     print(f"{'case':<26} {'trace s':>8} {'search s':>9} {'target s':>9}  groups evaluated/total  predictions  "
           "ILPs  chosen plan")
     for name, (layers, hidden, heads, seq), preset, nodes, batch, target in CASES:
@@ -37,7 +39,7 @@ def main() -> None:
                   f"{p.recompute} {p.schedule}{'(v%d)' % p.virtual_stages if p.virtual_stages > 1 else ''} "
                   f"sp={int(p.sequence_parallel)}: {res.best_prediction.step_time_s:.3f} s/step")
         print(f"{name:<26} {t1 - t0:8.1f} {t2 - t1:9.2f} {target:9.0f}  {s['groups_evaluated']:>8}/{s['groups']:<13} "
-              f"{s['predictions']:>11} {s['ilp_solves']:>5}  {chosen}", flush=True)
+              f"{s['predictions']:>11} {s['ilp_solves']:>5}  {chosen}  (load {os.getloadavg()[0]:.2f})", flush=True)
 
 
 if __name__ == "__main__":

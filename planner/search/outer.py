@@ -266,6 +266,8 @@ class OuterSearch:
         key = (g.tp, g.mbs, g.sp, level)
         if key not in self._tight:
             tight = self.placer.solve(g.tp, g.mbs, self.precision, g.sp, budget_scale=level) if g.tp > 1 else None
+            if tight is not None:  # the memory-budgeted layout must be one the executor applies, like any other
+                tight = self._runnable(g.tp, g.mbs, g.sp, tight)
             self._tight[key] = None if tight is None else (tight, self.layer_arrays(g.tp, g.mbs, tight))
         if self._tight[key] is not None:
             placement, arrays = self._tight[key]
