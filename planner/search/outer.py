@@ -44,7 +44,7 @@ from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fi
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
-from planner.strategies import graph_tp_modules, module_strategies, strategies_for, tp_layout_problems
+from planner.strategies import module_strategies, strategies_for, tp_layout_problems
 
 
 
@@ -118,7 +118,6 @@ class OuterSearch:
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
         self._num_params = graph.num_parameters  # a sum over every parameter: once, not per candidate
-        self._tp_modules = None  # graph_tp_modules(graph), computed on first use (it walks every op)
         self._problems: dict[tuple, list[str]] = {}
         self._megatron: dict[tuple[int, bool], tuple[dict[str, OpPlacement], str]] = {}
 
@@ -347,10 +346,9 @@ class OuterSearch:
         cached per distinct placement (the same layout comes back for many micro-batch sizes)."""
         key = (frozenset(ops.items()), sp)
         if key not in self._problems:
-            if self._tp_modules is None:
-                self._tp_modules = graph_tp_modules(self.graph)
-            strategies, problems = module_strategies(ops, self._tp_modules)
-            self._problems[key] = problems + tp_layout_problems(self._tp_modules, strategies, sp)
+            mods = self.placer.tp_modules
+            strategies, problems = module_strategies(ops, mods)
+            self._problems[key] = problems + tp_layout_problems(mods, strategies, sp)
         return self._problems[key]
 
     def megatron(self, tp: int, sp: bool) -> tuple[dict[str, OpPlacement], str]:

@@ -54,7 +54,8 @@ class PlacementSolver:
         self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
         first = min(in_block, default=len(self.graph.ops))
         self.pre_block = {op.name for op in self.graph.ops[:first]}
-        norms = {m.path for m in graph_tp_modules(self.graph) if m.kind == "norm"}
+        self.tp_modules = graph_tp_modules(self.graph)  # the parameter-holding modules (walks every op: once)
+        norms = {m.path for m in self.tp_modules if m.kind == "norm"}
         self.in_norm_module = {op.name for op in self.graph.ops if op.module_path in norms}
 
     def solve(self, tp: int, microbatch_size: int, precision: str, sp: bool = True,
