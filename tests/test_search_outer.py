@@ -94,3 +94,14 @@ def test_bounded_groups_leave_the_top_k_unchanged():
     assert short.stats["bound_violations"] == full.stats["bound_violations"] == 0
     key = [(s.plan, s.prediction.step_time_s) for s in full.ranked[:3]]
     assert [(s.plan, s.prediction.step_time_s) for s in short.ranked[:3]] == key
+
+
+def test_forced_tp_that_divides_no_heads_says_why(capsys):
+    # GPT example: 4 heads; tp=16 cannot split them, and the one-line error says so
+    import os
+    from planner.cli import main as plan_main
+    gpt = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gpt.py")
+    assert plan_main([gpt, "--cluster", "dgx-a100-80gb", "--nodes", "2", "--batch-size", "8",
+                      "--force", "tp=16,dp=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not divide the heads" in err

@@ -463,8 +463,9 @@ class OuterSearch:
         """Why nothing fits: the leanest candidate's memory per device against the device, and what would help."""
         usable = self.cluster.device.usable_memory_bytes
         if self._leanest is None:
+            why = next((n for n in self.notes if "no tensor-parallel layout" in n), "")
             return "no candidate plan could be built for this model and cluster with the forced keys " \
-                   f"{self.forced}; relax --force"
+                   f"{self.forced}{' (' + why + ')' if why else ''}; relax --force"
         need, plan = self._leanest
         what = (f"dp={plan.mesh.dp} tp={plan.mesh.tp} pp={plan.mesh.pp} ZeRO-{plan.zero_stage} "
                 f"recompute={plan.recompute} mbs={plan.microbatch_size}")
