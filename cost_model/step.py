@@ -313,11 +313,11 @@ class StepPredictor:
     def _assumptions(self, pk: float) -> tuple[str, ...]:
         plan, cl, g = self.plan, self.cm.cluster, self.groups
         zero = plan.zero_stage if self.dp > 1 else 0
-        dp_how = {0: f"all-reduced in {DDP_BUCKET_BYTES >> 20} MiB buckets overlapped with each chunk's last "
+        dp_how = {0: f"gradients all-reduced in {DDP_BUCKET_BYTES >> 20} MiB buckets overlapped with each chunk's last "
                      "backward",
-                  1: f"reduce-scattered in {DDP_BUCKET_BYTES >> 20} MiB buckets overlapped with the last backward, "
+                  1: f"gradients reduce-scattered in {DDP_BUCKET_BYTES >> 20} MiB buckets overlapped with the last backward, "
                      "parameters all-gathered after the step",
-                  2: "reduce-scattered per layer in every micro-batch's backward, parameters all-gathered after "
+                  2: "gradients reduce-scattered per layer in every micro-batch's backward, parameters all-gathered after "
                      "the step",
                   3: "parameters all-gathered per layer (prefetched one layer ahead) in forward and backward, "
                      "gradients reduce-scattered per layer in every micro-batch"}[zero]
@@ -328,7 +328,7 @@ class StepPredictor:
                                         if cl.device.op_overhead.forward or cl.device.kernel_costs else ""),
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
             "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
-            (f"dp={self.dp}, ZeRO-{zero}: gradients {dp_how}" + (
+            (f"dp={self.dp}, ZeRO-{zero}: {dp_how}" + (
                 "; FSDP2's measured cost per fully_shard'ed module and parameter tensor"
                 if zero >= 1 and (cl.device.op_overhead.fsdp_module or cl.device.op_overhead.fsdp_module_reshard)
                 else "")) if self.dp > 1 else "dp=1: no gradient reduction",
