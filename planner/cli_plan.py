@@ -54,6 +54,12 @@ def parse_force(text: str | None) -> dict[str, Any]:
     return out
 
 
+def default_precision(peak_flops: Any) -> str:
+    """bf16, unless the device is slower at bf16 than at fp32 (CPU ranks), then fp32."""
+    bf16, fp32 = peak_flops.get("bf16"), peak_flops.get("fp32")
+    return "fp32" if fp32 and (not bf16 or bf16 < fp32) else "bf16"
+
+
 def read_calibration(path: str, cluster_name: str) -> float:
     """The step_time_scale recorded by `plan measure --calibrate` for this cluster; PlanError if unusable."""
     try:
@@ -103,8 +109,9 @@ def build_parser() -> ArgParser:
                    help="cluster profile: a preset name (e.g. dgx-a100-80gb) or a YAML file from `plan profile`")
     p.add_argument("--nodes", type=int, metavar="N", help="override the profile's node count")
     p.add_argument("--batch-size", type=int, metavar="B", help="global batch size (samples per optimizer step)")
-    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16",
-                   help="training precision (bf16/fp16 keep fp32 master weights and Adam state); default bf16")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="training precision (bf16/fp16 keep fp32 master weights and Adam state); default bf16, "
+                        "or fp32 on a device whose profile measured bf16 slower than fp32 (CPU ranks)")
     p.add_argument("--force", metavar="K=V,...",
                    help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|selective|full), "
                         "schedule (gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1)")
@@ -141,6 +148,10 @@ def main(argv: Sequence[str]) -> int:
         from hardware_profiles.load import load_cluster
         cluster = load_cluster(args.cluster, nodes=args.nodes)
     scale = read_calibration(args.calibration, cluster.name) if cluster and args.calibration else None
+    precision = args.precision or (default_precision(cluster.device.peak_flops) if cluster else "bf16")
+    if cluster and args.precision is None and precision != "bf16":
+        print(f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's bf16 peak "
+              "is below its fp32 peak", file=sys.stderr)
     model_file = load_model_file(args.model)
     graph = trace_model(model_file)
     if args.summary:
@@ -152,7 +163,7 @@ def main(argv: Sequence[str]) -> int:
     from cost_model.model import CostModel
     from planner.search import search
 
-    result = search(graph, cluster, CostModel(cluster), batch_size=args.batch_size, precision=args.precision,
+    result = search(graph, cluster, CostModel(cluster), batch_size=args.batch_size, precision=precision,
                     forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path)
     if scale is not None:
