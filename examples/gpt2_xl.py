@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+import gpt
 from gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(n_layer=48, n_embd=1600, n_head=25, block_size=1024, vocab_size=50257)
@@ -15,11 +16,10 @@ CONFIG = GPTConfig(n_layer=48, n_embd=1600, n_head=25, block_size=1024, vocab_si
 
 
 def build_model() -> GPT:
-    """The 1.5B-parameter GPT-2 XL."""
-    return GPT(CONFIG)
+    """The GPT-2 XL model (the planner builds it on the meta device)."""
+    return gpt.build_model(CONFIG)
 
 
 def sample_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids and next-token targets of shape (batch_size, 1024)."""
-    tokens = torch.randint(0, CONFIG.vocab_size, (batch_size, CONFIG.block_size + 1))
-    return tokens[:, :-1], tokens[:, 1:]
+    return gpt.sample_batch(batch_size, CONFIG)

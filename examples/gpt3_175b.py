@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+import gpt
 from gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(n_layer=96, n_embd=12288, n_head=96, block_size=2048, vocab_size=51200)
@@ -14,11 +15,10 @@ CONFIG = GPTConfig(n_layer=96, n_embd=12288, n_head=96, block_size=2048, vocab_s
 
 
 def build_model() -> GPT:
-    """The 175B-parameter GPT (call it under `torch.device("meta")` unless you have the memory)."""
-    return GPT(CONFIG)
+    """The GPT-3 175B model (the planner builds it on the meta device)."""
+    return gpt.build_model(CONFIG)
 
 
 def sample_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids and next-token targets of shape (batch_size, 2048)."""
-    tokens = torch.randint(0, CONFIG.vocab_size, (batch_size, CONFIG.block_size + 1))
-    return tokens[:, :-1], tokens[:, 1:]
+    return gpt.sample_batch(batch_size, CONFIG)
