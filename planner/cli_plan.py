@@ -163,7 +163,8 @@ def main(argv: Sequence[str]) -> int:
     from cost_model.model import CostModel
     from planner.search import search
 
-    result = search(graph, cluster, CostModel(cluster), batch_size=args.batch_size, precision=precision,
+    cost_model = CostModel(cluster)
+    result = search(graph, cluster, cost_model, batch_size=args.batch_size, precision=precision,
                     forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path)
     if scale is not None:
@@ -175,7 +176,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"wrote {args.output}")
     if args.timeline:
         from cost_model.timeline import write_chrome_trace
-        prediction = CostModel(cluster).predict(graph, result.best, timeline=True)
+        prediction = cost_model.predict(graph, result.best, timeline=True)
         if scale is not None:
             prediction = prediction.calibrated(scale, args.calibration)
         write_chrome_trace(prediction, args.timeline)
