@@ -7,10 +7,11 @@ Megatron-LM's tensor-parallel layout (Shoeybi et al. 2019) in graph terms, per r
 - *rowwise*: the linear that ends such a region;
 - *core*: the attention internals inside a between region (an activation x activation matmul and everything after
   it up to the region's end, views excluded) — what selective recomputation drops (Korthikanti et al. 2022 Sec 5).
-Outside blocks: the largest embedding is the *vocab* embedding, the last linear is the *lm_head* (colwise over the
-vocabulary) and the ops after it (the loss) work on vocabulary shards.
+Outside blocks: the largest embedding is the *vocab* embedding and the last linear is the *lm_head* (colwise over
+the vocabulary).
 
-The cost model uses the roles for selective recomputation; planner.defaults uses them for Megatron placements.
+The cost model uses the roles for selective recomputation (`core`); planner.defaults uses `vocab` and `lm_head`
+(its colwise/rowwise pairs come from the module structure, which also covers norms traced as elementwise ops).
 """
 from __future__ import annotations
 
