@@ -1,7 +1,8 @@
 """`plan ... --plot FILE.png`: every candidate the search predicted, as predicted step time against peak memory
-per device, with the device's usable memory, the Pareto front, the chosen plan and the `--top K` labelled.
+per device, with the device's usable memory, the Pareto front, the chosen plan and the `--top K` labelled (in a
+zoom beside the overview: the best candidates often lie within a few percent of each other).
 
-matplotlib is an optional extra (`pip install 'shardwise[plot]'`); `require_matplotlib` is called before the
+matplotlib is an optional extra (`pip install 'shardwise[plot]'`); `check_plot_path` is called before the
 search so a missing install costs nothing. PNG, SVG or PDF by the file's extension.
 """
 from __future__ import annotations
@@ -32,66 +33,128 @@ def check_plot_path(path: str) -> None:
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (memory, time) points no other point beats on both (less or equal memory and strictly less time, or
-    vice versa), by increasing memory."""
+    """The (memory, time) points that no other point beats on both (no more memory and less time), by
+    increasing memory."""
     front: list[tuple[float, float]] = []
     for mem, t in sorted(points):
         if not front or t < front[-1][1]:
-            if front and front[-1][0] == mem:
-                front[-1] = (mem, t)
-            else:
-                front.append((mem, t))
+            front.append((mem, t))
     return front
-
-
-def _seconds_unit(values: Sequence[float]) -> tuple[float, str]:
-    return (1.0, "s") if max(values) >= 1 else (1e3, "ms")
 
 
 def plot_search(result: Any, usable_bytes: float, path: str | os.PathLike, top_k: int | None = None,
                 title: str = "") -> None:
-    """Draw `result.evaluated` (a SearchResult's predicted candidates) to `path` (PNG, written atomically)."""
+    """Draw `result.evaluated` (every candidate a SearchResult predicted) to `path`, written atomically: on the
+    left all of them, on the right a zoom on the `top_k` best with their configurations written beside them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gib = 2 ** 30
     ev = list(result.evaluated)
     top = list(result.candidates[:top_k] if top_k else result.candidates)
-    if not ev:  # a result built without the search's record (e.g. a single forced prediction elsewhere)
+    if not ev:  # a result built without the search's record
         ev = [_as_point(plan, pred) for plan, pred in top]
-    scale, unit = _seconds_unit([e.step_time_s for e in ev])
-    fit = [e for e in ev if e.fits]
-    over = [e for e in ev if not e.fits]
-    limit = usable_bytes / gib
-
-    fig, ax = plt.subplots(figsize=(9.5, 5.6), dpi=100)
-    ax.axvspan(limit, max([limit * 1.05] + [e.peak_memory_bytes / gib * 1.05 for e in over]), color="0.93", lw=0)
-    ax.axvline(limit, color="tab:red", ls="--", lw=1.2, label=f"usable memory per device ({limit:.1f} GiB)")
-    if over:
-        ax.scatter([e.peak_memory_bytes / gib for e in over], [e.step_time_s * scale for e in over], marker="x",
-                   s=14, lw=0.8, color="0.55", label=f"does not fit ({len(over)})")
-    if fit:
-        ax.scatter([e.peak_memory_bytes / gib for e in fit], [e.step_time_s * scale for e in fit], s=14,
-                   color="tab:blue", alpha=0.55, lw=0, label=f"fits ({len(fit)})")
-        front = pareto_front([(e.peak_memory_bytes / gib, e.step_time_s * scale) for e in fit])
-        ax.step([m for m, _ in front], [t for _, t in front], where="post", color="tab:orange", lw=1.6,
-                label="Pareto front (fitting)")
-    _mark_top(ax, top, scale, unit)
-    times = [e.step_time_s * scale for e in ev]
-    if max(times) / max(min(times), 1e-30) > 8:
+    scale, unit = (1.0, "s") if max(e.step_time_s for e in ev) >= 1 else (1e3, "ms")
+    pts = _Points(ev, top, usable_bytes, scale)
+    fig, (ax, az) = plt.subplots(1, 2, figsize=(13, 5.6), dpi=100, gridspec_kw={"width_ratios": [1.3, 1]})
+    pts.draw(ax, legend=True)
+    times = [t for _, t in pts.fit + pts.over]
+    log_y = max(times) / max(min(times), 1e-30) > 8
+    if log_y:
         _log_axis(ax.yaxis, ax.set_yscale)
-    mems = [e.peak_memory_bytes / gib for e in ev] + [limit]
-    if max(mems) / max(min(mems), 1e-30) > 20:
+    if max(pts.mems) / max(min(pts.mems), 1e-30) > 20:
         _log_axis(ax.xaxis, ax.set_xscale)
-    ax.set_xlabel("predicted peak memory per device (GiB)")
-    ax.set_ylabel(f"predicted step time ({unit})")
-    ax.set_title(title or "plan search: every candidate predicted", fontsize=11, loc="left")
-    ax.grid(True, which="major", color="0.88", lw=0.6)
+    pts.draw(az, legend=False)
+    window = pts.zoom_window()
+    az.set_xlim(*window[0])
+    az.set_ylim(*window[1])
+    from matplotlib.patches import Rectangle
+    ax.add_patch(Rectangle((window[0][0], window[1][0]), window[0][1] - window[0][0], window[1][1] - window[1][0],
+                           fill=False, ls=":", lw=1.0, color="0.25", zorder=6))
+    key = ("labels: dp x tp x pp, Z = ZeRO stage, micro-batch size x count,\n"
+           "recompute sel/full, intV = interleaved (v = V), sp = sequence parallel")
+    for a, sub in ((ax, f"all {len(ev)} candidates predicted\n\n"), (az, f"zoom: the top {len(top)}\n{key}")):
+        a.set_xlabel("predicted peak memory per device (GiB)")
+        a.set_ylabel(f"predicted step time ({unit})")
+        a.set_title(sub, fontsize=8.5, loc="left")
+        a.grid(True, which="major", color="0.88", lw=0.6)
+    fig.suptitle(title or "plan search", fontsize=11, x=0.01, ha="left")
     ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
-    fig.tight_layout()
+    fig.tight_layout()  # the final layout, before the labels are placed in pixels
+    pts.label_top(az, unit)
     _save(fig, path)
     plt.close(fig)
+
+
+class _Points:
+    """The plot's data in plot units (GiB, seconds or ms): fitting and non-fitting candidates, the usable limit,
+    the Pareto front, the top k."""
+
+    def __init__(self, ev: list, top: list, usable_bytes: float, scale: float):
+        gib = 2 ** 30
+        self.fit = [(e.peak_memory_bytes / gib, e.step_time_s * scale) for e in ev if e.fits]
+        self.over = [(e.peak_memory_bytes / gib, e.step_time_s * scale) for e in ev if not e.fits]
+        self.limit = usable_bytes / gib
+        self.front = pareto_front(self.fit)
+        self.top = [((pred.peak_memory_bytes / gib, pred.step_time_s * scale), plan) for plan, pred in top]
+        self.mems = [m for m, _ in self.fit + self.over] + [self.limit]
+
+    def draw(self, ax: Any, legend: bool) -> None:
+        """Every point, the limit (line, and the region beyond it shaded), the front and the top-k markers."""
+        lab = (lambda text: text) if legend else (lambda text: None)
+        ax.axvspan(self.limit, max(self.mems) * 1.05, color="0.93", lw=0)
+        ax.axvline(self.limit, color="tab:red", ls="--", lw=1.2,
+                   label=lab(f"usable memory per device ({self.limit:.1f} GiB)"))
+        if self.over:
+            ax.scatter(*zip(*self.over), marker="x", s=14, lw=0.8, color="0.55",
+                       label=lab(f"does not fit ({len(self.over)})"))
+        if self.fit:
+            ax.scatter(*zip(*self.fit), s=14, color="tab:blue", alpha=0.55, lw=0, label=lab(f"fits ({len(self.fit)})"))
+            ax.step(*zip(*self.front), where="post", color="tab:orange", lw=1.6, label=lab("Pareto front (fitting)"))
+        if self.top:
+            ax.scatter(*self.top[0][0], marker="*", s=260, color="tab:green", edgecolor="black", lw=0.7, zorder=5,
+                       label=lab("chosen plan"))
+        if len(self.top) > 1:
+            ax.scatter(*zip(*(p for p, _ in self.top[1:])), marker="o", s=46, facecolor="none", edgecolor="black",
+                       lw=1.0, zorder=4, label=lab(f"top {len(self.top)}"))
+
+    def zoom_window(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """x and y limits around the top k (and the usable limit when it is near), with room for labels."""
+        xs = [p[0] for p, _ in self.top]
+        ys = [p[1] for p, _ in self.top]
+        x0, x1 = min(xs), max(xs)
+        if x1 < self.limit < x1 * 1.25:
+            x1 = self.limit
+        span = max(x1 - x0, 0.1 * x1)
+        y0, y1 = min(ys), max(ys)
+        yspan = max(y1 - y0, 0.01 * y1)
+        return (x0 - 0.12 * span, x1 + 0.55 * span), (y0 - 0.25 * yspan, y1 + 0.6 * yspan)
+
+    def label_top(self, ax: Any, unit: str) -> None:
+        """Write each top-k candidate's rank, configuration and step time beside it (to the left of points in the
+        right half), moved up, with a line to its point, until it overlaps no earlier label and no top-k marker."""
+        from matplotlib.transforms import Bbox
+
+        from planner.search.outer import candidate_label
+        renderer = ax.figure.canvas.get_renderer()
+        (left, _), (right, _) = ax.transAxes.transform([(0, 0), (1, 1)])
+        taken = [Bbox.from_bounds(px - 6, py - 6, 12, 12) for px, py in ax.transData.transform([p for p, _ in self.top])]
+        for i, ((x, y), plan) in enumerate(self.top, 1):
+            on_left = ax.transData.transform((x, y))[0] > (left + right) / 2
+            kw = dict(textcoords="offset pixels", ha="right" if on_left else "left", fontsize=8,
+                      fontweight="bold" if i == 1 else "normal", zorder=7,
+                      bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8))
+            text, dx, dy = f"#{i} {candidate_label(plan)}  {y:#.4g} {unit}", -9 if on_left else 9, -4
+            for _ in range(40):
+                probe = ax.annotate(text, (x, y), xytext=(dx, dy), **kw)
+                box = probe.get_window_extent(renderer).expanded(1.0, 1.15)
+                probe.remove()
+                if not any(box.overlaps(b) for b in taken):
+                    break
+                dy += 12
+            taken.append(box)
+            ax.annotate(text, (x, y), xytext=(dx, dy), **kw,
+                        arrowprops=dict(arrowstyle="-", lw=0.5, color="0.35") if dy > 8 else None)
 
 
 def _log_axis(axis: Any, set_scale: Any) -> None:
@@ -101,29 +164,6 @@ def _log_axis(axis: Any, set_scale: Any) -> None:
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
-
-
-def _mark_top(ax: Any, top: list, scale: float, unit: str) -> None:
-    """Number the top-k points on the plot and list them in a box (label, step, memory): the top candidates
-    usually sit within a few percent of each other, too close for labels beside the points."""
-    from planner.search.outer import candidate_label
-    gib = 2 ** 30
-    lines = []
-    for i, (plan, pred) in enumerate(top, 1):
-        x, y = pred.peak_memory_bytes / gib, pred.step_time_s * scale
-        if i == 1:
-            ax.scatter([x], [y], marker="*", s=260, color="tab:green", edgecolor="black", lw=0.7, zorder=5,
-                       label="chosen plan (#1)")
-        else:
-            ax.scatter([x], [y], marker="o", s=46, facecolor="none", edgecolor="black", lw=1.0, zorder=4)
-        ax.annotate(str(i), (x, y), xytext=(5, 4 + 7 * ((i - 1) % 2)), textcoords="offset points", fontsize=8,
-                    fontweight="bold", zorder=6)
-        lines.append(f"#{i}  {candidate_label(plan):<24} {pred.step_time_s * scale:#8.4g} {unit}  "
-                     f"{pred.peak_memory_bytes / gib:5.1f} GiB")
-    if lines:
-        ax.text(0.01, 0.985, f"top {len(lines)} (dp x tp x pp, ZeRO, mbs x micro-batches, ...)\n" + "\n".join(lines),
-                transform=ax.transAxes, va="top", ha="left", fontsize=7.5, family="monospace", zorder=7,
-                bbox=dict(boxstyle="round,pad=0.4", facecolor="white", edgecolor="0.7", alpha=0.92))
 
 
 def _as_point(plan: Any, pred: Any) -> Any:

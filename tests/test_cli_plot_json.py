@@ -70,6 +70,17 @@ def test_plot_is_written(tmp_path, capsys):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
 
 
+@pytest.mark.parametrize("forced", [{}, {"dp": 8, "zero": 3, "mbs": 1, "recompute": "none"}])
+def test_plot_of_a_search_with_misfits_or_a_single_candidate(tmp_path, forced):
+    pytest.importorskip("matplotlib")
+    from planner.plot import plot_search
+    res = _fake_search(top_k=3, forced=forced)
+    assert len(res.candidates) == (1 if forced else 3)
+    for name in ("a.png", "b.svg"):
+        plot_search(res, 80000, tmp_path / name, top_k=3, title="tiny")
+        assert (tmp_path / name).stat().st_size > 5_000
+
+
 def test_plot_without_matplotlib_is_one_line_before_the_search(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
 
