@@ -158,7 +158,7 @@ def main(argv: Sequence[str]) -> int:
     if args.json and args.summary:
         raise PlanError("--json prints the plan report only; run --summary without --json")
     if args.plot:  # before the search: a missing matplotlib costs nothing
-        from planner.plot import check_plot_path
+        from planner.search_plot import check_plot_path
         check_plot_path(args.plot)
     cluster = None
     if args.cluster:  # a bad profile fails fast, before the (slower) trace
@@ -204,7 +204,7 @@ def main(argv: Sequence[str]) -> int:
         write_chrome_trace(prediction, args.timeline)
         print(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)", file=said)
     if args.plot:
-        from planner.plot import plot_search
+        from planner.search_plot import plot_search
         plot_search(result, cluster.device.usable_memory_bytes, args.plot, top_k=args.top,
                     title=f"{os.path.basename(args.model)} on {cluster.name} ({cluster.nodes} node(s) x "
                           f"{cluster.devices_per_node}), global batch {args.batch_size}")

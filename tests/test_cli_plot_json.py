@@ -13,7 +13,7 @@ import time
 import pytest
 
 from planner.cli import main
-from planner.plot import pareto_front
+from planner.search_plot import pareto_front
 from planner.progress import SearchProgress
 from planner.search import search
 from test_search_fakes import FakeCostModel, fake_cluster, tiny_gpt
@@ -73,7 +73,7 @@ def test_plot_is_written(tmp_path, capsys):
 @pytest.mark.parametrize("forced", [{}, {"dp": 8, "zero": 3, "mbs": 1, "recompute": "none"}])
 def test_plot_of_a_search_with_misfits_or_a_single_candidate(tmp_path, forced):
     pytest.importorskip("matplotlib")
-    from planner.plot import plot_search
+    from planner.search_plot import plot_search
     res = _fake_search(top_k=3, forced=forced)
     assert len(res.candidates) == (1 if forced else 3)
     for name in ("a.png", "b.svg"):
