@@ -158,10 +158,14 @@ class _Points:
 
 
 def _log_axis(axis: Any, set_scale: Any) -> None:
-    """A log scale with ticks at 1, 2, 5 x 10^k written as plain numbers."""
+    """A log scale with ticks at 1, 2, 5 x 10^k (1 x 10^k over more than 3 decades) written as plain numbers."""
+    import math
+
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     set_scale("log")
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    lo, hi = axis.get_data_interval()
+    decades = math.log10(hi / lo) if lo > 0 else 0
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 
