@@ -60,6 +60,20 @@ class Scored:
     """The group's step-time lower bound (for checking the bound against predict)."""
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """One candidate the search predicted, fitting or not: what `plan --plot` draws."""
+
+    step_time_s: float
+    """Predicted step time."""
+    peak_memory_bytes: int
+    """Predicted peak memory on the most loaded device."""
+    fits: bool
+    """Whether it fits the device's usable memory."""
+    label: str
+    """Its configuration in a few characters (`candidate_label`)."""
+
+
 @dataclass
 class OuterResult:
     """What the outer loop found."""
@@ -71,6 +85,8 @@ class OuterResult:
     stats: dict[str, Any] = field(default_factory=dict)
     """Counts: groups, groups_evaluated, groups_bounded (swept only to their first fitting candidate),
     predictions, ilp_solves, bound_violations, seconds."""
+    evaluated: list[Evaluated] = field(default_factory=list)
+    """Every candidate predicted, in search order."""
 
 
 @dataclass
@@ -93,11 +109,12 @@ class _Layers:
 
 
 class OuterSearch:
-    """One search: graph, cluster, cost model, batch and forced keys; `run()` returns an OuterResult."""
+    """One search: graph, cluster, cost model, batch and forced keys; `run()` returns an OuterResult.
+    `on_progress(groups done, groups in all, best step so far or inf)` is called as groups are visited."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
                  forced: Mapping[str, Any] | None = None, time_budget_s: float = 60.0, model_path: str = "",
-                 on_progress: Callable[[int, int, str], None] | None = None, top_k: int = 5):
+                 on_progress: Callable[[int, int, float], None] | None = None, top_k: int = 5):
         self.graph, self.cluster, self.cm = graph, cluster, cost_model
         self.top_k = max(1, top_k)
         self._top: list[float] = []  # the top_k fastest fitting step times found so far, ascending
@@ -115,6 +132,7 @@ class OuterSearch:
         self._tight: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
         self._placed: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
         self._leanest: tuple[float, Plan] | None = None
+        self.evaluated: list[Evaluated] = []
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
         self._num_params = graph.num_parameters  # a sum over every parameter: once, not per candidate
@@ -136,6 +154,8 @@ class OuterSearch:
                             f"{self.forced}; relax --force")
         bounds = sorted(((self.lower_bound(g), i, g) for i, g in enumerate(todo)), key=lambda t: t[:2])
         self.stats["groups"] = len(bounds)
+        if self.on_progress:
+            self.on_progress(0, len(bounds), math.inf)
         ranked: list[Scored] = []
         best = math.inf
         for k, (lb, _, g) in enumerate(bounds):
@@ -147,21 +167,21 @@ class OuterSearch:
                 self.notes.append(f"time budget {self.budget_s:g} s reached after {k} of {len(bounds)} candidate "
                                   "groups; returning the best plan found so far")
                 break
-            if self.on_progress:
-                self.on_progress(k, len(bounds), g.label())
             for s in self.evaluate(g, lb):
                 ranked.append(s)
                 best = min(best, s.prediction.step_time_s)
                 bisect.insort(self._top, s.prediction.step_time_s)
                 del self._top[self.top_k:]
+            if self.on_progress:
+                self.on_progress(k + 1, len(bounds), best)
         if self.on_progress:
-            self.on_progress(len(bounds), len(bounds), "done")
+            self.on_progress(len(bounds), len(bounds), best)
         self.stats["ilp_solves"] = self.placer.solves
         self.stats["seconds"] = time.monotonic() - start
         if not ranked:
             raise PlanError(self.infeasible_message())
         ranked.sort(key=_rank_key)
-        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats)
+        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats, evaluated=self.evaluated)
 
     # ---- bounds ---------------------------------------------------------------------------------------------------
     def op_min_times(self, tp: int, mbs: int) -> np.ndarray:
@@ -467,6 +487,7 @@ class OuterSearch:
             self.stats["bound_violations"] += 1
         if self._leanest is None or pred.peak_memory_bytes < self._leanest[0]:
             self._leanest = (pred.peak_memory_bytes, plan)
+        self.evaluated.append(Evaluated(pred.step_time_s, pred.peak_memory_bytes, pred.fits, candidate_label(plan)))
         return pred
 
     def infeasible_message(self) -> str:
@@ -498,6 +519,20 @@ def _rank_key(s: Scored) -> tuple:
     p = s.plan
     return (float(f"{s.prediction.step_time_s:.6g}"), p.zero_stage, RECOMPUTE.index(p.recompute), p.mesh.pp,
             p.mesh.tp, p.virtual_stages, p.sequence_parallel, s.prediction.peak_memory_bytes)
+
+
+def candidate_label(plan: Plan) -> str:
+    """A candidate in a few characters: dp x tp x pp, ZeRO stage, micro-batch size x count, recompute (when on),
+    pipeline schedule (when pp > 1) and sequence parallelism (when on), e.g. `64x4x4 Z1 1x24 int4 sp`."""
+    m = plan.mesh
+    parts = [f"{m.dp}x{m.tp}x{m.pp}", f"Z{plan.zero_stage}", f"{plan.microbatch_size}x{plan.num_microbatches}"]
+    if plan.recompute != "none":
+        parts.append("sel" if plan.recompute == "selective" else "full")
+    if m.pp > 1:
+        parts.append(f"int{plan.virtual_stages}" if plan.schedule == "interleaved" else plan.schedule)
+    if plan.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
 
 
 def format_bytes(n: float) -> str:
