@@ -3,6 +3,7 @@
     plan MODEL.py --cluster PRESET_OR_YAML --batch-size B ...   plan a model (see `plan MODEL.py --help`)
     plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml
     plan measure plan.json MODEL.py [--steps N] [-o measured.json]
+    plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]
 
 Bad input of any kind ends with one line on stderr and exit status 2 (a traceback only with `--debug`).
 """
@@ -12,7 +13,7 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-SUBCOMMANDS = ("profile", "measure")
+SUBCOMMANDS = ("profile", "measure", "export")
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -40,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(argv[1:])
         if argv and argv[0] == "measure":
             from executor.cli import main as run
+            return run(argv[1:])
+        if argv and argv[0] == "export":
+            from planner.export import main as run
             return run(argv[1:])
         from planner.cli_plan import main as run
         return run(argv)
