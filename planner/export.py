@@ -364,9 +364,10 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
                         "selective recomputation; re-plan with --force recompute=full (or none) or export to "
                         "megatron/torchtitan")
     nodes = int(plan.cluster.get("nodes", 1)) if plan.cluster else 1
+    # 'no' is quoted: YAML 1.1 reads a bare no as false
     lines = ["compute_environment: LOCAL_MACHINE",
              f"distributed_type: {'FSDP' if plan.zero_stage else 'MULTI_GPU'}",
-             f"mixed_precision: {'no' if plan.precision == 'fp32' else plan.precision}",
+             f"mixed_precision: {repr('no') if plan.precision == 'fp32' else plan.precision}",
              f"num_processes: {m.world_size}", f"num_machines: {nodes}", "machine_rank: 0",
              "main_training_function: main", "rdzv_backend: static", "same_network: true", "use_cpu: false"]
     if plan.zero_stage:
