@@ -20,10 +20,11 @@ plan runs as written and was chosen because it fits: the export refuses when the
    Accelerate), pipeline stages it cannot place as the plan cuts them (Megatron: a non-block layer between blocks),
    or a tensor-parallel layout other than the plan's (Megatron and torchtitan split every Linear of a block, the
    vocabulary embedding and the LM head; a plan that replicates one of them is refused);
-2. more memory per device than the plan predicts: less sharding of model states (ZeRO-2/3 through Megatron-FSDP
-   together with pp, which its guide does not cover) or less recomputation;
+2. more memory per device than the plan predicts because of the strategy: less sharding of model states (ZeRO-2/3
+   through Megatron-FSDP together with pp, which its guide does not cover) or less recomputation;
 3. more compute than planned: selective recomputation where the target only recomputes whole blocks (DeepSpeed,
-   Accelerate);
+   Accelerate) or recomputes every second matmul (torchtitan's per-op policy), where the plan priced recomputing
+   the attention core (Korthikanti et al.), as Megatron-LM's `--recompute-granularity selective` does;
 4. other training math: a precision the target lacks (fp16 in torchtitan).
 
 It exports with a note when the target runs the same mesh, stages, tp layout, precision and recomputation, holds
@@ -31,6 +32,8 @@ no more memory, and differs only in how or when the same collectives run: ZeRO-1
 sharding (torchtitan, Accelerate: FSDP has no ZeRO-1), plain DP run as FSDP where torchtitan has no DDP beside
 tp/pp, GPipe run as 1F1B (Megatron: same bubble, fewer activations held), sequence parallelism always on
 (torchtitan), a vocabulary-parallel loss (Megatron), and recomputation the DeepSpeed JSON cannot switch on.
+Framework constants beyond the strategy are stated, not refused: Megatron-LM keeps an fp32 gradient buffer under
+bf16/fp16 (the plan counts 2-byte gradients, as the ZeRO paper does).
 
 The model file the plan names (or `--model`) is read when it exists, on the meta device: it tells blocks from other
 modules, gives the block class (Accelerate's wrap policy), the sequence length and the Linears a tp layout must
@@ -157,6 +160,15 @@ def _refuse(problems: list[str], target: str, fix: str) -> None:
         raise PlanError(f"cannot export to {target}: {problems[0]}{more}; {fix}")
 
 
+def _check_stage_ranks(plan: Plan, target: str) -> None:
+    """Both Megatron-LM and torchtitan run stage k on pipeline rank k % pp."""
+    bad = [k for k, s in enumerate(plan.stages) if s.rank != k % plan.mesh.pp]
+    if bad:
+        raise PlanError(f"cannot export to {target}: stage {bad[0]} runs on pipeline rank "
+                        f"{plan.stages[bad[0]].rank}, {target} runs stage k on rank k % pp; re-plan without "
+                        "hand-placed stage ranks")
+
+
 # ---- torchtitan ------------------------------------------------------------------------------------------------
 
 def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
@@ -167,6 +179,11 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     if plan.precision == "fp16":
         raise PlanError("cannot export to torchtitan: it trains in bfloat16 or float32 only "
                         "(training.mixed_precision_param); re-plan with --precision bf16")
+    if plan.recompute == "selective":
+        raise PlanError("cannot export to torchtitan: its selective recomputation (\"op\") re-runs every second "
+                        "matmul, more compute than the attention-core recomputation the plan priced; re-plan with "
+                        "--force recompute=full (or none) or export to megatron")
+    _check_stage_ranks(plan, "torchtitan")
     par: dict[str, object] = {}
     if plan.zero_stage == 0 and m.tp == 1 and m.pp == 1:
         par.update(data_parallel_replicate_degree=m.dp, data_parallel_shard_degree=1)
@@ -197,6 +214,8 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
             par["module_fqns_per_model_part"] = [list(s.modules) for s in plan.stages]
             notes.append("module_fqns_per_model_part names the plan's model modules; they must be the module "
                          "paths of the model torchtitan trains")
+        else:
+            notes.append("the plan names no stages: torchtitan splits the layers itself")
         train["local_batch_size"] = plan.microbatch_size * plan.num_microbatches
     else:
         train["local_batch_size"] = plan.microbatch_size
@@ -208,8 +227,6 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
                  mixed_precision_reduce="float32")
     ac: dict[str, object] = {"mode": plan.recompute}
-    if plan.recompute == "selective":
-        ac["selective_ac_option"] = "op"
     head = [f"torchtitan job config for a shardwise plan: {describe(plan)}",
             "keys of torchtitan/config/job_config.py (v0.2); merge into your job TOML",
             f"launch {m.world_size} ranks (e.g. NGPU={m.world_size} ./run_train.sh)"]
@@ -257,6 +274,8 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
                   ("--recompute-num-layers", 1)]
     if plan.precision != "fp32":
         flags.append((f"--{plan.precision}", None))
+        notes.append("Megatron-LM accumulates gradients in an fp32 buffer (4 bytes per parameter; the plan counts "
+                     "2): add --grad-reduce-in-bf16 to hold what the plan predicts")
     if facts is not None and facts.seq_len is not None:
         flags.append(("--seq-length", facts.seq_len))
     head = [f"Megatron-LM flags for a shardwise plan: {describe(plan)}",
@@ -275,6 +294,7 @@ def _megatron_pipeline(plan: Plan, facts: ModelFacts | None, notes: list[str]) -
         if m.pp > 1:
             notes.append("the plan names no stages: Megatron-LM splits the transformer layers evenly")
         return []
+    _check_stage_ranks(plan, "Megatron-LM")
     counts, between = stage_blocks(plan, facts)
     total = sum(counts)
     out: list[tuple[str, object]] = [("--num-layers", total)] if total else []

@@ -101,7 +101,7 @@ def plan(dp=8, tp=1, pp=1, v=1, zero=1, mbs=2, m=4, **kw):
 # ---- each format parses and says what the plan says ------------------------------------------------------------
 
 @pytest.mark.parametrize("p", [plan(), plan(zero=3, recompute="full"), plan(dp=1, tp=4, pp=2, zero=0, mbs=1),
-                               plan(dp=2, tp=2, pp=2, v=2, zero=2, recompute="selective", sequence_parallel=True),
+                               plan(dp=2, tp=2, pp=2, v=2, zero=2, recompute="full", sequence_parallel=True),
                                plan(dp=8, zero=0, precision="fp32")])
 def test_torchtitan_toml(p):
     out = export(p, "torchtitan", FACTS)
@@ -157,6 +157,12 @@ def test_megatron_flags(p):
     if p.recompute == "full":
         assert (a.recompute_method, a.recompute_num_layers) == ("uniform", 1)
     assert (a.bf16, a.fp16) == (p.precision == "bf16", p.precision == "fp16")
+
+
+def test_megatron_states_its_gradient_buffer_and_loss():
+    notes = export(plan(dp=4, tp=2), "megatron", FACTS).notes
+    assert any("--grad-reduce-in-bf16" in n for n in notes) and any("vocabulary-parallel" in n for n in notes)
+    assert not export(plan(precision="fp32"), "megatron", FACTS).notes
 
 
 def test_megatron_unequal_stages_get_a_layout():
@@ -222,6 +228,10 @@ def test_accelerate_reads_its_own_config(tmp_path):
     ("accelerate", plan(dp=4, pp=2, stages=stages([2, 2])), "pp=2"),
     ("accelerate", plan(recompute="selective"), "selective"),
     ("torchtitan", plan(precision="fp16"), "bfloat16 or float32"),
+    ("torchtitan", plan(recompute="selective"), "every second matmul"),
+    ("torchtitan", plan(dp=4, pp=2, stages=tuple(StageSpec(start_layer=s.start_layer, end_layer=s.end_layer,
+                                                           modules=s.modules, rank=1 - s.rank)
+                                                 for s in stages([2, 2]))), "rank k % pp"),
     ("megatron", plan(dp=4, pp=2, zero=3, stages=stages([2, 2])), "Megatron-FSDP"),
 ])
 def test_refusals(target, p, match):
