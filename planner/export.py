@@ -86,7 +86,9 @@ class Export:
     text: str
     """The file's content."""
     notes: tuple[str, ...]
-    """What the target runs differently from the plan (also written as comments where the format allows)."""
+    """What the target runs differently from the plan."""
+    commented: bool = True
+    """Whether `text` carries the notes as comments (JSON cannot)."""
 
 
 def export(plan: Plan, target: str, facts: ModelFacts | None = None) -> Export:
@@ -366,7 +368,7 @@ def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
                      "deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on each block")
     notes.append(f"launch {m.world_size} ranks: DeepSpeed checks train_batch_size = micro-batch x accumulation "
                  "x data-parallel ranks")
-    return Export(json.dumps(config, indent=2) + "\n", tuple(notes))
+    return Export(json.dumps(config, indent=2) + "\n", tuple(notes), commented=False)
 
 
 # ---- Accelerate ------------------------------------------------------------------------------------------------
@@ -489,8 +491,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(args.output, out.text)
     else:
         sys.stdout.write(out.text)
-    for note in out.notes:
-        print(f"note: {note}", file=sys.stderr)
+    if args.output or not out.commented:  # on stdout the comments already say it
+        for note in out.notes:
+            print(f"note: {note}", file=sys.stderr)
     if args.output:
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
