@@ -140,8 +140,8 @@ def tp_layout_problems(plan: Plan, facts: ModelFacts | None, target: str) -> lis
     if plan.mesh.tp == 1:
         return []
     if facts is None:
-        return [f"tp={plan.mesh.tp} cannot be checked against {target}'s tensor-parallel layout without the "
-                "model file; pass it with --model MODEL.py"]
+        raise PlanError(f"cannot export to {target}: tp={plan.mesh.tp} cannot be checked against {target}'s "
+                        "tensor-parallel layout without the model file; pass it with --model MODEL.py")
     strategy = {p.module: p.strategy for p in plan.ops.values() if p.strategy in ("colwise", "rowwise", "vocab")}
     out = [f"module {path} (a Linear in a block) is replicated by the plan; {target} splits every Linear of a "
            "block" for path in facts.block_linears if strategy.get(path) not in ("colwise", "rowwise")]
@@ -156,10 +156,12 @@ def tp_layout_problems(plan: Plan, facts: ModelFacts | None, target: str) -> lis
     return out
 
 
-def _refuse(problems: list[str], target: str, fix: str) -> None:
+def _refuse_tp_layout(plan: Plan, facts: ModelFacts | None, target: str) -> None:
+    problems = tp_layout_problems(plan, facts, target)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise PlanError(f"cannot export to {target}: {problems[0]}{more}; {fix}")
+        raise PlanError(f"cannot export to {target}: {problems[0]}{more}; this layout runs under shardwise's "
+                        "executor only; re-plan with --force tp=1 to export")
 
 
 def _check_stage_ranks(plan: Plan, target: str) -> None:
@@ -176,8 +178,7 @@ def _check_stage_ranks(plan: Plan, target: str) -> None:
 def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     """The job TOML's [parallelism], [training] and [activation_checkpoint] keys."""
     m, notes = plan.mesh, []
-    _refuse(tp_layout_problems(plan, facts, "torchtitan"), "torchtitan",
-            "re-plan with the Megatron layout (--force tp=... keeps it) or export with tp=1")
+    _refuse_tp_layout(plan, facts, "torchtitan")
     if plan.precision == "fp16":
         raise PlanError("cannot export to torchtitan: it trains in bfloat16 or float32 only "
                         "(training.mixed_precision_param); re-plan with --precision bf16")
@@ -186,19 +187,7 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
                         "matmul, more compute than the attention-core recomputation the plan priced; re-plan with "
                         "--force recompute=full (or none) or export to megatron")
     _check_stage_ranks(plan, "torchtitan")
-    par: dict[str, object] = {}
-    if plan.zero_stage == 0 and m.tp == 1 and m.pp == 1:
-        par.update(data_parallel_replicate_degree=m.dp, data_parallel_shard_degree=1)
-    else:
-        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=m.dp,
-                   fsdp_reshard_after_forward="always" if plan.zero_stage == 3 else "never")
-        if plan.zero_stage == 0 and m.dp > 1:
-            notes.append("plain data parallelism runs as FSDP without resharding (ZeRO-2): torchtitan's DDP does "
-                         "not compose with tp/pp; gradients are reduce-scattered and parameters all-gathered "
-                         "(the all-reduce's bytes) and less memory is held")
-        if plan.zero_stage == 1 and m.dp > 1:
-            notes.append("ZeRO-1 runs as FSDP without resharding (ZeRO-2): torchtitan has no ZeRO-1; gradients "
-                         "are sharded too, so less memory is held than planned")
+    par = _torchtitan_data_parallel(plan, notes)
     par.update(tensor_parallel_degree=m.tp, enable_async_tensor_parallel=False)
     if m.tp > 1:
         par["disable_loss_parallel"] = True
@@ -238,6 +227,22 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     return Export(text, tuple(notes))
 
 
+def _torchtitan_data_parallel(plan: Plan, notes: list[str]) -> dict[str, object]:
+    """DDP for ZeRO-0 without tp/pp; FSDP2 otherwise (ZeRO-3 reshards after forward, ZeRO-0/1/2 do not)."""
+    m = plan.mesh
+    if plan.zero_stage == 0 and m.tp == 1 and m.pp == 1:
+        return {"data_parallel_replicate_degree": m.dp, "data_parallel_shard_degree": 1}
+    if plan.zero_stage == 0 and m.dp > 1:
+        notes.append("plain data parallelism runs as FSDP without resharding (ZeRO-2): torchtitan's DDP does not "
+                     "compose with tp/pp; gradients are reduce-scattered and parameters all-gathered (the "
+                     "all-reduce's bytes) and less memory is held")
+    if plan.zero_stage == 1 and m.dp > 1:
+        notes.append("ZeRO-1 runs as FSDP without resharding (ZeRO-2): torchtitan has no ZeRO-1; gradients are "
+                     "sharded too, so less memory is held than planned")
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": m.dp,
+            "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never"}
+
+
 def _toml(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -255,8 +260,7 @@ def _toml(value: object) -> str:
 def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
     """Megatron-LM command-line flags, as a bash array `SHARDWISE_ARGS=( ... )`."""
     m, notes = plan.mesh, []
-    _refuse(tp_layout_problems(plan, facts, "Megatron-LM"), "Megatron-LM",
-            "re-plan with the Megatron layout or export with tp=1")
+    _refuse_tp_layout(plan, facts, "Megatron-LM")
     flags: list[tuple[str, object]] = [("--tensor-model-parallel-size", m.tp),
                                        ("--pipeline-model-parallel-size", m.pp)]
     flags += _megatron_pipeline(plan, facts, notes)
