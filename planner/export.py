@@ -37,8 +37,8 @@ bf16/fp16 (the plan counts 2-byte gradients, as the ZeRO paper does).
 
 The model file the plan names (or `--model`) is read when it exists, on the meta device: it tells blocks from other
 modules, gives the block class (Accelerate's wrap policy), the sequence length and the Linears a tp layout must
-split. Without it the export still runs for tp=1 and guesses blocks from module paths (`h.3`); tp>1 to Megatron
-or torchtitan then refuses, since the layout cannot be checked.
+split. Without it (missing, or failing to import here) the export still runs for tp=1 and guesses blocks from
+module paths (`h.3`); tp>1 to Megatron or torchtitan then refuses, since the layout cannot be checked.
 """
 from __future__ import annotations
 
@@ -485,11 +485,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`plan export`; returns the exit status (user errors raise PlanError / ModelError for the CLI to print)."""
     import os
 
+    from planner.errors import ModelError
     from planner.plan import write_atomic
     args = _parser().parse_args(argv)
     plan = Plan.load(args.plan)
-    path = args.model or plan.model.get("path")
-    facts = model_facts(path) if args.model or (path and os.path.exists(path)) else None
+    facts, path = None, plan.model.get("path")
+    if args.model:
+        facts = model_facts(args.model)
+    elif path and os.path.exists(path):
+        try:
+            facts = model_facts(path)
+        except ModelError as e:  # the plan's own reference: export without it, and say so
+            print(f"note: the plan's model file was not read ({e}); pass --model to use it", file=sys.stderr)
     out = export(plan, args.to, facts)
     if args.output:
         write_atomic(args.output, out.text)

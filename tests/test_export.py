@@ -310,6 +310,17 @@ def test_gpt2_xl_plan_exports(gpt2_xl_plan, target, tmp_path, capsys):
     assert capsys.readouterr().out == text  # stdout and -o write the same text
 
 
+def test_unreadable_model_file_named_by_the_plan_is_skipped(tmp_path, capsys):
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('no GPU here')\n")
+    path = tmp_path / "plan.json"
+    plan(model={"path": str(broken)}).save(path)
+    assert cli(["export", str(path), "--to", "torchtitan"]) == 0
+    captured = capsys.readouterr()
+    assert "seq_len is left out" in captured.out and "was not read" in captured.err
+    assert cli(["export", str(path), "--to", "torchtitan", "--model", str(broken)]) == 2
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
