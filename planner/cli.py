@@ -4,6 +4,7 @@
     plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml
     plan measure plan.json MODEL.py [--steps N] [-o measured.json]
     plan schema [-o plan.schema.json]
+    plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]
 
 Bad input of any kind ends with one line on stderr and exit status 2 (a traceback only with `--debug`).
 """
@@ -13,7 +14,7 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-SUBCOMMANDS = ("profile", "measure", "schema")
+SUBCOMMANDS = ("profile", "measure", "schema", "export")
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -44,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(argv[1:])
         if argv and argv[0] == "schema":
             from planner.plan_schema import main as run
+            return run(argv[1:])
+        if argv and argv[0] == "export":
+            from planner.export import main as run
             return run(argv[1:])
         from planner.cli_plan import main as run
         return run(argv)

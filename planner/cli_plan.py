@@ -102,7 +102,9 @@ def build_parser() -> ArgParser:
                     "Other commands:\n"
                     "  plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml   measure this machine\n"
                     "  plan measure plan.json MODEL.py [--steps N] [-o measured.json]   run a plan, compare\n"
-                    "  plan schema [-o plan.schema.json]                                plan.json's JSON Schema",
+                    "  plan schema [-o plan.schema.json]                                plan.json's JSON Schema\n"
+                    "  plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]   "
+                    "as a trainer's config",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL.py",
                    help="model file defining build_model() and sample_batch(batch_size)")
