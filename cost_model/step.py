@@ -254,7 +254,7 @@ class StepPredictor:
             extras.append((opt, ag_after, dp_end, spans, psi))
             if timeline:
                 events += [TraceEvent(name=n, device=r, stream="dp", start_s=s, duration_s=d) for s, d, n in spans]
-                events.append(TraceEvent(name="optimizer step", device=r, stream="compute", start_s=t_end,
+                events.append(TraceEvent(name="optimizer step", device=r, stream="optimizer", start_s=t_end,
                                          duration_s=opt))
                 if ag_after:
                     events.append(TraceEvent(name="all-gather params", device=r, stream="dp",
@@ -266,17 +266,30 @@ class StepPredictor:
         return self._assemble(step, crit, totals, extras, comp_end, tuple(events))
 
     def _pass_events(self, times) -> list[TraceEvent]:
+        """Every F and B pass on the compute stream; the tensor-parallel collectives inside a pass as one tp span
+        (their total, at the pass's end); each pipeline send on the pp stream (after the pass that produced it)."""
         out = []
+        last = self.pp * self.v - 1
         for r in range(self.pp):
             for c in range(self.v):
                 tag = f" c{c}" if self.v > 1 else ""
+                ch, stage = self.chunks[r][c], c * self.pp + r
+                tp_f = sum(l.tp_fwd for l in ch.layers)
+                tp_b = sum(l.tp_bwd + l.recompute_tp for l in ch.layers)
                 for mb in range(self.m):
-                    out.append(TraceEvent(name=f"F mb{mb}{tag}", device=r, stream="compute",
-                                          start_s=float(times.f_start[r, c, mb]),
-                                          duration_s=float(times.f_end[r, c, mb] - times.f_start[r, c, mb])))
-                    out.append(TraceEvent(name=f"B mb{mb}{tag}", device=r, stream="compute",
-                                          start_s=float(times.b_start[r, c, mb]),
-                                          duration_s=float(times.b_end[r, c, mb] - times.b_start[r, c, mb])))
+                    for kind, start, end, tp, send in (
+                            ("F", times.f_start, times.f_end, tp_f, stage < last),
+                            ("B", times.b_start, times.b_end, tp_b, stage > 0)):
+                        s, e = float(start[r, c, mb]), float(end[r, c, mb])
+                        out.append(TraceEvent(name=f"{kind} mb{mb}{tag}", device=r, stream="compute", start_s=s,
+                                              duration_s=e - s))
+                        if tp > 0:
+                            out.append(TraceEvent(name=f"tp collectives {kind} mb{mb}{tag}", device=r, stream="tp",
+                                                  start_s=max(s, e - tp), duration_s=min(tp, e - s)))
+                        if send and self.p2p_s > 0:
+                            what = "activations" if kind == "F" else "gradients"
+                            out.append(TraceEvent(name=f"send {what} mb{mb}{tag}", device=r, stream="pp",
+                                                  start_s=e, duration_s=self.p2p_s))
         return out
 
     def _assemble(self, step, crit, totals, extras, comp_end, events) -> Prediction:

@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(argv[1:])
         if argv and argv[0] == "measure":
             from executor.cli import main as run
-            return run(argv[1:])
+            from planner.predicted_timeline import predicted_timeline
+            return run(argv[1:], predicted_timeline=predicted_timeline)
         from planner.cli_plan import main as run
         return run(argv)
     except errors as e:
