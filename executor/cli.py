@@ -1,5 +1,6 @@
-"""`plan measure PLAN.json MODEL.py [--steps N] [-o measured.json]`: launch the ranks a plan needs, train N steps on
-`sample_batch` data, and print predicted vs measured side by side.
+"""`plan measure PLAN.json MODEL.py [--steps N] [-o measured.json] [--trace DIR] [--plot FILE.png]`: launch the
+ranks a plan needs, train N steps on `sample_batch` data, and print predicted vs measured side by side (with
+`--trace`, also the measured step beside the predicted one as traces on the same tracks; with `--plot`, a picture).
 
 Everything that can be checked without starting processes is checked first (the plan loads and is runnable, the
 model file loads, the plan was made for this model, its tp layout is one the executor applies, enough

@@ -81,13 +81,20 @@ def swimlanes(compare: Mapping[str, Any], path: str | os.PathLike, title: str = 
                        edgecolors="white", linewidth=0.3)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{procs[pid]} · {t}" for pid, t in reversed(rows)], fontsize=7)
+    other = compare.get("otherData") or {}
+    ends = {pid: (other.get("predicted") or {}).get("step_time_s") for pid in procs if pid < MEASURED_PID}
+    ends.update({MEASURED_PID + m.get("rank", 0): m.get("step_time_s") for m in other.get("measured") or []})
+    for pid, end in ends.items():  # a dashed line where each process's step ends
+        ys = [len(rows) - 1 - i for i, (p, _) in enumerate(rows) if p == pid]
+        if end and ys:
+            ax.vlines(end * 1e3, min(ys) - 0.45, max(ys) + 0.45, colors="black", linestyles="dashed", linewidth=0.8)
     split = sum(1 for pid, _ in rows if pid < MEASURED_PID)
     if 0 < split < len(rows):
         ax.axhline(len(rows) - split - 0.5, color="black", linewidth=0.8)
     ax.set_xlabel("ms from the step's start")
     ax.set_xlim(left=0)
     ax.grid(axis="x", linewidth=0.3)
-    ax.set_title(title or "predicted (top) vs measured (bottom): one step", fontsize=9)
+    ax.set_title((title or "predicted (top) vs measured (bottom), one step") + "; dashed: step end", fontsize=9)
     _save(fig, path)
     plt.close(fig)
 
@@ -102,15 +109,19 @@ def measure_bars(results: Sequence[Mapping[str, Any]], path: str | os.PathLike) 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2 + 0.2 * len(results)),
                                       gridspec_kw={"width_ratios": [1, 2]})
     labels = [_label(r) for r in results]
-    ys = range(len(results))
+    ys = [len(results) - 1 - i for i in range(len(results))]  # the first plan on top, as on the right
     pred = [r["predicted"].get("step_time_s") or 0.0 for r in results]
     meas = [r["measured"].get("step_time_s") or 0.0 for r in results]
     left.barh([y + 0.2 for y in ys], [p * 1e3 for p in pred], 0.4, color="#999999", label="predicted")
     left.barh([y - 0.2 for y in ys], [m * 1e3 for m in meas], 0.4, color="#4C72B0", label="measured")
-    left.set_yticks(list(ys))
+    for y, p, m in zip(ys, pred, meas):
+        left.text(p * 1e3, y + 0.2, f" {p * 1e3:.1f}", va="center", fontsize=7)
+        left.text(m * 1e3, y - 0.2, f" {m * 1e3:.1f}", va="center", fontsize=7)
+    left.margins(x=0.2)
+    left.set_yticks(ys)
     left.set_yticklabels(labels, fontsize=8)
-    left.set_xlabel("step time (ms)")
-    left.legend(fontsize=7)
+    left.set_xlabel("step time (ms; measured: median)")
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     missing = False
     ticks, names = [], []
     for i, r in enumerate(results):
@@ -133,7 +144,7 @@ def measure_bars(results: Sequence[Mapping[str, Any]], path: str | os.PathLike) 
     right.set_yticklabels(names, fontsize=8)
     right.set_xlabel("ms per step")
     right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(CATEGORIES), frameon=False)
-    note = "measured split from the profiler trace" if not missing else \
+    note = "measured split: the median profiled step (torch.profiler trace)" if not missing else \
         "measured split needs --trace DIR (torch.profiler); without it only the measured total is shown"
     right.set_title(note, fontsize=8)
     fig.suptitle("plan measure: predicted vs measured", fontsize=10)
