@@ -105,6 +105,9 @@ def check_outputs(args) -> bool:
         if args.steps <= args.warmup:
             raise ExecutorError(f"--trace profiles the steps after warm-up: --steps ({args.steps}) must be more than "
                                 f"--warmup ({args.warmup})")
+        if args.calibrate:
+            raise ExecutorError("--calibrate with --trace would record step times slowed by the profiler; run "
+                                "them separately")
         if os.path.exists(args.trace) and not os.path.isdir(args.trace):
             raise ExecutorError(f"--trace {args.trace} is a file; give a folder (it is created if missing)")
         parent = os.path.dirname(os.path.abspath(args.trace))
@@ -174,6 +177,9 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
             return 1
         with open(result) as f:
             measured = json.load(f)
+    if args.trace:
+        measured.setdefault("notes", []).append("--trace: the steps after warm-up ran under torch.profiler, which "
+                                                "adds time to each step")
     out = compare(plan, measured)
     print(format_report(plan, measured))
     if args.trace:

@@ -149,6 +149,8 @@ def test_measure_plot_and_categories(measured):
     assert m["compute_s"] > 0 and m["optimizer_s"] > 0 and m["bubble_s"] == 0
     assert sum(m[k] for k in ("compute_s", "exposed_comm_s", "optimizer_s")) == pytest.approx(m["step_time_s"])
     assert p["compute_s"] > 0 and "compare.json" in t["files"]
+    assert any("torch.profiler" in n for n in measured["out"]["measured"]["notes"])
+    assert "note: --trace" in measured["stdout"]
 
 
 def test_plot_without_matplotlib_is_a_hint_and_exit_2(model, tmp_path, monkeypatch, capsys):
@@ -172,7 +174,8 @@ def test_bad_trace_arguments_are_one_line_exit_2(model, tmp_path, capsys):
                                                             "devices_per_node": 2})).save(other)
     for args, words in [((plan, "--trace", a_file), "is a file"),
                         ((plan, "--trace", tmp_path / "t", "--steps", "2", "--warmup", "2"), "more than"),
-                        ((other, "--trace", tmp_path / "t"), "--cluster")]:
+                        ((other, "--trace", tmp_path / "t"), "--cluster"),
+                        ((plan, "--trace", tmp_path / "t", "--calibrate", tmp_path / "c.json"), "profiler")]:
         rc = plan_main(["measure", str(args[0]), str(model), *map(str, args[1:])])
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and words in err, err
