@@ -90,6 +90,10 @@ def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int,
     return proc.returncode, err
 
 
+MAX_DRAWN_RANKS = 8
+"""compare.png draws every measured rank up to this many, else one rank per pipeline stage."""
+
+
 def check_outputs(args) -> bool:
     """--trace / --plot checks before anything runs; False (after printing the hint) when --plot lacks
     matplotlib."""
@@ -135,8 +139,12 @@ def write_traces(args, plan, predicted: dict | None) -> dict:
     files.append("compare.json")
     if have_matplotlib():
         m = plan.mesh
-        swimlanes(both, os.path.join(args.trace, "compare.png"),
-                  f"dp {m.dp} x tp {m.tp} x pp {m.pp}: predicted (top) vs measured (bottom), one step")
+        title = f"dp {m.dp} x tp {m.tp} x pp {m.pp}: predicted (top) vs measured (bottom), one step"
+        shown = measured
+        if len(measured) > MAX_DRAWN_RANKS:  # one rank per pipeline stage: dp and tp rank 0
+            shown = [measured[i * m.dp * m.tp] for i in range(m.pp)]
+            title += ", measured: dp/tp rank 0 of each stage"
+        swimlanes(trace.merge(predicted, shown), os.path.join(args.trace, "compare.png"), title)
         files.append("compare.png")
     return {"dir": args.trace, "files": files, "measured_categories": trace.categories(trace.merge(None, measured)),
             "predicted_categories": trace.categories(predicted) if predicted is not None else None}

@@ -180,3 +180,14 @@ def test_bad_trace_arguments_are_one_line_exit_2(model, tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and words in err, err
     assert not (tmp_path / "t").exists()  # nothing created before the checks pass
+
+
+def test_plot_without_trace_draws_the_measured_total_only(tmp_path):
+    from executor.plots import measure_bars
+    result = {"plan": {"mesh": {"dp": 2, "tp": 1, "pp": 1}, "zero_stage": 0},
+              "predicted": {"step_time_s": 0.01, "breakdown": {"compute_s": 0.006, "exposed_comm_s": 0.002,
+                                                               "bubble_s": 0.0, "optimizer_s": 0.002}},
+              "measured": {"step_time_s": 0.012}}
+    measure_bars([result, dict(result, trace={"measured_categories": dict(result["predicted"]["breakdown"])})],
+                 tmp_path / "bars.png")
+    assert (tmp_path / "bars.png").read_bytes()[:8] == PNG
