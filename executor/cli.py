@@ -130,7 +130,11 @@ def write_traces(args, plan, predicted: dict | None) -> dict:
     for r in range(plan.world_size):
         with open(os.path.join(args.trace, f"measured_rank{r}.json")) as f:
             measured.append(json.load(f))
+    split = trace.categories(trace.merge(None, measured))
+    measured = trace.align(measured)
     files = [f"measured_rank{r}.json" for r in range(plan.world_size)]
+    for name, doc in zip(files, measured):
+        write_atomic(os.path.join(args.trace, name), json.dumps(doc) + "\n")
     if predicted is not None:
         write_atomic(os.path.join(args.trace, "predicted.json"), json.dumps(predicted) + "\n")
         files.append("predicted.json")
@@ -146,7 +150,7 @@ def write_traces(args, plan, predicted: dict | None) -> dict:
             title += ", measured: dp/tp rank 0 of each stage"
         swimlanes(trace.merge(predicted, shown), os.path.join(args.trace, "compare.png"), title)
         files.append("compare.png")
-    return {"dir": args.trace, "files": files, "measured_categories": trace.categories(trace.merge(None, measured)),
+    return {"dir": args.trace, "files": files, "measured_categories": split,
             "predicted_categories": trace.categories(predicted) if predicted is not None else None}
 
 

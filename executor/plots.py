@@ -83,7 +83,8 @@ def swimlanes(compare: Mapping[str, Any], path: str | os.PathLike, title: str = 
     ax.set_yticklabels([f"{procs[pid]} · {t}" for pid, t in reversed(rows)], fontsize=7)
     other = compare.get("otherData") or {}
     ends = {pid: (other.get("predicted") or {}).get("step_time_s") for pid in procs if pid < MEASURED_PID}
-    ends.update({MEASURED_PID + m.get("rank", 0): m.get("step_time_s") for m in other.get("measured") or []})
+    ends.update({MEASURED_PID + m.get("rank", 0): (m.get("step_time_s") or 0.0) + (m.get("step_offset_s") or 0.0)
+                 for m in other.get("measured") or []})
     for pid, end in ends.items():  # a dashed line where each process's step ends
         ys = [len(rows) - 1 - i for i, (p, _) in enumerate(rows) if p == pid]
         if end and ys:

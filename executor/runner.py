@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from executor import parallel, pipeline
 from executor.errors import ExecutorError
 from executor.measure import SavedActivations, Timings, format_report, measurement
-from executor.trace import OPTIMIZER_SPAN, STEP_SPAN, annotate_stage, pass_name, record
+from executor.trace import annotate_stage, pass_name, record
 from planner.model_file import default_loss
 from planner.plan import Plan, model_fingerprint
 
@@ -218,19 +218,17 @@ class Runner:
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
         t0 = _now(self.device)
-        with record(f"{STEP_SPAN} {self.step_count + 1}"):
-            with (self.saved.track() if track else contextlib.nullcontext()):
-                loss = self._forward_backward(inputs, targets)
-            t1 = _now(self.device)
-            if track:
-                self._grad_bytes = parallel.local_bytes(p.grad for part in self.parts for p in part.parameters())
-            with record(OPTIMIZER_SPAN):
-                if self.tied:
-                    pipeline.sum_tied_grads(self.tied, self.tied_groups)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-            t2 = _now(self.device)
-            loss = self._reduce_loss(loss)
+        with (self.saved.track() if track else contextlib.nullcontext()):
+            loss = self._forward_backward(inputs, targets)
+        t1 = _now(self.device)
+        if track:
+            self._grad_bytes = parallel.local_bytes(p.grad for part in self.parts for p in part.parameters())
+        if self.tied:
+            pipeline.sum_tied_grads(self.tied, self.tied_groups)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t2 = _now(self.device)
+        loss = self._reduce_loss(loss)
         self.timings.add(t2 - t0, t1 - t0, t2 - t1)
         self.step_count += 1
         return loss

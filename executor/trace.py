@@ -1,8 +1,8 @@
 """The measured step as a trace with the predicted timeline's tracks (`plan measure --trace DIR`).
 
-The runner names its spans with `torch.profiler.record_function`: each step (`shardwise step N`), each forward and
-backward pass of a micro-batch (`F mb3`, `B mb3`, with ` c1` for the second chunk of an interleaved rank, as the
-simulator names them), and the optimizer (`optimizer step`). The worker profiles the steps after warm-up with
+The runner names each forward and backward pass of a micro-batch with `torch.profiler.record_function` (`F mb3`,
+`B mb3`, with ` c1` for the second chunk of an interleaved rank, as the simulator names them); torch.optim names
+the optimizer's `step` and `zero_grad`; the worker names each step (`shardwise step N`). The worker profiles the steps after warm-up with
 `torch.profiler`; `measured_trace` then keeps one step of the raw trace, with time measured from that step's
 start, on the tracks cost_model.timeline writes: compute (the F/B spans), tp / dp / pp comm (the collectives as
 they ran: gloo's work on its worker threads, NCCL's kernels on the GPU), bubble (a pipeline rank's compute idle
@@ -22,8 +22,8 @@ TRACKS = ("compute", "tp comm", "dp comm", "pp comm", "bubble", "optimizer")
 """Track names, in display order (tid = index); the same as cost_model.timeline.TRACKS."""
 STEP_SPAN = "shardwise step"
 """Prefix of the span around one `Runner.step` (followed by the step number)."""
-OPTIMIZER_SPAN = "optimizer step"
-"""Span around the tied-gradient reduction, the optimizer step and zero_grad."""
+OPTIMIZER_SPANS = ("Optimizer.step#", "Optimizer.zero_grad#")
+"""Prefixes of the spans torch.optim.Optimizer records around `step` and `zero_grad`."""
 GROUP_SPAN = "shardwise group"
 """Prefix of the marker span that names a process group's threads."""
 MARKS_PER_GROUP = 4
@@ -155,8 +155,9 @@ def step_windows(raw: Mapping[str, Any]) -> list[tuple[float, float]]:
 def measured_trace(raw: Mapping[str, Any], rank: int, step: int, *, pipelined: bool,
                    pg_names: Mapping[str, str] | None = None, fallback: str = "dp comm", label: str = "") -> dict:
     """One step (`step`-th profiled one) of a raw torch.profiler trace as a Chrome trace on TRACKS, time from
-    the step's start in microseconds; process `rank` named "measured rank R`label`". `pipelined` derives bubble
-    spans; `fallback` is the track of a collective whose group could not be told."""
+    the step's start in microseconds (`align` puts several ranks on one axis); process `rank` named
+    "measured rank R`label`". `pipelined` derives bubble spans; `fallback` is the track of a collective whose
+    group could not be told."""
     spans = _spans(raw)
     windows = step_windows(raw)
     if not windows:
@@ -173,7 +174,7 @@ def measured_trace(raw: Mapping[str, Any], rank: int, step: int, *, pipelined: b
             continue
         if _PASS.match(name) and (cat == "gpu_user_annotation") == gpu:
             out.append(("compute", name, s, d))
-        elif name == OPTIMIZER_SPAN and cat != "gpu_user_annotation":
+        elif name.startswith(OPTIMIZER_SPANS) and cat != "gpu_user_annotation":
             out.append(("optimizer", name, s, d))
         elif _is_comm(name, cat, gpu_comm):
             track = _comm_label(e, threads, pg_names or {}, "")
@@ -183,7 +184,8 @@ def measured_trace(raw: Mapping[str, Any], rank: int, step: int, *, pipelined: b
         out += [("bubble", "bubble", s, e - s) for s, e in _gaps([(s, s + d) for t, _, s, d in out if t == "compute"],
                                                                   t0)]
     doc = _chrome(out, rank, f"measured rank {rank}{label}", t0)
-    doc["otherData"] = {"step_time_s": (t1 - t0) / 1e6, "rank": rank, "profiled_step": step,
+    doc["otherData"] = {"step_time_s": (t1 - t0) / 1e6, "rank": rank, "profiled_step": step, "step_start_us": t0,
+                        "clock": raw.get("baseTimeNanoseconds"), "step_offset_s": 0.0,
                         "unattributed_collectives": unattributed, "source": "torch.profiler (measured)"}
     return doc
 
@@ -252,6 +254,22 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(max(s1, s2), min(e1, e2)) for s1, e1 in a for s2, e2 in b if min(e1, e2) > max(s1, s2)]
+
+
+def align(measured: list[Mapping[str, Any]]) -> list[dict]:
+    """The measured ranks on one time axis: 0 is the earliest rank's step start, each rank shifted by how much
+    later its step started (`step_offset_s`). Ranks whose profiler clocks differ (other hosts) stay as they are."""
+    clocks = {d.get("otherData", {}).get("clock") for d in measured}
+    starts = [d.get("otherData", {}).get("step_start_us") for d in measured]
+    if len(clocks) != 1 or None in clocks or None in starts:
+        return [dict(d) for d in measured]
+    first = min(starts)
+    out = []
+    for d, start in zip(measured, starts):
+        shift = start - first
+        events = [dict(e, ts=e["ts"] + shift) if e.get("ph") == "X" else e for e in d["traceEvents"]]
+        out.append(dict(d, traceEvents=events, otherData=dict(d["otherData"], step_offset_s=shift / 1e6)))
+    return out
 
 
 def merge(predicted: Mapping[str, Any] | None, measured: list[Mapping[str, Any]]) -> dict:

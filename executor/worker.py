@@ -46,7 +46,8 @@ def _run(args: argparse.Namespace) -> None:
             prof = trace.start_profiler()
             pg_names = trace.mark_groups(trace.process_groups(runner))
         inputs, targets = batch(mf, plan.global_batch_size)
-        loss = runner.step(inputs, targets)
+        with trace.record(f"{trace.STEP_SPAN} {i + 1}"):
+            loss = runner.step(inputs, targets)
         losses.append(loss)
         if rank == 0:
             t = runner.timings.step[-1]

@@ -86,7 +86,8 @@ def _raw():
         x("shardwise step 2", 500, 400), x("F mb0", 510, 50), x("gloo:all_reduce", 520, 5, tid=7),
         x("shardwise step 3", 1000, 500), x("aten::mm", 1010, 30, cat="cpu_op"),
         x("F mb0", 1010, 100), x("gloo:all_gather", 1050, 20, tid=5), x("gloo:send", 1115, 20),
-        x("B mb0", 1200, 150), x("gloo:all_reduce", 1300, 50, tid=8), x("optimizer step", 1400, 80),
+        x("B mb0", 1200, 150), x("gloo:all_reduce", 1300, 50, tid=8), x("Optimizer.step#AdamW.step", 1400, 70),
+        x("Optimizer.zero_grad#AdamW.zero_grad", 1470, 10),
     ]}
 
 
@@ -95,10 +96,11 @@ def test_measured_trace_keeps_one_step_on_the_predicted_tracks():
     validate_chrome_trace(doc)
     tracks = _tracks(doc)[3]
     assert tracks == {"compute": ["F mb0", "B mb0"], "tp comm": ["gloo:all_gather"], "pp comm": ["gloo:send"],
-                      "dp comm": ["gloo:all_reduce"], "optimizer": ["optimizer step"],
+                      "dp comm": ["gloo:all_reduce"],
+                      "optimizer": ["Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"],
                       "bubble": ["bubble", "bubble"]}
     spans = {e["name"]: e for e in doc["traceEvents"] if e["ph"] == "X"}
-    assert spans["F mb0"]["ts"] == 10 and spans["optimizer step"]["ts"] == 400  # from the step's start
+    assert spans["F mb0"]["ts"] == 10 and spans["Optimizer.step#AdamW.step"]["ts"] == 400  # from the step's start
     assert doc["otherData"]["step_time_s"] == pytest.approx(500e-6)
     assert doc["otherData"]["unattributed_collectives"] == 1  # the all-gather on an unmarked thread
     assert any(e["args"]["name"] == "measured rank 3 (pp 1)" for e in doc["traceEvents"] if e["ph"] == "M")
@@ -107,6 +109,18 @@ def test_measured_trace_keeps_one_step_on_the_predicted_tracks():
     assert c["optimizer_s"] == pytest.approx(80e-6) and c["bubble_s"] == pytest.approx((10 + 90) * 1e-6)
     assert c["step_time_s"] == pytest.approx(480e-6)
     assert c["exposed_comm_s"] == pytest.approx(480e-6 - c["compute_s"] - c["optimizer_s"] - c["bubble_s"])
+
+
+def test_align_puts_ranks_on_one_time_axis():
+    raw = _raw()
+    later = dict(raw, traceEvents=[dict(e, ts=e["ts"] + 300) if e["ph"] == "X" else e for e in raw["traceEvents"]])
+    docs = [trace.measured_trace(dict(r, baseTimeNanoseconds=5), rank, 1, pipelined=False)
+            for rank, r in ((0, raw), (1, later))]
+    a, b = trace.align(docs)
+    first = {d["otherData"]["rank"]: min(e["ts"] for e in d["traceEvents"] if e["ph"] == "X") for d in (a, b)}
+    assert first == {0: 10, 1: 310} and b["otherData"]["step_offset_s"] == pytest.approx(300e-6)
+    docs[1]["otherData"]["clock"] = 6  # another host's clock: left as it is
+    assert trace.align(docs)[1]["traceEvents"] == docs[1]["traceEvents"]
 
 
 @pytest.fixture(scope="module")
