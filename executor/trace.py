@@ -2,11 +2,11 @@
 
 The runner names each forward and backward pass of a micro-batch with `torch.profiler.record_function` (`F mb3`,
 `B mb3`, with ` c1` for the second chunk of an interleaved rank, as the simulator names them); torch.optim names
-the optimizer's `step` and `zero_grad`; the worker names each step (`shardwise step N`). The worker profiles the steps after warm-up with
-`torch.profiler`; `measured_trace` then keeps one step of the raw trace, with time measured from that step's
-start, on the tracks cost_model.timeline writes: compute (the F/B spans), tp / dp / pp comm (the collectives as
-they ran: gloo's work on its worker threads, NCCL's kernels on the GPU), bubble (a pipeline rank's compute idle
-before its last pass) and optimizer.
+the optimizer's `step` and `zero_grad`; the worker names each step (`shardwise step N`). The worker profiles the
+steps after warm-up with `torch.profiler`; `measured_trace` then keeps one step of the raw trace, with time from
+that step's start, on the tracks cost_model.timeline writes: compute (the F/B spans), tp / dp / pp comm (the
+collectives as they ran: gloo's work on its worker threads, NCCL's kernels on the GPU), bubble (a pipeline rank's
+compute idle before its last pass) and optimizer; `align` puts the ranks on one time axis.
 
 A collective's process group: point-to-point transfers are pipeline traffic (pp); NCCL events carry their process
 group's name, which maps to a mesh dimension; gloo's carry none, but each gloo process group runs its work on its
