@@ -35,7 +35,7 @@ def _bubbles(prediction: Prediction) -> list[tuple[int, float, float]]:
     for dev, spans in passes.items():
         t = 0.0
         for s, e in sorted(spans):
-            if s > t:
+            if s - t > 1e-9:  # not float round-off between back-to-back passes
                 out.append((dev, t, s))
             t = max(t, e)
     return out
