@@ -9,9 +9,9 @@ collectives as they ran: gloo's work on its worker threads, NCCL's kernels on th
 compute idle before its last pass) and optimizer; `align` puts the ranks on one time axis.
 
 A collective's process group: point-to-point transfers are pipeline traffic (pp); NCCL events carry their process
-group's name, which maps to a mesh dimension; gloo's carry none, but each gloo process group runs its work on its
-own threads, so before the first profiled step `mark_groups` runs a few tiny all-reduces on every group under a
-`shardwise group LABEL` span, and the threads that ran them name the group.
+group's name, which maps to a mesh dimension; gloo's carry none, but each process group runs its work on its own
+threads (gloo) or CUDA streams (NCCL), so before the first profiled step `mark_groups` runs a few tiny all-reduces
+on every group under a `shardwise group LABEL` span, and the threads or streams that ran them name the group.
 """
 from __future__ import annotations
 

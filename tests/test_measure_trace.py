@@ -76,6 +76,15 @@ def test_predicted_pipeline_trace_has_bubble_pp_and_optimizer_tracks(model):
     assert max(e["ts"] + e["dur"] for e in spans) <= plan.predicted["step_time_s"] * 1e6 * (1 + 1e-9)
 
 
+def test_predicted_zero3_trace_has_dp_comm(model):
+    from planner.plan import Plan
+    from planner.predicted_timeline import predicted_timeline
+    doc, _ = predicted_timeline(Plan.load(_plan(model, "dp=2,tp=1,pp=1,zero=3,mbs=2", "z3")), str(model))
+    tracks = _tracks(doc)[0]
+    assert set(tracks) == {"compute", "dp comm", "optimizer"}
+    assert sorted(tracks["dp comm"])[0] == "all-gather params B mb0"
+
+
 def _raw():
     """A torch.profiler-shaped trace: marker spans, two steps, passes, gloo work on worker threads."""
     def x(name, ts, dur, tid=1, cat="user_annotation"):
