@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from executor import parallel, pipeline
 from executor.errors import ExecutorError
 from executor.measure import SavedActivations, Timings, format_report, measurement
+from executor.trace import annotate_stage, pass_name, record
 from planner.model_file import default_loss
 from planner.plan import Plan, model_fingerprint
 
@@ -181,6 +182,7 @@ class Runner:
             part = self._parallelize(graphs[i])
             self.parts.append(part)
             stages.append(PipelineStage(part, i, len(graphs), self.device, group=self.mesh["pp"].get_group()))
+            annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
         self.stages = stages
         self.schedule = pipeline.make_schedule(plan, stages, self._loss)
         # tied weights whose copies sit on different pp ranks: one group per weight
@@ -251,9 +253,9 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
-            with self._sync(model, last=k == n - 1), self._autocast():
+            with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
                 loss = self.loss_fn(model(**x) if isinstance(x, dict) else model(*_as_args(x)), y) / n
-            with self._sync(model, last=k == n - 1):
+            with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
                 loss.backward()
             total += loss.detach().float()
         return total

@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(argv[1:])
         if argv and argv[0] == "measure":
             from executor.cli import main as run
-            return run(argv[1:])
+            from planner.predicted_timeline import predicted_timeline
+            return run(argv[1:], predicted_timeline=predicted_timeline)
         if argv and argv[0] == "schema":
             from planner.plan_schema import main as run
             return run(argv[1:])
