@@ -5,7 +5,8 @@ C[M, N] = A[M, K] B[K, N] (times a batch) is computed as ceil(M/tm) x ceil(N/tn)
 each, and the blocks run in waves of one block per SM. The work the GPU does is that of waves x SMs full tiles,
 of which b x M x N outputs are useful:
 
-    quantization = b*M*N / (ceil(b*tiles / sms) * sms * tm * tn)        (best tile of the profile's list)
+    quantization = b*M*N / (ceil(b*tiles / sms) * sms * tm * tn)        (best tile of the profile's list; an edge
+                                                                         longer than M or N shrinks to it)
     t = max(2*b*M*N*K / (peak * best_efficiency * quantization),  bytes(A, B, C) / memory roofline,  floor)
 
 `best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes; the bytes term
@@ -65,9 +66,14 @@ def memory_time(device: DeviceSpec, nbytes: float) -> float:
     return nbytes / (device.memory_bandwidth * interp_log(device.memory_efficiency, nbytes))
 
 
+MMA_GRANULE = 16
+"""Rows and columns of the smallest Tensor Core matrix instruction for 16-bit inputs (PTX ISA, mma.m16n8k16): a
+tile edge longer than a GEMM's dimension shrinks to that dimension rounded up to this."""
+
+
 def quantization(batch: int, m: int, n: int, tile: tuple[int, int], sms: int) -> float:
     """Useful fraction of the tiles x waves a (batched) GEMM with M x N outputs occupies (1 without SMs)."""
-    tm, tn = tile
+    tm, tn = (min(t, MMA_GRANULE * math.ceil(d / MMA_GRANULE)) for t, d in zip(tile, (m, n)))
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     if sms <= 0:
         return batch * m * n / (tiles * tm * tn)
