@@ -235,6 +235,28 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequen
                   attn=_attn_shape(op, acts, scale, div), copy=copy)
 
 
+def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
+    """The two GEMMs of a GEMM's backward: the first operand's gradient (M, K, N), the second's (K, N, M)."""
+    b, m, n, k = g
+    return (b, m, k, n), (b, k, n, m)
+
+
+def graph_shapes(graph, limit: int = 32) -> tuple[list[Gemm], list[Attn]]:
+    """The distinct forward and backward GEMMs and the fused-attention calls of a graph at its traced batch on one
+    device (no tp split), largest work first, at most `limit` GEMMs: what `plan profile --model` times."""
+    work: dict[Gemm, float] = {}
+    attns: dict[Attn, None] = {}
+    for op in graph.ops:
+        w = op_work(op, None, 1, 1.0, "fp32")
+        for g in w.gemms:
+            for x in (g, *backward_gemms(g)):
+                work[x] = work.get(x, 0.0) + 2.0 * math.prod(x)
+        if w.attn is not None and op.kind == "attention":
+            attns[w.attn] = None
+    gemms = sorted(work, key=lambda x: -work[x])[:limit]
+    return gemms, list(attns)
+
+
 class ComputeModel:
     """Prices `OpWork` on one device of a profile."""
 
@@ -343,7 +365,7 @@ class ComputeModel:
         """Forward GEMMs, and backward as the operands' gradient GEMMs (M, K, N) and (K, N, M), scaled to the
         op's counted backward FLOPs (an operand without gradient has none)."""
         fwd = sum(self.gemm_time(g, precision) for g in work.gemms)
-        bwd_g = [x for b, m, n, k in work.gemms for x in ((b, m, k, n), (b, k, n, m))]
+        bwd_g = [x for g in work.gemms for x in backward_gemms(g)]
         g_flops = sum(2.0 * math.prod(g) for g in bwd_g)
         if work.bwd_flops <= 0 or g_flops <= 0:
             return fwd, 0.0

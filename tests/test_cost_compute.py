@@ -202,3 +202,47 @@ def test_measured_shape_tables_take_precedence():
     assert cm.attention_time((32, 2048, 2048, 128, True), 2.5 * flops, "bf16", True) == pytest.approx(5.0e-3)
     assert cm.attention_time((64, 2048, 2048, 128, True), 2 * flops, "bf16", False) == pytest.approx(4.0e-3,
                                                                                                      rel=0.02)
+
+
+# ---- plan profile --model (CPU path, in process) ------------------------------------------------------------------
+
+def test_profile_model_shapes_are_timed_and_preferred_on_cpu():
+    from hardware_profiles import shapes as S
+    from hardware_profiles.measure import plan_for
+    from planner.cli import _model_shapes
+    shapes = _model_shapes(os.path.join(ROOT, "examples", "gpt.py"), quick=True)
+    assert len(shapes["gemms"]) == 6 and shapes["attentions"] == [(4, 64, 64, 32, True)]
+    plan = plan_for(True, False)
+    cpu = torch.device("cpu")
+    rows = S.gemm_seconds(shapes["gemms"][:2], "fp32", cpu, lambda: None, plan)
+    att = S.attention_seconds(shapes["attentions"], "fp32", cpu, lambda: None, plan)
+    assert all(r[5] > 0 for r in rows) and att[0][6] > 0 and att[0][7] > 0
+    dev = dataclasses.replace(load_cluster("cpu-local").device, matmul_shapes=tuple(rows),
+                              attention_shapes=tuple(att))
+    assert ComputeModel(dev).gemm_time(rows[0][:4], "fp32") == pytest.approx(rows[0][5])
+    # the graph's own linear is priced from its measured forward GEMM (plus the profile's host overhead)
+    mf = ModelFile(path=os.path.join(ROOT, "examples", "gpt.py"), build_model=lambda: _gpt(),
+                   sample_batch=lambda b: _gpt_batch(b), loss_fn=default_loss)
+    graph = trace_model(mf, 1, progress=False)
+    lin = next(o for o in graph.ops if o.kind == "linear" and op_work(o, None, 1, 1.0, "fp32").gemms[0] ==
+               rows[0][:4])
+    kf, _, _, _ = ComputeModel(dev).op_parts("linear", op_work(lin, None, 1, 1.0, "fp32"), "fp32")
+    assert kf == pytest.approx(rows[0][5])
+
+
+def test_profile_model_flag_needs_the_planner():
+    from hardware_profiles.probe import main as probe_main
+    with pytest.raises(ProfileError, match="--model needs the planner"):
+        probe_main(["--model", "x.py"])
+
+
+def _gpt():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import GPT, GPTConfig
+    return GPT(GPTConfig())
+
+
+def _gpt_batch(b):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import sample_batch
+    return sample_batch(b)
