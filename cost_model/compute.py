@@ -288,12 +288,23 @@ class ComputeModel:
         """Seconds of one fused attention call (forward or backward) doing `flops` (dense count): a measured row
         with the same lengths, head dim and causality, scaled by batch x heads through the model; else the
         model."""
-        model = kernels.attention_time(self.device, a, flops, precision, backward)
+        model = self._attention_model(a, flops, precision, backward)
         row = kernels.nearest_row(self.device.attention_shapes, (*a, precision), free=(0,))
-        if row is None:
+        if row is None or model <= 0:
             return model
-        ref = kernels.attention_time(self.device, row[:5], flops * row[0] / a[0], precision, backward)
+        ref = self._attention_model(row[:5], flops * row[0] / a[0], precision, backward)
         return row[7 if backward else 6] * model / ref
+
+    def _attention_model(self, a: Attn, flops: float, precision: str, backward: bool) -> float:
+        """Attention seconds without measurements: the fused-attention model, else its two batched GEMMs (q k^T,
+        scores v) at the causal fraction, scaled to `flops` (backward: 2.5x the forward's)."""
+        if self.device.attention is not None:
+            return kernels.attention_time(self.device, a, flops, precision, backward)
+        bh, s_q, s_k, d, causal = a
+        frac = kernels.causal_fraction(s_q, s_k, 1) if causal else 1.0
+        gemms = kernels.gemm_time(self.device, (bh, s_q, s_k, d), precision) + \
+            kernels.gemm_time(self.device, (bh, s_q, d, s_k), precision)
+        return frac * gemms * flops / (4.0 * bh * s_q * s_k * d)
 
     def kernel_time(self, work: OpWork, backward: bool) -> float:
         """Seconds of the op's elementwise kernel from the profile's measured per-element cost (0 when the profile

@@ -220,6 +220,10 @@ def test_profile_model_shapes_are_timed_and_preferred_on_cpu():
     dev = dataclasses.replace(load_cluster("cpu-local").device, matmul_shapes=tuple(rows),
                               attention_shapes=tuple(att))
     assert ComputeModel(dev).gemm_time(rows[0][:4], "fp32") == pytest.approx(rows[0][5])
+    flops = 4.0 * 4 * 64 * 64 * 32  # no fused-attention model on CPU: the rows still win, and scale by b*h
+    assert ComputeModel(dev).attention_time(att[0][:5], flops, "fp32", False) == pytest.approx(att[0][6])
+    assert ComputeModel(dev).attention_time((8, *att[0][1:5]), 2 * flops, "fp32", True) == \
+        pytest.approx(2 * att[0][7], rel=0.3)
     # the graph's own linear is priced from its measured forward GEMM (plus the profile's host overhead)
     mf = ModelFile(path=os.path.join(ROOT, "examples", "gpt.py"), build_model=lambda: _gpt(),
                    sample_batch=lambda b: _gpt_batch(b), loss_fn=default_loss)
