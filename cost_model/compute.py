@@ -138,14 +138,16 @@ def _linear_gemm(op: OpNode, acts: list[int], par: list[int], p_pl: list[str], t
                  div: int) -> Gemm | None:
     """(1, M, N, K) of a linear: M tokens (all but the last input dim), weight (N, K) or (K, N) (an addmm); the
     weight's sharded dim divides N (colwise) or K (rowwise), else a split op divides M."""
-    x, w = op.input_meta[acts[0]].shape, op.input_meta[par[0]].shape
-    if not x or len(w) != 2 or x[-1] not in w:
+    x = op.input_meta[acts[0]].shape
+    weights = [op.input_meta[i].shape for i in par if len(op.input_meta[i].shape) == 2]  # not the bias
+    if not x or not weights or x[-1] not in weights[0]:
         return None
-    k = x[-1]
+    w, k = weights[0], x[-1]
     kdim = 1 if w[1] == k else 0
     n = w[1 - kdim]
     m = math.prod(x[:-1]) * scale
-    pl = p_pl[0] if p_pl else "R"
+    j = next((j for j, p in enumerate(op.params) if p.shape == w), 0)
+    pl = p_pl[j] if j < len(p_pl) else "R"
     if tp > 1 and pl == f"S({kdim})":
         k /= tp
     elif tp > 1 and pl == f"S({1 - kdim})":

@@ -250,3 +250,21 @@ def _gpt_batch(b):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from gpt import sample_batch
     return sample_batch(b)
+
+
+def test_conv_is_an_implicit_gemm_and_addmm_weights_skip_the_bias():
+    class _Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.w, self.b = nn.Parameter(torch.randn(16, 8)), nn.Parameter(torch.randn(8))
+
+        def forward(self, x):  # x: (b, 3, 8, 8) -> conv -> (b*64, 16) @ (16, 8) + bias, as HF's Conv1D does
+            y = self.conv(x).permute(0, 2, 3, 1).reshape(-1, 16)
+            return torch.addmm(self.b, y, self.w).reshape(x.shape[0], 8, 8, 8).permute(0, 3, 1, 2)[:, :3]
+
+    g = trace_model(_model_file(_Net, (3, 8, 8)), 2, progress=False)
+    conv = next(o for o in g.ops if o.kind == "conv")
+    assert op_work(conv, None, 1, 1.0, "bf16").gemms == ((1, 2 * 64, 16, 27),)  # M positions, N out, K = 3*3*3
+    addmm = next(o for o in g.ops if o.kind == "linear")
+    assert op_work(addmm, None, 1, 1.0, "bf16").gemms == ((1, 128, 8, 16),)
