@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from cost_model import kernels
-from cost_model.kernels import PRECISION_BYTES, PRECISION_PEAK_KEYS, Attn, Gemm, interp_log, peak_flops
+from cost_model.kernels import PRECISION_BYTES, Attn, Gemm, interp_log, peak_flops  # noqa: F401 (re-exported)
 from hardware_profiles.schema import DeviceSpec
 from planner.graph import OpNode, TensorMeta, dtype_bytes
 
