@@ -297,13 +297,20 @@ class ComputeModel:
         ref = self._attention_model(row[:5], flops * row[0] / a[0], precision, backward)
         return row[7 if backward else 6] * model / ref
 
+    def _causal_fraction(self, s_q: int, s_k: int) -> float:
+        """Work fraction of causal attention without a fused-attention model: PyTorch's CPU flash kernel's blocks
+        on CPU ranks (no SMs), FlashAttention-2's 128-row blocks on GPUs (Dao 2023, Sec. 3.3)."""
+        if self.device.sms:
+            return kernels.causal_fraction(s_q, s_k, 128)
+        return kernels.causal_fraction(s_q, s_k, kernels.cpu_flash_q_split(s_q), kernels.CPU_FLASH_KV_SPLIT)
+
     def _attention_model(self, a: Attn, flops: float, precision: str, backward: bool) -> float:
         """Attention seconds without measurements: the fused-attention model, else its two batched GEMMs (q k^T,
         scores v) at the causal fraction, scaled to `flops` (backward: 2.5x the forward's)."""
         if self.device.attention is not None:
             return kernels.attention_time(self.device, a, flops, precision, backward)
         bh, s_q, s_k, d, causal = a
-        frac = kernels.causal_fraction(s_q, s_k, 1) if causal else 1.0
+        frac = self._causal_fraction(s_q, s_k) if causal else 1.0
         gemms = kernels.gemm_time(self.device, (bh, s_q, s_k, d), precision) + \
             kernels.gemm_time(self.device, (bh, s_q, d, s_k), precision)
         return frac * gemms * flops / (4.0 * bh * s_q * s_k * d)
@@ -396,7 +403,7 @@ class ComputeModel:
             bwd = max(2 * self.matmul_time(half, precision), bwd_mem) if work.bwd_flops > 0 else bwd_mem
             return fwd + self.kernel_time(work, False), bwd + self.kernel_time(work, True)
         bh, s_q, s_k, d, causal = a
-        frac = kernels.causal_fraction(s_q, s_k, 1) if causal else 1.0
+        frac = self._causal_fraction(s_q, s_k) if causal else 1.0
         fwd = frac * (self.gemm_time((bh, s_q, s_k, d), precision) + self.gemm_time((bh, s_q, d, s_k), precision))
         ratio = work.bwd_flops / work.fwd_flops if work.fwd_flops > 0 else 0.0
         return fwd + frac * self.kernel_time(work, False), ratio * fwd + frac * self.kernel_time(work, True)

@@ -102,11 +102,28 @@ def gemm_time(device: DeviceSpec, g: Gemm, precision: str) -> float:
     return max(compute, memory_time(device, nbytes), device.kernel_floor)
 
 
-def causal_fraction(s_q: int, s_k: int, block: int) -> float:
-    """Fraction of the dense score blocks a causal kernel computes: (n+1)/(2n) for n = ceil(s_k/block) key blocks
-    over a square score matrix (the diagonal blocks are computed whole); (s+1)/(2s) as block -> 1."""
-    n = max(1, math.ceil(min(s_q, s_k) / block))
-    return (n + 1) / (2 * n)
+def causal_fraction(s_q: int, s_k: int, block_q: int, block_k: int | None = None) -> float:
+    """Fraction of the dense score blocks a causal kernel computes when it skips key blocks wholly above the
+    diagonal: (n+1)/(2n) for a square score matrix of n x n blocks (the diagonal blocks are computed whole), which
+    tends to (s+1)/(2s) as the blocks shrink to 1; query blocks of `block_q` rows against key blocks of `block_k`
+    (default the same) otherwise."""
+    bk = block_k or block_q
+    nq, nk = max(1, math.ceil(s_q / block_q)), max(1, math.ceil(s_k / bk))
+    if bk == block_q and s_q == s_k:
+        return (nk + 1) / (2 * nk)
+    done = sum(min(nk, math.ceil(min((i + 1) * block_q, s_q) / bk)) for i in range(nq))
+    return done / (nq * nk)
+
+
+CPU_FLASH_KV_SPLIT = 512
+"""Key block of PyTorch's CPU flash-attention kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp:
+cpu_flash_attention<..., q_split, 512>)."""
+
+
+def cpu_flash_q_split(s_q: int) -> int:
+    """Query block of PyTorch's CPU flash-attention kernel: 256 rows from 768 queries, 64 from 192, else 32 (same
+    file)."""
+    return 256 if s_q >= 768 else 64 if s_q >= 192 else 32
 
 
 def attention_time(device: DeviceSpec, a: Attn, flops: float, precision: str, backward: bool) -> float:

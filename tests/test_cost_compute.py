@@ -94,6 +94,8 @@ def test_causal_attention_costs_about_half_of_dense_at_long_sequence():
     causal = kernels.attention_time(A100, (64, 8192, 8192, 128, True), 4.0 * 64 * 8192 ** 2 * 128, "bf16", False)
     assert causal / dense == pytest.approx(0.5, abs=0.01)
     assert kernels.causal_fraction(8192, 8192, 1) == pytest.approx((8192 + 1) / (2 * 8192))
+    # PyTorch's CPU flash kernel: 256-query x 512-key blocks at s = 1024 compute 6 of 8 blocks
+    assert kernels.causal_fraction(1024, 1024, kernels.cpu_flash_q_split(1024), kernels.CPU_FLASH_KV_SPLIT) == 0.75
     # fused attention is priced at its own efficiency, not the GEMM's
     assert dense == pytest.approx(4.0 * 64 * 8192 ** 2 * 128 / (312e12 * 0.73), rel=0.02)
 
