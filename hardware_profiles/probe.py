@@ -400,7 +400,7 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], median device time (CUDA events on "
              "GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "
-             "back-to-back one-element adds.",
+             "one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "

@@ -72,7 +72,8 @@ def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precisi
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         t_f = _median_seconds(fwd, device, sync, plan)
-        t_fb = _median_seconds(lambda: fwd().backward(g), device, sync, plan)
+        # autograd.grad, not backward(): no gradient accumulation kernels into q/k/v.grad
+        t_fb = _median_seconds(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
         t_b = max(t_fb - t_f, 0.0)
         out.append((bh, s_q, s_k, d, causal, precision, max(t_f - host_s[0], 0.05 * t_f),
                     max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
@@ -80,7 +81,9 @@ def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precisi
 
 
 def kernel_floor(device: torch.device, plan: MeasurePlan) -> float:
-    """Device seconds per kernel of FLOOR_CHAIN one-element adds launched back-to-back (CUDA only)."""
+    """Device seconds per kernel of FLOOR_CHAIN one-element adds run back-to-back (CUDA only), replayed as one CUDA
+    graph so that the host's launch rate (charged separately as op_overhead) does not set the pace; eager launches
+    where capture fails."""
     x = torch.zeros(1, device=device)
 
     def chain():
@@ -89,4 +92,18 @@ def kernel_floor(device: torch.device, plan: MeasurePlan) -> float:
             y = y + 1.0
         return y
 
-    return _median_seconds(chain, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN
+    fn: Callable[[], object] = chain
+    try:  # warm up on a side stream, then capture (PyTorch CUDA semantics docs, "CUDA Graphs")
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                chain()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain()
+        fn = graph.replay
+    except RuntimeError:
+        pass
+    return _median_seconds(fn, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN
