@@ -31,6 +31,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ModelError, PlanError, ProfileError, ExecutorError)
 
 
+def _model_shapes(path: str, quick: bool) -> dict[str, list]:
+    """GEMM and attention shapes of a model file, traced at batch 1, for `plan profile --model` (fewer with
+    `--quick`)."""
+    from cost_model.compute import graph_shapes
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    graph = trace_model(load_model_file(path), 1)
+    gemms, attentions = graph_shapes(graph, limit=6 if quick else 32)
+    return {"gemms": gemms, "attentions": attentions[:2] if quick else attentions}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `plan` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -39,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "profile":
             from hardware_profiles.probe import main as run
-            return run(argv[1:])
+            return run(argv[1:], shapes_for=_model_shapes)
         if argv and argv[0] == "measure":
             from executor.cli import main as run
             from planner.predicted_timeline import predicted_timeline
