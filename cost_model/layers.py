@@ -2,15 +2,34 @@
 
 A layer's cost depends only on its ops and their placements, so structurally identical blocks (same block type,
 same placements) are priced once and reused (`LayerCoster`).
+
+Recomputation is priced as the executor applies it (executor.parallel.apply_ac) on each block:
+- `full` re-runs the whole block forward in backward, attention and tp collectives included;
+- `selective` is torchtitan's op-level policy: the outputs of the attention kernel (SDPA) and of every other
+  linear (1st, 3rd, ... in forward order) are kept; every other op (norms, activations, residual adds, the 2nd,
+  4th, ... linears, a hand-written attention's score matmuls and softmax) re-runs, with the tp collectives feeding
+  re-run ops (one per tensor).
+
+Loss: when the LM head is column-parallel (logits sharded over the vocabulary) and the loss reads class indices
+(cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
+works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
+logit; torch.distributed.tensor.parallel.loss) run in forward.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cost_model.compute import DTENSOR_STRATEGIES, split_inputs, tensor_bytes
+from cost_model.compute import DTENSOR_STRATEGIES, FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import roles
-from planner.graph import Layer, OpGraph
-from planner.plan import Plan
+from planner.graph import Layer, OpGraph, dtype_bytes
+from planner.plan import OpPlacement, Plan
+
+LOSS_PARALLEL_ALL_REDUCES = 3
+"""All-reduces of one fp32 value per logits row in a vocabulary-parallel cross-entropy's forward: the row max
+(log-softmax), the sum of exponentials, and the target's logit (nll_loss); its backward is local
+(torch.distributed.tensor.parallel.loss)."""
+SAC_KEPT_KINDS = frozenset({"attention"}) | FREE_KINDS
+"""Op kinds whose outputs torchtitan's selective policy keeps (SDPA) or that launch nothing (views)."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +125,23 @@ class LayerCoster:
         tensors: dict[str, bool] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
+        selective = plan.recompute == "selective" and layer.block_type is not None
+        linears = 0
+        regathered: set[str] = set()  # producers whose tp collective a selective re-run already repeats
         for i in layer.ops:
             op = g.ops[i]
             pl = plan.ops.get(op.name)
+            vocab_loss = self._vocab_parallel_loss(op)
+            if vocab_loss is not None:
+                pl = vocab_loss
             f, b = m.op_time(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                              sequence_parallel=plan.sequence_parallel)
             fwd, bwd = fwd + f, bwd + b
+            rerun = False
+            if selective:
+                linears += op.kind == "linear"
+                rerun = op.kind not in SAC_KEPT_KINDS and not (op.kind == "linear" and linears % 2 == 1)
+                rec += f if rerun else 0.0
             sources = []
             for k, src in enumerate(op.inputs):
                 if src not in g.index:
@@ -128,16 +158,19 @@ class LayerCoster:
                            and src not in reduced)
                 if partial:
                     reduced.add(src)
-                ef, eb = m.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
-                                        consumer_partial_grad=partial, traced_batch_size=traced)
+                if vocab_loss is not None and src == self.roles.lm_head:
+                    ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
+                else:
+                    ef, eb = m.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
+                                            consumer_partial_grad=partial, traced_batch_size=traced)
                 tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
-                if full:
+                if full or (rerun and ef > 0 and src not in regathered):
                     rec_tp += ef
+                    regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                                input_sources=tuple(sources))
             act_full += a
             if plan.recompute == "selective" and op.name in core:
-                rec += f
                 a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
@@ -153,6 +186,29 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors)
+
+    def _vocab_parallel_loss(self, op) -> OpPlacement | None:
+        """For a cross-entropy loss (class-index targets) reading a column-parallel LM head's vocabulary-sharded
+        logits, the placement the executor's `loss_parallel` gives it (the logits' shard, the rest replicated);
+        None otherwise."""
+        head = self.roles.lm_head
+        if self.tp <= 1 or op.kind != "loss" or head is None or head not in op.inputs or len(op.input_meta) < 2:
+            return None
+        hp = self.plan.ops.get(head)
+        if hp is None or hp.strategy != "colwise" or not hp.output.startswith("S"):
+            return None
+        logits, target = op.input_meta[0], op.input_meta[1]
+        integer = target.dtype.removeprefix("torch.") in ("int64", "int32", "int16", "int8", "uint8")
+        if not integer or len(logits.shape) != len(target.shape) + 1:
+            return None
+        return OpPlacement(strategy="shard", module=op.module_path, inputs=(hp.output, "R"), output="R")
+
+    def _loss_parallel_time(self, logits) -> float:
+        """Forward seconds of a vocabulary-parallel cross-entropy's all-reduces (`LOSS_PARALLEL_ALL_REDUCES` of
+        one fp32 value per logits row) over the tp group."""
+        rows = logits.numel / max(1, logits.shape[-1]) * self.mbs / self.graph.batch_size
+        one = self.model.comm.time("all_reduce", rows * dtype_bytes("float32"), self.tp_group)
+        return LOSS_PARALLEL_ALL_REDUCES * one
 
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core

@@ -22,6 +22,7 @@ SPECS_2 = [
     {"name": "dp_full_recompute", "dp": 2, "rc": "full"},
     {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
     {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
+    {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
     {"name": "zero3", "dp": 2, "zero": 3},
     {"name": "tp", "tp": 2, "explicit_ops": True},
     {"name": "tp_sp", "tp": 2, "sp": True},
