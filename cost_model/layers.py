@@ -3,8 +3,11 @@
 A layer's cost depends only on its ops and their placements, so structurally identical blocks (same block type,
 same placements) are priced once and reused (`LayerCoster`).
 
-Recomputation is priced as the executor applies it (executor.parallel.apply_ac) on each block:
-- `full` re-runs the whole block forward in backward, attention and tp collectives included;
+Recomputation is priced as the executor applies it (executor.parallel.apply_ac) on each block. torch's
+non-reentrant checkpoint replays the block's forward in backward and stops as soon as every tensor the backward
+saved is regenerated (early stop, on by default): ops after the last one producing a saved tensor do not re-run
+(in a GPT block, the MLP's output projection and the residual add). Up to there:
+- `full` re-runs every op, attention and tp collectives included;
 - `selective` is torchtitan's op-level policy: the outputs of the attention kernel (SDPA) and of every other
   linear (1st, 3rd, ... in forward order) are kept; every other op (norms, activations, residual adds, the 2nd,
   4th, ... linears, a hand-written attention's score matmuls and softmax) re-runs, with the tp collectives feeding
@@ -126,9 +129,10 @@ class LayerCoster:
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
         selective = plan.recompute == "selective" and layer.block_type is not None
+        stop = _recompute_stop(g, layer) if full or selective else -1
         linears = 0
-        regathered: set[str] = set()  # producers whose tp collective a selective re-run already repeats
-        for i in layer.ops:
+        regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
+        for pos, i in enumerate(layer.ops):
             op = g.ops[i]
             pl = plan.ops.get(op.name)
             vocab_loss = self._vocab_parallel_loss(op)
@@ -137,11 +141,10 @@ class LayerCoster:
             f, b = m.op_time(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                              sequence_parallel=plan.sequence_parallel)
             fwd, bwd = fwd + f, bwd + b
-            rerun = False
-            if selective:
-                linears += op.kind == "linear"
-                rerun = op.kind not in SAC_KEPT_KINDS and not (op.kind == "linear" and linears % 2 == 1)
-                rec += f if rerun else 0.0
+            linears += op.kind == "linear"
+            rerun = pos <= stop and (full or (op.kind not in SAC_KEPT_KINDS
+                                               and not (op.kind == "linear" and linears % 2 == 1)))
+            rec += f if rerun else 0.0
             sources = []
             for k, src in enumerate(op.inputs):
                 if src not in g.index:
@@ -164,7 +167,7 @@ class LayerCoster:
                     ef, eb = m.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
                                             consumer_partial_grad=partial, traced_batch_size=traced)
                 tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
-                if full or (rerun and ef > 0 and src not in regathered):
+                if rerun and ef > 0 and (full or src not in regathered):
                     rec_tp += ef
                     regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
@@ -178,7 +181,6 @@ class LayerCoster:
             for p in op.params:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
         if full:
-            rec += fwd
             act = self._block_input_bytes(layer, names)
         out_bytes = self._output_bytes(layer)
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
@@ -246,6 +248,17 @@ class LayerCoster:
         pl = self.plan.ops.get(last.name)
         div = self.tp if pl is not None and pl.output.startswith("S") else 1
         return tensor_bytes(last.output_meta[0], self.prec) * self.mbs / self.graph.batch_size / div
+
+
+def _recompute_stop(graph: OpGraph, layer: Layer) -> int:
+    """Position in `layer.ops` of the last op a checkpointed re-run executes (early stop): the last op that saves
+    a tensor for backward, or the op before it when that op is a matmul kind, which saves only its inputs (its
+    output is not needed, so the replay stops once its inputs exist)."""
+    for pos in range(len(layer.ops) - 1, -1, -1):
+        op = graph.ops[layer.ops[pos]]
+        if op.saved:
+            return pos - 1 if op.kind in ("linear", "matmul") else pos
+    return -1
 
 
 def _pattern(pl):

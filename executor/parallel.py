@@ -353,11 +353,16 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
     return model
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False) -> nn.Module:
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
+              block_paths: list[str] | None = None) -> nn.Module:
     """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
-    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward)."""
+    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward). `replicate`
+    wraps each repeated block, then the whole module, so each block's gradients are all-reduced as soon as its
+    backward ends (overlapping the rest of the backward, as DDP's buckets do)."""
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
         from torch.distributed._composable.replicate_with_fsdp import replicate
+        for block in _present(model, block_paths or []):
+            replicate(block, mesh=dp_mesh)
         return replicate(model, mesh=dp_mesh)
     from torch.nn.parallel import DistributedDataParallel as DDP
     dev = next(model.parameters()).device

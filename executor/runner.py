@@ -167,7 +167,7 @@ class Runner:
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
         if plan.mesh.dp > 1:
-            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1)
+            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths)
         return module
 
     def _build_pipeline(self, model: nn.Module) -> None:

@@ -78,6 +78,14 @@ def test_sequence_parallel_shards_norms_and_recompute_saves_memory(results):
     assert 0 < results["dp_full_recompute"]["activations"] < results["dp"]["activations"] / 2
 
 
+def test_colwise_head_feeds_a_vocabulary_parallel_loss(results):
+    # the LM head's logits stay sharded over the vocabulary and cross-entropy runs under loss_parallel, with and
+    # without sequence parallelism and pipelining; parity with one process is checked above
+    for name in ("tp", "tp_sp", "dp_tp", "tp_pp_sp", "zero3_tp"):
+        assert results[name]["vocab_parallel_loss"], name
+    assert not results["dp"]["vocab_parallel_loss"]
+
+
 def test_checkpoint_moves_between_plans(results):
     r = results["load_into_tp_pp"]
     assert r["start"] == 2 and r["n_losses"] == 1  # resumed at step 2 under a different plan

@@ -107,6 +107,7 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     mods = dict(m for part in runner.parts for m in part.named_modules())
     norm = next((m for n, m in mods.items() if n.endswith("ln_1")), None)
     out["norm_is_dtensor"] = norm is not None and isinstance(norm.weight, DTensor)
+    out["vocab_parallel_loss"] = bool(runner.heads) and not runner.gather_logits
     return out
 
 
