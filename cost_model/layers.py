@@ -13,6 +13,13 @@ saved is regenerated (early stop, on by default): ops after the last one produci
   4th, ... linears, a hand-written attention's score matmuls and softmax) re-runs, with the tp collectives feeding
   re-run ops (one per tensor).
 
+Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
+per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
+none under FSDP2, which gathers parameters already in the compute dtype), and its weight gradient is cast back to
+fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 12 for every micro-batch after the
+first: read both, write the sum; none after the first under ZeRO-2/3, which reduce every micro-batch). Priced as
+memory-bound kernels on the compute stream.
+
 Loss: when the LM head is column-parallel (logits sharded over the vocabulary) and the loss reads class indices
 (cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
 works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
@@ -140,6 +147,8 @@ class LayerCoster:
                 pl = vocab_loss
             f, b = m.op_time(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                              sequence_parallel=plan.sequence_parallel)
+            cf, cb = self._autocast_copies(op, pl)
+            f, b = f + cf, b + cb
             fwd, bwd = fwd + f, bwd + b
             linears += op.kind == "linear"
             rerun = pos <= stop and (full or (op.kind not in SAC_KEPT_KINDS
@@ -188,6 +197,21 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors)
+
+    def _autocast_copies(self, op, pl) -> tuple[float, float]:
+        """(forward, backward) seconds of autocast's weight cast and the weight gradient's cast and accumulation
+        for one micro-batch of a linear (see the module docstring); 0 at fp32 or for other ops."""
+        if self.prec == "fp32" or op.kind != "linear" or not op.params:
+            return 0.0, 0.0
+        plan = self.plan
+        elems = sum(_local_params(op, pl, self.tp).values())
+        m, mesh = plan.num_microbatches, plan.mesh
+        fsdp = mesh.dp > 1 and plan.zero_stage >= 1
+        cast = 0.0 if fsdp else 6.0 / (m if mesh.pp > 1 else 1)
+        per_mb_reduce = fsdp and plan.zero_stage >= 2 and mesh.pp == 1
+        grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
+        mem = self.model.compute.memory_time
+        return mem(elems * cast), mem(elems * grad)
 
     def _vocab_parallel_loss(self, op) -> OpPlacement | None:
         """For a cross-entropy loss (class-index targets) reading a column-parallel LM head's vocabulary-sharded

@@ -103,7 +103,9 @@ def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(g
     for rc in ("none", "selective", "full"):
         plan = _plan(gpt, cl, 1, recompute=rc)
         costs[rc] = LayerCoster(cm, gpt, plan, cm.tp_group(1)).cost(block)
-    fwd = [cm.op_time(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size)[0] for op in ops]
+    coster = LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1))
+    fwd = [cm.op_time(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
+           + coster._autocast_copies(op, None)[0] for op in ops]
     linears = [op.name for op in ops if op.kind == "linear"]
     assert len(linears) == 6 and any(op.kind == "attention" for op in ops)
     # the replay stops once the MLP's output projection has its input (gelu's output): the 6th linear and the
@@ -176,6 +178,27 @@ def test_autocast_prices_norms_softmax_and_losses_in_fp32():
                   output_meta=(TensorMeta((8, 1024, 1024), "float32"),), fwd_flops=0, bwd_flops=0,
                   bytes_read=0, bytes_written=0)
     assert cm.op_time(norm, None, 1, 1, "bf16") == cm.op_time(norm, None, 1, 1, "fp32")
+
+
+def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
+    cl, cl2 = cluster(per_node=1), cluster(per_node=2)
+    cm = CostModel(cl)
+    lin = gpt.op("h_0_mlp_c_fc")
+    elems = sum(p.numel for p in lin.params)
+    mem = cm.compute.memory_time
+
+    def copies(batch, precision="bf16", **force):
+        plan = _plan(gpt, cl2 if force else cl, batch, precision=precision, **force)
+        return LayerCoster(cm, gpt, plan, cm.tp_group(1))._autocast_copies(lin, plan.ops.get(lin.name))
+    # fp32 master weights cast to bf16 in each micro-batch's forward; the gradient cast back, then summed over
+    # micro-batches (6 bytes, plus 12 per later micro-batch)
+    assert copies(1) == pytest.approx((mem(6 * elems), mem(6 * elems)))
+    assert copies(4) == pytest.approx((mem(6 * elems), mem((6 + 12 * 3 / 4) * elems)))
+    # FSDP2 gathers bf16 parameters (no cast); ZeRO-3 reduces every micro-batch (no fp32 accumulation)
+    assert copies(8, dp=2, zero=3, mbs=1) == pytest.approx((0.0, mem(6 * elems)))
+    assert copies(4, precision="fp32") == (0.0, 0.0)
+    assert copies(1, precision="bf16")[0] > 0 and LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1)) \
+        ._autocast_copies(gpt.op("h_0_ln_1"), None) == (0.0, 0.0)
 
 
 def test_overlapped_collectives_slow_compute_on_nccl_only():
