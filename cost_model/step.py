@@ -14,7 +14,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   (`PipelineStage.perform_reduce_grad`) and the compute stream waits for it: exposed, serial after the flush.
 - ZeRO-1/2 all-gather parameters once per step, in the first micro-batch's forward (prefetched one unit ahead;
   kept whole between micro-batches); ZeRO-3 gathers each unit before its forward and again before its backward in
-  every micro-batch (prefetched one ahead), as FSDP2 does with reshard_after_forward.
+  every micro-batch (prefetched one ahead), as FSDP2 does with reshard_after_forward; under pipelining once per
+  micro-batch (a backward leaves parameters whole, a forward reshards them: 1F1B alternates the two).
 - A weight tied between the first and the last pipeline stage (embedding and LM head): its fp32 gradient copies
   are all-reduced between the two ranks after the dp reduction, before the optimizer (Megatron-LM's embedding
   all-reduce; executor.pipeline.sum_tied_grads).
@@ -154,11 +155,14 @@ class StepPredictor:
             [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
         ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
         if zero == 3:
+            # under pipelining parameters stay whole after a backward (the stage's reshard_after_backward=False)
+            # and are resharded after a forward: one gather per micro-batch, counted in its forward
+            bwd_g = [0.0] * n if self.deferred else gathers
             ch.fwd_s = _prefetched(fwd_c, gathers, self.slow)
-            ch.bwd_s = _with_reduce(bwd_c[::-1], gathers[::-1], reduces[::-1], self.slow)
-            ch.zero_comm_s = 2 * sum(gathers) + sum(reduces)
+            ch.bwd_s = _with_reduce(bwd_c[::-1], bwd_g[::-1], reduces[::-1], self.slow)
+            ch.zero_comm_s = sum(gathers) + sum(bwd_g) + sum(reduces)
             ch.contention_s = ch.fwd_s + ch.bwd_s - _prefetched(fwd_c, gathers) \
-                - _with_reduce(bwd_c[::-1], gathers[::-1], reduces[::-1])
+                - _with_reduce(bwd_c[::-1], bwd_g[::-1], reduces[::-1])
         elif zero == 2 and not self.deferred:
             ch.bwd_s = _with_reduce(bwd_c[::-1], [0.0] * n, reduces[::-1], self.slow)
             ch.zero_comm_s = sum(reduces)

@@ -58,6 +58,17 @@ def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
         assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + sum(sp1._coll("reduce_scatter", b) for b in units))
 
 
+def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flush(gpt):
+    cl = _no_latency(cluster(nodes=2, per_node=2))
+    m = 4
+    sp = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 2 * m, dp=2, pp=2, zero=3))
+    for ch in (sp.chunks[0][0], sp.chunks[1][0]):
+        gather = sum(sp._coll("all_gather", l.param_elems * 2) for l in ch.layers)
+        assert ch.zero_comm_s == pytest.approx(gather)  # no reduce-scatter inside a micro-batch
+    _, spans, _ = sp.dp_tail(0, sp_times(sp))
+    assert spans and all(n.startswith("reduce-scatter") for _, _, n in spans)
+
+
 def test_gradients_reduce_in_fp32_at_twice_the_bf16_bytes():
     assert GRAD_REDUCE_BYTES == 4.0
     g, cl = megatron_gpt(layers=2), _no_latency(cluster(per_node=2))
