@@ -165,8 +165,8 @@ def tp_styles(model: nn.Module, strategies: Mapping[str, str], sequence_parallel
 
     Without sequence parallelism: colwise -> ColwiseParallel (output kept as local shards when a rowwise sibling
     consumes it; a head in `heads` (`vocab_heads`) returns its logits as a DTensor sharded over the vocabulary,
-    which the runner's loss reads vocabulary-parallel; any other lone colwise gathers to Replicate), rowwise -> RowwiseParallel, vocab ->
-    RowwiseParallel(input_layouts=Replicate()). With it (Korthikanti et al.; torchtitan's layout): norms are
+    which the runner's loss reads vocabulary-parallel; any other lone colwise gathers to Replicate), rowwise ->
+    RowwiseParallel, vocab -> RowwiseParallel(input_layouts=Replicate()). With it (Korthikanti et al.; torchtitan's layout): norms are
     SequenceParallel, the residual stream is sharded on the sequence dim (Shard(1)) between blocks, each module
     holding colwise projections all-gathers its input (PrepareModuleInput Shard(1) -> Replicate), rowwise outputs are
     reduce-scattered to Shard(1), the first block shards its replicated input, and a colwise head after the blocks
