@@ -11,7 +11,7 @@ saved is regenerated (early stop, on by default): ops after the last one produci
 - `selective` is torchtitan's op-level policy: the outputs of the attention kernel (SDPA) and of every other
   linear (1st, 3rd, ... in forward order) are kept; every other op (norms, activations, residual adds, the 2nd,
   4th, ... linears, a hand-written attention's score matmuls and softmax) re-runs, with the tp collectives feeding
-  re-run ops (one per tensor).
+  re-run ops (one per tensor) except reduce-scatters, whose outputs it keeps.
 
 Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
 per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
@@ -176,7 +176,9 @@ class LayerCoster:
                     ef, eb = m.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
                                             consumer_partial_grad=partial, traced_batch_size=traced)
                 tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
-                if rerun and ef > 0 and (full or src not in regathered):
+                # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
+                kept = selective and s_pl == "P" and d_pl.startswith("S")
+                if rerun and ef > 0 and not kept and (full or src not in regathered):
                     rec_tp += ef
                     regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
