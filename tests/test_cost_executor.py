@@ -227,3 +227,16 @@ def test_overlapped_collectives_slow_compute_on_nccl_only():
 
 def test_graph_helpers_are_real_ops(gpt):
     assert isinstance(gpt, OpGraph) and gpt.op("loss").kind == "loss"
+
+
+def test_selective_recompute_repeats_one_sequence_gather_and_no_reduce_scatter(gpt):
+    # with sequence parallelism the re-run k projection needs ln_1's output gathered again (once); the
+    # reduce-scatters after the row-parallel linears are kept by the policy, so none re-runs
+    cl = cluster(per_node=2)
+    cm = CostModel(cl)
+    plan = _plan(gpt, cl, 1, tp=2, sp=1, recompute="selective")
+    block = next(l for l in gpt.layers() if l.block_type)
+    cost = LayerCoster(cm, gpt, plan, cm.tp_group(2)).cost(block)
+    ln1 = next(gpt.ops[i] for i in block.ops if gpt.ops[i].kind == "norm")
+    gather = cm.reshard_time(ln1.output_meta[0], "S(1)", "R", 2, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
+    assert gather > 0 and cost.recompute_tp == pytest.approx(gather)
