@@ -13,7 +13,7 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 - With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
   (`PipelineStage.perform_reduce_grad`) and the compute stream waits for it: exposed, serial after the flush.
 - ZeRO-1/2 all-gather parameters once per step, in the first micro-batch's forward (prefetched one unit ahead;
-  kept whole between micro-batches); ZeRO-3 gathers each unit before its forward and again before its backward in
+  kept whole between micro-batches; under pipelining each stage's exposed part delays the first micro-batch); ZeRO-3 gathers each unit before its forward and again before its backward in
   every micro-batch (prefetched one ahead), as FSDP2 does with reshard_after_forward; under pipelining once per
   micro-batch (a backward leaves parameters whole, a forward reshards them: 1F1B alternates the two).
 - A weight tied between the first and the last pipeline stage (embedding and LM head): its fp32 gradient copies
@@ -329,9 +329,11 @@ class StepPredictor:
         bwd = np.array([[ch.bwd_s for ch in row] for row in self.chunks])
         times = simulate(plan.schedule, fwd, bwd, m, self.p2p_s)
         comp_end = times.rank_end()
-        # ZeRO-1/2's once-per-step gathers delay the first forward; rank 0's delay shifts the whole pipeline
-        first = [self.chunks[r][0].first_gather_s for r in range(self.pp)]
-        leads = [max(first[0], first[r] - float(times.f_start[r, 0, 0])) for r in range(self.pp)]
+        # ZeRO-1/2's once-per-step gathers run in each stage's first forward (FSDP2's pre-forward hook, when the
+        # stage's input has arrived), so the first micro-batch meets every stage's exposed gather on its way through
+        # the pipeline: the whole schedule shifts by their sum
+        lead = sum(ch.first_gather_s for row in self.chunks for ch in row)
+        leads = [lead] * self.pp
         t_end, rows = [], []
         for r in range(self.pp):
             dp_end, spans, slowed = self.dp_tail(r, times)

@@ -240,3 +240,14 @@ def test_selective_recompute_repeats_one_sequence_gather_and_no_reduce_scatter(g
     ln1 = next(gpt.ops[i] for i in block.ops if gpt.ops[i].kind == "norm")
     gather = cm.reshard_time(ln1.output_meta[0], "S(1)", "R", 2, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
     assert gather > 0 and cost.recompute_tp == pytest.approx(gather)
+
+
+def test_pipelined_zero1_first_forward_gathers_add_up_along_the_pipeline(gpt):
+    cl = _no_latency(cluster(nodes=2, per_node=2))
+    sp = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=2, pp=2, zero=1))
+    first = [row[0].first_gather_s for row in sp.chunks]
+    assert all(f > 0 for f in first)
+    with_gathers = sp.run(False).step_time_s
+    for row in sp.chunks:
+        row[0].first_gather_s = 0.0
+    assert with_gathers - sp.run(False).step_time_s == pytest.approx(sum(first))
