@@ -154,27 +154,8 @@ class LayerCoster:
             rerun = pos <= stop and (full or (op.kind not in SAC_KEPT_KINDS
                                                and not (op.kind == "linear" and linears % 2 == 1)))
             rec += f if rerun else 0.0
-            sources = []
-            for k, src in enumerate(op.inputs):
-                if src not in g.index:
-                    sources.append("R")
-                    continue
-                src_pl = plan.ops.get(src)
-                s_pl = src_pl.output if src_pl is not None else "R"
-                d_pl = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
-                sources.append(s_pl)
-                producer = g.op(src)
-                if not producer.output_meta:
-                    continue
-                partial = (pl is not None and pl.strategy == "colwise" and d_pl == "R" and tp > 1
-                           and src not in reduced)
-                if partial:
-                    reduced.add(src)
-                if vocab_loss is not None and src == self.roles.lm_head:
-                    ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
-                else:
-                    ef, eb = m.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
-                                            consumer_partial_grad=partial, traced_batch_size=traced)
+            sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
+            for src, s_pl, d_pl, ef, eb in edges:
                 tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
                 # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
                 kept = selective and s_pl == "P" and d_pl.startswith("S")
@@ -199,6 +180,35 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors)
+
+    def _edges(self, op, pl, vocab_loss: bool, reduced: set[str]) -> tuple[list[str], list[tuple]]:
+        """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,
+        per input produced in the graph, (producer, its placement, the one `op` reads, forward and backward tp
+        seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces).
+        `reduced` collects producers whose input-gradient all-reduce is charged (once per tensor)."""
+        g, plan, tp = self.graph, self.plan, self.tp
+        sources, edges = [], []
+        for k, src in enumerate(op.inputs):
+            if src not in g.index:
+                sources.append("R")
+                continue
+            src_pl = plan.ops.get(src)
+            s_pl = src_pl.output if src_pl is not None else "R"
+            d_pl = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
+            sources.append(s_pl)
+            producer = g.op(src)
+            if not producer.output_meta:
+                continue
+            partial = pl is not None and pl.strategy == "colwise" and d_pl == "R" and tp > 1 and src not in reduced
+            if partial:
+                reduced.add(src)
+            if vocab_loss and src == self.roles.lm_head:
+                ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
+            else:
+                ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
+                                                 consumer_partial_grad=partial, traced_batch_size=g.batch_size)
+            edges.append((src, s_pl, d_pl, ef, eb))
+        return sources, edges
 
     def _autocast_copies(self, op, pl) -> tuple[float, float]:
         """(forward, backward) seconds of autocast's weight cast and the weight gradient's cast and accumulation
