@@ -86,6 +86,15 @@ def test_colwise_head_feeds_a_vocabulary_parallel_loss(results):
     assert not results["dp"]["vocab_parallel_loss"]
 
 
+def test_zero12_gather_parameters_once_per_step(results):
+    # 2 micro-batches; FSDP2 units = 4 blocks + the root: ZeRO-1/2 keep parameters whole between micro-batches
+    # (one all-gather per unit per step); ZeRO-3 (1 micro-batch) gathers every unit, the root included
+    # (apply_fsdp reshards it after forward too), before its forward and again before its backward
+    assert results["zero1"]["all_gathers_last_step"] == 5
+    assert results["zero2"]["all_gathers_last_step"] == 5
+    assert results["zero3"]["all_gathers_last_step"] == 2 * 5
+
+
 def test_checkpoint_moves_between_plans(results):
     r = results["load_into_tp_pp"]
     assert r["start"] == 2 and r["n_losses"] == 1  # resumed at step 2 under a different plan
