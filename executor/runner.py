@@ -201,16 +201,16 @@ class Runner:
         `loss_parallel`, no logits all-gather); otherwise, or when the loss function fails on them, they are
         all-gathered first."""
         from torch.distributed.tensor import DTensor
-        logits = _logits(out)
-        if not isinstance(logits, DTensor):
+        if not self.heads:
             return self.loss_fn(out, target)
-        if not self.gather_logits and _class_targets(logits, target):
+        logits = _logits(out)
+        if isinstance(logits, DTensor) and not self.gather_logits and _class_targets(logits, target):
             try:
                 loss = self.loss_fn(out, target)
                 return loss.full_tensor() if isinstance(loss, DTensor) else loss
             except Exception:  # a loss that does not run on DTensor logits: gather them from now on
                 self.gather_logits = True
-        return self.loss_fn(_replace_logits(out, logits.full_tensor()), target)
+        return self.loss_fn(_gathered(out), target)
 
     def _loss_context(self):
         """`loss_parallel()` around forward and backward when the head's logits stay vocabulary-sharded (the
@@ -358,16 +358,14 @@ def _logits(out):
     return getattr(out, "logits", out)
 
 
-def _replace_logits(out, logits):
-    if isinstance(out, (tuple, list)):
-        return type(out)([logits, *out[1:]])
-    if isinstance(out, dict):
-        key = "logits" if "logits" in out else next(iter(out))
-        return {**out, key: logits}
-    if hasattr(out, "logits") and not isinstance(out, torch.Tensor):
-        out.logits = logits
-        return out
-    return logits
+def _gathered(out):
+    """`out` with every DTensor in it (vocabulary-sharded logits) all-gathered to a plain tensor."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map
+    full = tree_map(lambda t: t.full_tensor() if isinstance(t, DTensor) else t, out)
+    if isinstance(getattr(full, "logits", None), DTensor):  # an output object pytree does not know
+        full.logits = full.logits.full_tensor()
+    return full
 
 
 def _class_targets(logits, target) -> bool:
