@@ -278,7 +278,8 @@ class Runner:
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
             with self._loss_context():
                 with self._sync(model, last=k == n - 1), self._autocast():
-                    loss = self._loss(model(*_as_args(x)), y) / n
+                    out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
+                    loss = self._loss(out, y) / n
                 with self._sync(model, last=k == n - 1):
                     loss.backward()
             total += loss.detach().float()
@@ -409,8 +410,8 @@ def _to(x, device):
 
 def _as_args(x) -> tuple:
     if isinstance(x, dict):
-        raise ExecutorError("dict inputs are passed as keyword arguments, which this runner does not support; "
-                            "make sample_batch return a tensor or a tuple of tensors")
+        raise ExecutorError("dict inputs are passed as keyword arguments, which pipeline stages do not support; "
+                            "make sample_batch return a tensor or a tuple of tensors, or use pp=1")
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 

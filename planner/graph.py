@@ -110,6 +110,9 @@ class OpNode:
     """Repeated-block instance this op belongs to, e.g. `transformer.h.3`; None outside any block."""
     block_type: str | None = None
     """Label shared by structurally identical blocks, e.g. `transformer.h.*`."""
+    args: tuple = ()
+    """The call's arguments other than tensors, in call order (`T` where a tensor was passed; keyword arguments
+    last, as `(name, value)` pairs): the dims of a split, transpose or softmax, which shapes alone cannot tell."""
 
     @property
     def flops(self) -> int:

@@ -63,6 +63,32 @@ def _meta_str(x: Any) -> str:
     return ", ".join(str(s) for s in shapes) or "no tensors"
 
 
+def _plain(x: Any) -> Any:
+    """A hashable, printable stand-in for one call argument: numbers, strings and None as they are, tensors as
+    `T`, sequences as tuples, slices as `("slice", start, stop, step)`, anything else by its type name."""
+    if isinstance(x, torch.Tensor):
+        return "T"
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(x)
+    if isinstance(x, slice):
+        return ("slice", _plain(x.start), _plain(x.stop), _plain(x.step))
+    if x is Ellipsis:
+        return "..."
+    if isinstance(x, (tuple, list, torch.Size)):
+        return tuple(_plain(v) for v in x)
+    return type(x).__name__
+
+
+def plain_args(call_args: tuple[tuple, dict]) -> tuple:
+    """`OpNode.args` of a call: positional arguments, then keyword arguments as (name, value) pairs."""
+    args, kwargs = call_args
+    if not isinstance(kwargs, dict):  # the loss op: (outputs, targets)
+        return tuple(_plain(a) for a in call_args)
+    return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in sorted(kwargs.items()))
+
+
 def _first_line(exc: BaseException, limit: int = 160) -> str:
     """The first non-empty line of an exception message, shortened."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -304,7 +330,8 @@ class _Builder:
             name=name, kind=kind_of(bool(params)), target=label, module_path=path, inputs=producers,
             input_meta=in_meta, output_meta=out_meta, fwd_flops=cost.fwd_flops, bwd_flops=cost.bwd_flops,
             bytes_read=sum(m.bytes for m in in_meta), bytes_written=sum(m.bytes for m in out_meta),
-            params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type))
+            params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type,
+            args=plain_args(call_args)))
         self.op_names.add(name)
 
     def add_loss(self, output_node: torch.fx.Node, outputs: Any, targets: Any, path: str) -> None:

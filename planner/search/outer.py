@@ -44,7 +44,7 @@ from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fi
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
-from planner.strategies import module_strategies, strategies_for, tp_layout_problems
+from planner.strategies import graph_split_problems, module_strategies, strategies_for, tp_layout_problems
 
 
 
@@ -295,8 +295,11 @@ class OuterSearch:
                 placement = self._check_against_megatron(tp, mbs, sp, placement)
             if placement is not None and tp > 1 and not placement.ops:
                 # every op replicated over tp: tp ranks would compute the same thing twice (and an executor
-                # given no placements applies its own layout), so this is not a tensor-parallel candidate
-                placement = None
+                # given no placements applies its own layout); Megatron's layout is the candidate, if it runs
+                mega, why = self.megatron(tp, sp)
+                placement = PlacementResult(ops=mega, sequence_parallel=sp, notes=placement.notes + (
+                    f"tp={tp}: the placement ILP replicated every op; used Megatron's layout",)) \
+                    if mega and not why else None
             for note in placement.notes if placement is not None else ():
                 if note not in self.notes:
                     self.notes.append(note)
@@ -306,7 +309,7 @@ class OuterSearch:
     def _runnable(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult | None:
         """The ILP's placements when the executor can apply them exactly (`plan_tp_problems`), else Megatron's
         (with a note), else None (this tp is not a candidate; the note says why)."""
-        problems = self.tp_problems(ilp.ops, sp and ilp.sequence_parallel)
+        problems = self.tp_problems(ilp.ops, sp and ilp.sequence_parallel, tp)
         if not problems:
             return ilp
         mega, why = self.megatron(tp, sp)
@@ -314,8 +317,11 @@ class OuterSearch:
             return PlacementResult(ops=mega, sequence_parallel=sp, notes=ilp.notes + (
                 f"tp={tp}{' with sequence parallelism' if sp else ''}: the placement ILP's layout is not one the "
                 f"executor applies ({problems[0]}); used Megatron's",))
-        self.notes.append(f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); "
-                          "tp>1 skipped for it")
+        what = "tp>1 with sequence parallelism" if sp else "tp>1"
+        note = (f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); {what} skipped "
+                "for it")
+        if note not in self.notes:
+            self.notes.append(note)
         return None
 
     def _check_against_megatron(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult:
@@ -341,14 +347,15 @@ class OuterSearch:
                 f"tp={tp} mbs={mbs}: Megatron's layout predicted faster than the placement ILP's; used it",))
         return ilp
 
-    def tp_problems(self, ops: Mapping[str, OpPlacement], sp: bool) -> list[str]:
+    def tp_problems(self, ops: Mapping[str, OpPlacement], sp: bool, tp: int) -> list[str]:
         """`planner.strategies.plan_tp_problems` with the graph's modules computed once per search and the answer
         cached per distinct placement (the same layout comes back for many micro-batch sizes)."""
-        key = (frozenset(ops.items()), sp)
+        key = (frozenset(ops.items()), sp, tp)
         if key not in self._problems:
             mods = self.placer.tp_modules
             strategies, problems = module_strategies(ops, mods)
-            self._problems[key] = problems + tp_layout_problems(mods, strategies, sp)
+            self._problems[key] = problems + tp_layout_problems(mods, strategies, sp) + \
+                graph_split_problems(self.graph, mods, strategies, tp)
         return self._problems[key]
 
     def megatron(self, tp: int, sp: bool) -> tuple[dict[str, OpPlacement], str]:
@@ -356,10 +363,13 @@ class OuterSearch:
         (empty when it can); ({}, why) when the layout does not exist for this graph."""
         key = (tp, sp)
         if key not in self._megatron:
-            from planner.defaults import megatron_placements
+            from planner.defaults import megatron_placements, refused_note
+            note = refused_note(self.graph, tp)
+            if note and note not in self.notes:
+                self.notes.append(note)
             try:
                 mega = megatron_placements(self.graph, tp, sp)
-                why = (self.tp_problems(mega, sp) or [""])[0]
+                why = (self.tp_problems(mega, sp, tp) or [""])[0]
             except PlanError as e:
                 mega, why = {}, str(e)
             self._megatron[key] = (mega, why)
