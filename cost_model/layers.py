@@ -2,15 +2,44 @@
 
 A layer's cost depends only on its ops and their placements, so structurally identical blocks (same block type,
 same placements) are priced once and reused (`LayerCoster`).
+
+Recomputation is priced as the executor applies it (executor.parallel.apply_ac) on each block. torch's
+non-reentrant checkpoint replays the block's forward in backward and stops as soon as every tensor the backward
+saved is regenerated (early stop, on by default): ops after the last one producing a saved tensor do not re-run
+(in a GPT block, the MLP's output projection and the residual add). Up to there:
+- `full` re-runs every op, attention and tp collectives included;
+- `selective` is torchtitan's op-level policy: the outputs of the attention kernel (SDPA) and of every other
+  linear (1st, 3rd, ... in forward order) are kept; every other op (norms, activations, residual adds, the 2nd,
+  4th, ... linears, a hand-written attention's score matmuls and softmax) re-runs, with the tp collectives feeding
+  re-run ops (one per tensor) except reduce-scatters, whose outputs it keeps.
+
+Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
+per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
+none under FSDP2, which gathers parameters already in the compute dtype), and its weight gradient is cast back to
+fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 12 for every micro-batch after the
+first: read both, write the sum; none after the first under ZeRO-2/3, which reduce every micro-batch). Priced as
+memory-bound kernels on the compute stream.
+
+Loss: when the LM head is column-parallel (logits sharded over the vocabulary) and the loss reads class indices
+(cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
+works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
+logit; torch.distributed.tensor.parallel.loss) run in forward.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cost_model.compute import DTENSOR_STRATEGIES, split_inputs, tensor_bytes
+from cost_model.compute import DTENSOR_STRATEGIES, FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import roles
-from planner.graph import Layer, OpGraph
-from planner.plan import Plan
+from planner.graph import Layer, OpGraph, dtype_bytes
+from planner.plan import OpPlacement, Plan
+
+LOSS_PARALLEL_ALL_REDUCES = 3
+"""All-reduces of one fp32 value per logits row in a vocabulary-parallel cross-entropy's forward: the row max
+(log-softmax), the sum of exponentials, and the target's logit (nll_loss); its backward is local
+(torch.distributed.tensor.parallel.loss)."""
+SAC_KEPT_KINDS = frozenset({"attention"}) | FREE_KINDS
+"""Op kinds whose outputs torchtitan's selective policy keeps (SDPA) or that launch nothing (views)."""
 
 
 @dataclass(frozen=True)
@@ -106,40 +135,39 @@ class LayerCoster:
         tensors: dict[str, bool] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
-        for i in layer.ops:
+        selective = plan.recompute == "selective" and layer.block_type is not None
+        stop = _recompute_stop(g, layer) if full or selective else -1
+        linears = 0
+        regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
+        for pos, i in enumerate(layer.ops):
             op = g.ops[i]
             pl = plan.ops.get(op.name)
+            vocab_loss = self._vocab_parallel_loss(op)
+            if vocab_loss is not None:
+                pl = vocab_loss
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
             kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                                         sequence_parallel=plan.sequence_parallel)
+            cf, cb = self._autocast_copies(op, pl)
+            kf, kb = kf + cf, kb + cb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
             f = m.compute.combine(kf, hf)
-            sources = []
-            for k, src in enumerate(op.inputs):
-                if src not in g.index:
-                    sources.append("R")
-                    continue
-                src_pl = plan.ops.get(src)
-                s_pl = src_pl.output if src_pl is not None else "R"
-                d_pl = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
-                sources.append(s_pl)
-                producer = g.op(src)
-                if not producer.output_meta:
-                    continue
-                partial = (pl is not None and pl.strategy == "colwise" and d_pl == "R" and tp > 1
-                           and src not in reduced)
-                if partial:
-                    reduced.add(src)
-                ef, eb = m.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
-                                        consumer_partial_grad=partial, traced_batch_size=traced)
+            linears += op.kind == "linear"
+            rerun = pos <= stop and (full or (op.kind not in SAC_KEPT_KINDS
+                                               and not (op.kind == "linear" and linears % 2 == 1)))
+            rec += f if rerun else 0.0
+            sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
+            for src, s_pl, d_pl, ef, eb in edges:
                 tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
-                if full:
+                # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
+                kept = selective and s_pl == "P" and d_pl.startswith("S")
+                if rerun and ef > 0 and not kept and (full or src not in regathered):
                     rec_tp += ef
+                    regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                                input_sources=tuple(sources))
             act_full += a
             if plan.recompute == "selective" and op.name in core:
-                rec += f
                 a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
@@ -148,7 +176,6 @@ class LayerCoster:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
-            rec += fwd
             act = self._block_input_bytes(layer, names)
         out_bytes = self._output_bytes(layer)
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
@@ -156,6 +183,73 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors)
+
+    def _edges(self, op, pl, vocab_loss: bool, reduced: set[str]) -> tuple[list[str], list[tuple]]:
+        """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,
+        per input produced in the graph, (producer, its placement, the one `op` reads, forward and backward tp
+        seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces).
+        `reduced` collects producers whose input-gradient all-reduce is charged (once per tensor)."""
+        g, plan, tp = self.graph, self.plan, self.tp
+        sources, edges = [], []
+        for k, src in enumerate(op.inputs):
+            if src not in g.index:
+                sources.append("R")
+                continue
+            src_pl = plan.ops.get(src)
+            s_pl = src_pl.output if src_pl is not None else "R"
+            d_pl = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
+            sources.append(s_pl)
+            producer = g.op(src)
+            if not producer.output_meta:
+                continue
+            partial = pl is not None and pl.strategy == "colwise" and d_pl == "R" and tp > 1 and src not in reduced
+            if partial:
+                reduced.add(src)
+            if vocab_loss and src == self.roles.lm_head:
+                ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
+            else:
+                ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
+                                                 consumer_partial_grad=partial, traced_batch_size=g.batch_size)
+            edges.append((src, s_pl, d_pl, ef, eb))
+        return sources, edges
+
+    def _autocast_copies(self, op, pl) -> tuple[float, float]:
+        """(forward, backward) seconds of autocast's weight cast and the weight gradient's cast and accumulation
+        for one micro-batch of a linear (see the module docstring); 0 at fp32 or for other ops."""
+        if self.prec == "fp32" or op.kind != "linear" or not op.params:
+            return 0.0, 0.0
+        plan = self.plan
+        elems = sum(_local_params(op, pl, self.tp).values())
+        m, mesh = plan.num_microbatches, plan.mesh
+        fsdp = mesh.dp > 1 and plan.zero_stage >= 1
+        cast = 0.0 if fsdp else 6.0 / (m if mesh.pp > 1 else 1)
+        per_mb_reduce = fsdp and plan.zero_stage >= 2 and mesh.pp == 1
+        grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
+        mem = self.model.compute.memory_time
+        return mem(elems * cast), mem(elems * grad)
+
+    def _vocab_parallel_loss(self, op) -> OpPlacement | None:
+        """For a cross-entropy loss (class-index targets) reading a column-parallel LM head's vocabulary-sharded
+        logits, the placement the executor's `loss_parallel` gives it (the logits' shard, the rest replicated);
+        None otherwise."""
+        head = self.roles.lm_head
+        if self.tp <= 1 or op.kind != "loss" or head is None or head not in op.inputs or len(op.input_meta) < 2:
+            return None
+        hp = self.plan.ops.get(head)
+        if hp is None or hp.strategy != "colwise" or not hp.output.startswith("S"):
+            return None
+        logits, target = op.input_meta[0], op.input_meta[1]
+        integer = target.dtype.removeprefix("torch.") in ("int64", "int32", "int16", "int8", "uint8")
+        if not integer or len(logits.shape) != len(target.shape) + 1:
+            return None
+        return OpPlacement(strategy="shard", module=op.module_path, inputs=(hp.output, "R"), output="R")
+
+    def _loss_parallel_time(self, logits) -> float:
+        """Forward seconds of a vocabulary-parallel cross-entropy's all-reduces (`LOSS_PARALLEL_ALL_REDUCES` of
+        one fp32 value per logits row) over the tp group."""
+        rows = logits.numel / max(1, logits.shape[-1]) * self.mbs / self.graph.batch_size
+        one = self.model.comm.time("all_reduce", rows * dtype_bytes("float32"), self.tp_group)
+        return LOSS_PARALLEL_ALL_REDUCES * one
 
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core
@@ -193,6 +287,17 @@ class LayerCoster:
         pl = self.plan.ops.get(last.name)
         div = self.tp if pl is not None and pl.output.startswith("S") else 1
         return tensor_bytes(last.output_meta[0], self.prec) * self.mbs / self.graph.batch_size / div
+
+
+def _recompute_stop(graph: OpGraph, layer: Layer) -> int:
+    """Position in `layer.ops` of the last op a checkpointed re-run executes (early stop): the last op that saves
+    a tensor for backward, or the op before it when that op is a matmul kind, which saves only its inputs (its
+    output is not needed, so the replay stops once its inputs exist)."""
+    for pos in range(len(layer.ops) - 1, -1, -1):
+        op = graph.ops[layer.ops[pos]]
+        if op.saved:
+            return pos - 1 if op.kind in ("linear", "matmul") else pos
+    return -1
 
 
 def _pattern(pl):

@@ -19,6 +19,18 @@ from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.plan import OpPlacement, Plan
 
 
+AUTOCAST_FP32_KINDS = frozenset({"norm", "softmax", "loss"})
+"""Op kinds that run in fp32 under bf16/fp16 autocast, whatever their inputs: layer_norm, group_norm, norm,
+softmax, log_softmax, cross_entropy, nll_loss, mse_loss and the other losses are on PyTorch's "CUDA Ops that can
+autocast to float32" list (torch.amp docs, Autocast Op Reference); matmuls and linears run in the autocast dtype.
+The executor trains under autocast at the plan's precision, so these ops read and write 4-byte elements."""
+
+
+def op_precision(kind: str, precision: str) -> str:
+    """The dtype an op of `kind` computes in under the executor's autocast at `precision`."""
+    return "fp32" if precision in ("bf16", "fp16") and kind in AUTOCAST_FP32_KINDS else precision
+
+
 def _kind(pl: str) -> str:
     if pl.startswith("S"):
         return "S"
@@ -44,7 +56,9 @@ class CostModel:
                 *, traced_batch_size: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
         """(forward, backward) compute seconds of one op for one micro-batch on one tp rank; placement None means
         replicated. `traced_batch_size` is the graph's `batch_size` (the tracer's default is 1);
-        `sequence_parallel` says norms run on DTensors (their per-op overhead)."""
+        `sequence_parallel` says norms run on DTensors (their per-op overhead). Norms, softmax and losses are
+        priced in fp32 under a bf16/fp16 plan (`op_precision`: autocast runs them in fp32)."""
+        precision = op_precision(op.kind, precision)
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
         return self.compute.op_times(op.kind, work, precision)
 
@@ -53,6 +67,7 @@ class CostModel:
                  ) -> tuple[float, float, float, float]:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
         `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums)."""
+        precision = op_precision(op.kind, precision)
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
         return self.compute.op_parts(op.kind, work, precision)
 

@@ -1,15 +1,26 @@
 """One training step of a plan: stage pass times, the pipeline simulation, gradient reduction, optimizer.
 
 Streams per representative device (one per pipeline rank): compute (passes, tp collectives on its critical path),
-a data-parallel stream (gradient buckets, ZeRO traffic), point-to-point transfers on the dependency edges.
+a data-parallel stream (gradient reductions, ZeRO traffic), point-to-point transfers on the dependency edges. What
+is priced is what the executor does (executor.parallel, executor.runner; torch's pipelining stage):
 
-- ZeRO 0/1: gradients accumulate locally over micro-batches; during each chunk's last backward, buckets of
-  DDP_BUCKET_BYTES are all-reduced (0) or reduce-scattered (1) as their layers finish, overlapped with the rest of
-  the backward; ZeRO-1 all-gathers the updated parameters after the optimizer step.
-- ZeRO 2: gradients are reduce-scattered layer by layer in every micro-batch's backward (so only a shard is kept),
-  on a second stream; parameters are all-gathered after the step.
-- ZeRO 3: additionally each layer's parameters are all-gathered before its forward and again before its backward,
-  prefetched one layer ahead (FSDP's default), on their own stream.
+- Dtypes: gradients are reduced in fp32 (`GRAD_REDUCE_BYTES`: FSDP2's reduce_dtype, DDP's fp32 buckets; Megatron-LM
+  does the same for bf16 models); ZeRO parameter all-gathers move the compute dtype (FSDP2's param_dtype).
+- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets of fp32 gradients during the last
+  micro-batch's backward as they fill; FSDP2 units (each block, then the root holding the rest) reduce when their
+  backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last micro-batch only, ZeRO-2/3 in
+  every micro-batch, on their own stream.
+- With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
+  (`PipelineStage.perform_reduce_grad`) and the compute stream waits for it: exposed, serial after the flush.
+- ZeRO-1/2 all-gather parameters once per step, in the first micro-batch's forward (prefetched one unit ahead;
+  kept whole between micro-batches; under pipelining each stage's exposed part delays the first micro-batch); ZeRO-3 gathers each unit before its forward and again before its backward in
+  every micro-batch (prefetched one ahead), as FSDP2 does with reshard_after_forward; under pipelining once per
+  micro-batch (a backward leaves parameters whole, a forward reshards them: 1F1B alternates the two).
+- A weight tied between the first and the last pipeline stage (embedding and LM head): its fp32 gradient copies
+  are all-reduced between the two ranks after the dp reduction, before the optimizer (Megatron-LM's embedding
+  all-reduce; executor.pipeline.sum_tied_grads).
+- Contention: compute that overlaps a data-parallel collective runs slower by the comm model's
+  `overlap_slowdown` (NCCL's CTAs take SMs and HBM bandwidth) for the overlapped time.
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
   the gradient and writes weight, m, v and the 16-bit copy (30 bytes in mixed precision, 28 in fp32; first-principles
   byte count of torch.optim.AdamW's fused update).
@@ -20,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_model.communication import mesh_groups
+from cost_model.communication import Group, mesh_groups
 from cost_model.layers import TENSOR_KINDS, LayerCost, LayerCoster
 from cost_model.memory import DDP_BUCKET_BYTES, in_flight, model_state_bytes
 from cost_model.prediction import Prediction, TraceEvent
@@ -32,6 +43,11 @@ from planner.plan import Plan
 
 ADAM_BYTES_PER_PARAM = {"bf16": 30.0, "fp16": 30.0, "fp32": 28.0}
 """Bytes the Adam update moves per local parameter (see the module docstring)."""
+GRAD_REDUCE_BYTES = 4.0
+"""Bytes per gradient element in data-parallel reductions: the executor keeps fp32 parameters and reduces their
+gradients in fp32 (FSDP2 `MixedPrecisionPolicy(reduce_dtype=torch.float32)`; DDP buckets and `replicate` hold the
+fp32 parameters' gradients), as Megatron-LM does for bf16 models (its arguments.py: "bfloat16 requires gradient
+accumulation and all-reduce to be done in fp32")."""
 
 
 @dataclass
@@ -48,6 +64,12 @@ class Chunk:
     """Pure compute of one forward + backward (including recomputation)."""
     zero_comm_s: float = 0.0
     """ZeRO-2/3 collective seconds per micro-batch (overlapped or not)."""
+    first_gather_s: float = 0.0
+    """ZeRO-1/2: the exposed part of the once-per-step parameter all-gathers in the chunk's first forward."""
+    gather_once_s: float = 0.0
+    """ZeRO-1/2: the chunk's once-per-step parameter all-gathers (overlapped or not)."""
+    contention_s: float = 0.0
+    """Seconds per micro-batch by which overlapped ZeRO collectives slow the chunk's compute."""
 
 
 def _check(graph: OpGraph, plan: Plan, cluster) -> tuple:
@@ -66,26 +88,31 @@ def _check(graph: OpGraph, plan: Plan, cluster) -> tuple:
     return layers, stages
 
 
-def _prefetched(compute: list[float], comm: list[float]) -> float:
-    """End of a chain of layers whose layer i waits for its gather i; gather i+1 is issued when layer i starts."""
-    comm_free = comp_end = comp_start = 0.0
-    for c, g in zip(compute, comm):
-        comm_free = max(comm_free, comp_start) + g
-        comp_start = max(comp_end, comm_free)
-        comp_end = comp_start + c
-    return comp_end
+def _prefetched(compute: list[float], comm: list[float], slow: float = 0.0) -> float:
+    """End of a chain of layers whose layer i waits for its gather i; gather i+1 is issued when layer i starts.
+    Compute overlapping a gather runs `slow` slower for the overlapped time."""
+    return _with_reduce(compute, comm, [0.0] * len(compute), slow)
 
 
-def _with_reduce(compute: list[float], gather: list[float], reduce: list[float]) -> float:
+def _with_reduce(compute: list[float], gather: list[float], reduce: list[float], slow: float = 0.0) -> float:
     """Backward chain: gathers prefetched as in `_prefetched`; layer i's gradient reduce-scatter runs on its own
-    stream once layer i's backward ends. Returns when both streams are done."""
-    comm_free = comp_end = comp_start = rs_free = 0.0
-    for c, g, r in zip(compute, gather, reduce):
-        comm_free = max(comm_free, comp_start) + g
-        comp_start = max(comp_end, comm_free)
-        comp_end = comp_start + c
+    stream once layer i's backward ends. Compute overlapping either stream runs `slow` slower for the overlapped
+    time. Returns when both streams are done."""
+    comm_end = gather[0] if gather else 0.0
+    comp_end = rs_free = 0.0
+    for i, (c, r) in enumerate(zip(compute, reduce)):
+        start = max(comp_end, comm_end)
+        nxt = gather[i + 1] if i + 1 < len(gather) else 0.0
+        comm_end = start + nxt  # the next gather is issued when this layer starts
+        busy = min(c, nxt + max(0.0, rs_free - start))
+        comp_end = start + c + slow * busy
         rs_free = max(rs_free, comp_end) + r
     return max(comp_end, rs_free)
+
+
+def _overlap(spans: list[tuple[float, float, str]], start: float, end: float) -> float:
+    """Seconds of `spans` (start, duration, name) that fall inside [start, end]."""
+    return sum(max(0.0, min(s + d, end) - max(s, start)) for s, d, _ in spans)
 
 
 class StepPredictor:
@@ -101,6 +128,10 @@ class StepPredictor:
             plan.num_microbatches
         self.groups = mesh_groups(self.dp, self.tp, self.pp, cl.devices_per_node)
         self.pbytes = 4.0 if plan.precision == "fp32" else 2.0
+        self.gbytes = GRAD_REDUCE_BYTES
+        self.zero = plan.zero_stage if self.dp > 1 else 0
+        self.deferred = self.pp > 1 and self.dp > 1  # the pipelining stage defers dp reductions to the flush
+        self.slow = cm.comm.overlap_slowdown(self.groups["dp"])
         coster = LayerCoster(cm, graph, plan, self.groups["tp"])
         costs = [coster.cost(layer) for layer in self.layers]
         self.chunks = [[None] * self.v for _ in range(self.pp)]
@@ -117,21 +148,29 @@ class StepPredictor:
         fwd_c = [l.fwd_compute + l.tp_fwd for l in layers]
         bwd_c = [l.bwd_compute + l.tp_bwd + l.recompute for l in layers]
         ch.compute_s = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
-        zero = self.plan.zero_stage if self.dp > 1 else 0
-        pbytes = [l.param_elems * self.pbytes for l in layers]
+        zero, n = self.zero, len(layers)
+        gathers = [self._coll("all_gather", l.param_elems * self.pbytes) for l in layers]
+        # under pipelining no reduce-scatter runs inside a micro-batch's backward (deferred to the flush)
+        reduces = [0.0] * n if self.deferred else \
+            [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
+        ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
         if zero == 3:
-            gathers = [self._coll("all_gather", b) for b in pbytes]
-            reduces = [self._coll("reduce_scatter", b) for b in pbytes]
-            ch.fwd_s = _prefetched(fwd_c, gathers)
-            ch.bwd_s = _with_reduce(bwd_c[::-1], gathers[::-1], reduces[::-1])
-            ch.zero_comm_s = 2 * sum(gathers) + sum(reduces)
-        elif zero == 2:
-            reduces = [self._coll("reduce_scatter", b) for b in pbytes]
-            ch.fwd_s = sum(fwd_c)
-            ch.bwd_s = _with_reduce(bwd_c[::-1], [0.0] * len(layers), reduces[::-1])
+            # under pipelining parameters stay whole after a backward (the stage's reshard_after_backward=False)
+            # and are resharded after a forward: one gather per micro-batch, counted in its forward
+            bwd_g = [0.0] * n if self.deferred else gathers
+            ch.fwd_s = _prefetched(fwd_c, gathers, self.slow)
+            ch.bwd_s = _with_reduce(bwd_c[::-1], bwd_g[::-1], reduces[::-1], self.slow)
+            ch.zero_comm_s = sum(gathers) + sum(bwd_g) + sum(reduces)
+            ch.contention_s = 0.0 if not self.slow else ch.fwd_s + ch.bwd_s - _prefetched(fwd_c, gathers) \
+                - _with_reduce(bwd_c[::-1], bwd_g[::-1], reduces[::-1])
+        elif zero == 2 and not self.deferred:
+            ch.bwd_s = _with_reduce(bwd_c[::-1], [0.0] * n, reduces[::-1], self.slow)
             ch.zero_comm_s = sum(reduces)
-        else:
-            ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
+            ch.contention_s = 0.0 if not self.slow else \
+                ch.bwd_s - _with_reduce(bwd_c[::-1], [0.0] * n, reduces[::-1])
+        if zero in (1, 2):
+            ch.gather_once_s = sum(gathers)
+            ch.first_gather_s = _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
         # FSDP2's hooks and copies run on the compute stream; the profile measures forward + backward together,
         # charged here half to each pass
         fsdp = self.fsdp_overhead(layers)
@@ -203,77 +242,145 @@ class StepPredictor:
                                                                          for k in l.tensors})
         return modules * per_mod + tensors * per_t
 
-    def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]]]:
-        """ZeRO 0/1 gradient buckets of rank r, overlapped with each chunk's last backward; returns the dp
-        stream's end and its spans (start, duration, name)."""
-        zero = self.plan.zero_stage
-        if self.dp <= 1 or zero >= 2:
-            return 0.0, []
+    def _units(self, ch: Chunk) -> list[tuple[int, float]]:
+        """The chunk's gradient-reduction units as the executor wraps them: each block (its index in the chunk)
+        and the root holding the other layers (index -1: reduced when the chunk's backward ends; a tied weight
+        once), with their fp32 gradient bytes."""
+        out, root = [], {}
+        for i, l in enumerate(ch.layers):
+            if l.block:
+                out.append((i, l.param_elems * self.gbytes))
+            else:
+                root.update(l.params or {f"#{i}": l.param_elems})
+        if root:
+            out.append((-1, sum(root.values()) * self.gbytes))
+        return out
+
+    def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]], float]:
+        """Rank r's data-parallel gradient reduction outside the passes (see the module docstring): returns the
+        dp stream's end, its spans (start, duration, name) and the seconds by which it slows the overlapped
+        backward."""
+        zero = self.zero
+        if self.dp <= 1 or (zero >= 2 and not self.deferred):
+            return 0.0, [], 0.0
         coll = "all_reduce" if zero == 0 else "reduce_scatter"
+        label = coll.replace("_", "-")
+        spans: list[tuple[float, float, str]] = []
+        if self.deferred:  # after each chunk's last backward; the compute stream waits for it
+            free = float(times.rank_end()[r])
+            for c, ch in enumerate(self.chunks[r]):
+                for i, b in self._units(ch):
+                    d = self._coll(coll, b)
+                    spans.append((free, d, f"{label} grads c{c} " + (f"layer {i}" if i >= 0 else "root")))
+                    free += d
+            return free, spans, 0.0
         ready: list[tuple[float, float]] = []  # (ready time, bytes)
+        ddp = zero == 0 and self.tp == 1  # DDP's buckets; else FSDP2 units (fully_shard / replicate)
+        windows = []
         for c, ch in enumerate(self.chunks[r]):
             j = int(np.argmax(times.b_end[r, c]))
             start, end = float(times.b_start[r, c, j]), float(times.b_end[r, c, j])
-            per = [l.bwd_compute + l.tp_bwd + l.recompute for l in reversed(ch.layers)]
+            windows.append((start, end))
+            per = [l.bwd_compute + l.tp_bwd + l.recompute for l in ch.layers]
             total = sum(per) or 1.0
-            t, acc = start, 0.0
-            for l, d in zip(reversed(ch.layers), per):
-                t += (end - start) * d / total
-                acc += l.param_elems * self.pbytes
-                if acc >= DDP_BUCKET_BYTES:
-                    ready.append((t, acc))
-                    acc = 0.0
-            if acc > 0:
-                ready.append((end, acc))
+            done = {}  # layer index -> when its backward ends (layers run in reverse)
+            t = start
+            for i in reversed(range(len(ch.layers))):
+                t += (end - start) * per[i] / total
+                done[i] = t
+            if ddp:
+                acc = 0.0
+                for i in reversed(range(len(ch.layers))):
+                    acc += ch.layers[i].param_elems * self.gbytes
+                    if acc >= DDP_BUCKET_BYTES:
+                        ready.append((done[i], acc))
+                        acc = 0.0
+                if acc > 0:
+                    ready.append((end, acc))
+            else:
+                ready += [(done[i] if i >= 0 else end, b) for i, b in self._units(ch)]
         ready.sort()
-        free, spans = 0.0, []
-        for i, (t, b) in enumerate(ready):
+        free = 0.0
+        for k, (t, b) in enumerate(ready):
             s = max(free, t)
             d = self._coll(coll, b)
-            spans.append((s, d, f"{coll.replace('_', '-')} grads bucket {i}"))
+            spans.append((s, d, f"{label} grads {'bucket' if ddp else 'unit'} {k}"))
             free = s + d
-        return free, spans
+        slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
+        return free, spans, slowed
+
+    def tied_all_reduce(self) -> float:
+        """Seconds of the all-reduce of a weight tied between the first and the last pipeline stage (its fp32
+        gradient, the local shard under FSDP2) between the two ranks holding it; 0 without one."""
+        if self.pp <= 1:
+            return 0.0
+        first = {k: v for l in self.chunks[0][0].layers for k, v in l.params.items()}
+        last = {k: v for l in self.chunks[-1][-1].layers for k, v in l.params.items()}
+        elems = sum(first[k] for k in first.keys() & last.keys())
+        if elems <= 0:
+            return 0.0
+        shard = elems / self.dp if self.zero >= 1 else elems
+        pair = Group(2, 2 if self.groups["pp"].nodes > 1 else 1)
+        return self.cm.comm.time("all_reduce", shard * self.gbytes, pair)
 
     def run(self, timeline: bool) -> Prediction:
         """Simulate and assemble the prediction."""
-        plan, cm, m = self.plan, self.cm, self.m
+        plan, m = self.plan, self.m
         fwd = np.array([[ch.fwd_s for ch in row] for row in self.chunks])
         bwd = np.array([[ch.bwd_s for ch in row] for row in self.chunks])
         times = simulate(plan.schedule, fwd, bwd, m, self.p2p_s)
         comp_end = times.rank_end()
-        zero = plan.zero_stage if self.dp > 1 else 0
+        # ZeRO-1/2's once-per-step gathers run in each stage's first forward (FSDP2's pre-forward hook, when the
+        # stage's input has arrived), so the first micro-batch meets every stage's exposed gather on its way through
+        # the pipeline: the whole schedule shifts by their sum
+        lead = sum(ch.first_gather_s for row in self.chunks for ch in row)
+        leads = [lead] * self.pp
+        t_end, rows = [], []
+        for r in range(self.pp):
+            dp_end, spans, slowed = self.dp_tail(r, times)
+            spans = [(a + leads[r], d, n) for a, d, n in spans]
+            end = float(comp_end[r]) + leads[r] + slowed
+            t_end.append(max(end, dp_end + leads[r] if spans else 0.0))
+            rows.append((spans, slowed))
+        tied = self.tied_all_reduce()
+        tied_at = max(t_end[0], t_end[-1])
+        if tied:
+            t_end[0] = t_end[-1] = tied_at + tied
         totals, extras, events = [], [], []
         for r in range(self.pp):
             psi = self.rank_params(r)
-            shard = psi / self.dp if zero >= 1 else psi
-            opt = self.optimizer_time(r, shard)
-            ag_after = self._coll("all_gather", psi * self.pbytes) if zero in (1, 2) else 0.0
-            dp_end, spans = self.dp_tail(r, times)
-            t_end = max(float(comp_end[r]), dp_end)
-            totals.append(t_end + opt + ag_after)
-            extras.append((opt, ag_after, dp_end, spans, psi))
+            opt = self.optimizer_time(r, psi / self.dp if self.zero >= 1 else psi)
+            totals.append(t_end[r] + opt)
+            spans, slowed = rows[r]
+            extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], slowed=slowed, end=t_end[r],
+                               tied=tied if r in (0, self.pp - 1) else 0.0))
             if timeline:
-                events += [TraceEvent(name=n, device=r, stream="dp", start_s=s, duration_s=d) for s, d, n in spans]
-                events.append(TraceEvent(name="optimizer step", device=r, stream="optimizer", start_s=t_end,
+                events += [TraceEvent(name=n, device=r, stream="dp", start_s=a, duration_s=d) for a, d, n in spans]
+                if tied and r in (0, self.pp - 1):
+                    events.append(TraceEvent(name="all-reduce tied weight grads", device=r, stream="pp",
+                                             start_s=tied_at, duration_s=tied))
+                events.append(TraceEvent(name="optimizer step", device=r, stream="optimizer", start_s=t_end[r],
                                          duration_s=opt))
-                if ag_after:
-                    events.append(TraceEvent(name="all-gather params", device=r, stream="dp",
-                                             start_s=t_end + opt, duration_s=ag_after))
         if timeline:
-            events = self._pass_events(times) + events
+            events = self._pass_events(times, leads) + events
         step = max(totals)
         crit = int(np.argmax(totals))
-        return self._assemble(step, crit, totals, extras, comp_end, tuple(events))
+        return self._assemble(step, crit, extras, comp_end, tuple(events))
 
-    def _pass_events(self, times) -> list[TraceEvent]:
-        """Every F and B pass on the compute stream, and the communication inside it (`_pass_comm`)."""
+    def _pass_events(self, times, leads: list[float]) -> list[TraceEvent]:
+        """Every F and B pass on the compute stream (shifted by the rank's lead: ZeRO-1/2's first gathers), the
+        communication inside it (`_pass_comm`), and ZeRO-1/2's once-per-step parameter gathers."""
         out = []
         for r in range(self.pp):
+            lead = leads[r]
+            if self.chunks[r][0].gather_once_s:
+                out.append(TraceEvent(name="all-gather params (once per step)", device=r, stream="dp",
+                                      start_s=0.0, duration_s=sum(ch.gather_once_s for ch in self.chunks[r])))
             for c in range(self.v):
                 tag = f" c{c}" if self.v > 1 else ""
                 for mb in range(self.m):
                     for kind, start, end in (("F", times.f_start, times.f_end), ("B", times.b_start, times.b_end)):
-                        s, e = float(start[r, c, mb]), float(end[r, c, mb])
+                        s, e = float(start[r, c, mb]) + lead, float(end[r, c, mb]) + lead
                         name = f"{kind} mb{mb}{tag}"
                         out.append(TraceEvent(name=name, device=r, stream="compute", start_s=s, duration_s=e - s))
                         out += [TraceEvent(name=f"{what} {name}", device=r, stream=stream, start_s=t, duration_s=d)
@@ -299,23 +406,28 @@ class StepPredictor:
             out.append(("pp", "send activations" if fwd else "send gradients", e, self.p2p_s))
         return out
 
-    def _assemble(self, step, crit, totals, extras, comp_end, events) -> Prediction:
+    def _assemble(self, step, crit, extras, comp_end, events) -> Prediction:
         plan, m, dev = self.plan, self.m, self.cm.cluster.device
-        opt, ag_after, dp_end, spans, _ = extras[crit]
+        x = extras[crit]
+        opt = x["opt"]
         row = self.chunks[crit]
         busy = m * sum(ch.fwd_s + ch.bwd_s for ch in row)
         compute = m * sum(ch.compute_s for ch in row)
-        exposed = (busy - compute) + max(0.0, dp_end - float(comp_end[crit])) + ag_after
+        # what runs after the rank's last pass: the first-forward gather delay, contention on the last backward,
+        # the dp reduction's exposed tail and the tied-weight all-reduce
+        exposed = (busy - compute) + max(0.0, x["end"] - float(comp_end[crit]))
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]
         breakdown = {
             "compute_s": compute, "exposed_comm_s": exposed, "bubble_s": bubble, "optimizer_s": opt,
             "tp_comm_s": m * sum(l.tp_fwd + l.tp_bwd + l.recompute_tp for l in layers),
-            "dp_comm_s": sum(d for _, d, _ in spans) + m * sum(ch.zero_comm_s for ch in row) + ag_after,
-            "pp_comm_s": 2 * m * self.v * self.p2p_s if self.pp > 1 else 0.0,
+            "dp_comm_s": sum(d for _, d, _ in x["spans"]) + m * sum(ch.zero_comm_s for ch in row)
+            + sum(ch.gather_once_s for ch in row),
+            "pp_comm_s": (2 * m * self.v * self.p2p_s if self.pp > 1 else 0.0) + x["tied"],
             "recompute_s": m * sum(l.recompute for l in layers),
+            "contention_s": m * sum(ch.contention_s for ch in row) + x["slowed"],
         }
-        mems = [memory_per_rank(self, r, extras[r][4]) for r in range(self.pp)]
+        mems = [memory_per_rank(self, r, extras[r]["psi"]) for r in range(self.pp)]
         worst = max(range(self.pp), key=lambda r: mems[r]["total"])
         per_sample = self.graph.__dict__.get("_shardwise_flops_per_sample")
         if per_sample is None:  # kept on the graph like its cached properties (7k ops for a 1T model)
@@ -332,15 +444,23 @@ class StepPredictor:
 
     def _assumptions(self, pk: float) -> tuple[str, ...]:
         plan, cl, g = self.plan, self.cm.cluster, self.groups
-        zero = plan.zero_stage if self.dp > 1 else 0
-        dp_how = {0: f"gradients all-reduced in {DDP_BUCKET_BYTES >> 20} MiB buckets overlapped with each chunk's last "
-                     "backward",
-                  1: f"gradients reduce-scattered in {DDP_BUCKET_BYTES >> 20} MiB buckets overlapped with the last backward, "
-                     "parameters all-gathered after the step",
-                  2: "gradients reduce-scattered per layer in every micro-batch's backward, parameters all-gathered after "
-                     "the step",
-                  3: "parameters all-gathered per layer (prefetched one layer ahead) in forward and backward, "
-                     "gradients reduce-scattered per layer in every micro-batch"}[zero]
+        zero = self.zero
+        mb = DDP_BUCKET_BYTES >> 20
+        if self.deferred:
+            dp_how = ("all-reduced" if zero == 0 else "reduce-scattered") + " per FSDP2 unit after each chunk's last " \
+                "backward (the pipelining stage defers them; exposed)"
+        else:
+            dp_how = {0: f"all-reduced in {mb} MiB buckets (DDP) during the last backward" if self.tp == 1 else
+                         "all-reduced per block (replicate) during the last backward",
+                      1: "reduce-scattered per block during the last micro-batch's backward",
+                      2: "reduce-scattered per block in every micro-batch's backward",
+                      3: "reduce-scattered per block in every micro-batch's backward"}[zero]
+        gathers = {0: "", 1: "; parameters all-gathered once per step in the first forward",
+                   2: "; parameters all-gathered once per step in the first forward",
+                   3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
+                      "(prefetched one block ahead)"}[zero]
+        dp_how = f"fp32 gradients {dp_how}{gathers}" + (
+            f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
         out = [
             f"compute: per-op roofline at {plan.precision} (peak {pk / 1e12:.0f} TFLOP/s, "
             f"{cl.device.memory_bandwidth / 1e9:.0f} GB/s) scaled by the profile's measured efficiency curves; "
@@ -354,10 +474,15 @@ class StepPredictor:
                 else "")) if self.dp > 1 else "dp=1: no gradient reduction",
             f"pp={self.pp}, schedule {plan.schedule}" + (f" with v={self.v}" if self.v > 1 else "")
             + f", {self.m} micro-batches of {plan.microbatch_size}; stage-boundary send/recv "
-              f"{self.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else ""),
+              f"{self.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else "")
+            + ("; tied first/last-stage weight gradients all-reduced before the optimizer"
+               if self.tied_all_reduce() else ""),
             "communication: ring alpha-beta formulas per link level, hierarchical across nodes (NCCL ring "
             "latency model); measured curves in the profile take precedence",
-            "dp and tp streams do not contend for links; tp collectives are not overlapped with compute",
+            "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; under "
+            f"{plan.precision} autocast norms, softmax and losses run in fp32"
+            + ("; a cross-entropy over a column-parallel head runs vocabulary-parallel (no logits all-gather)"
+               if self.tp > 1 else ""),
             ("optimizer: AdamW over the local shard at the profile's measured cost per element and per tensor"
              if "adamw" in cl.device.kernel_costs else
              f"optimizer: Adam over the local shard, memory-bound ({ADAM_BYTES_PER_PARAM[plan.precision]:.0f} "

@@ -19,6 +19,12 @@ TP and with `torch.distributed.pipelining`, and its knobs express the stages' se
 - ZeRO-1 (only optimizer state sharded): `reshard_after_forward=False`, and gradient reduction is switched off
   (`set_requires_gradient_sync(False)`) for all but the last micro-batch, so whole unsharded gradients accumulate
   as in DeepSpeed stage 1 and are reduce-scattered once per step. With one micro-batch, stages 1 and 2 coincide.
+- ZeRO-1/2 also keep the parameters whole across micro-batches (`set_reshard_after_backward(False)` for all but
+  the last, as torch's pipelining stage does), so they are all-gathered once per step, not once per micro-batch.
+- Gradients are reduced in fp32 (`MixedPrecisionPolicy(reduce_dtype=float32)`, as Megatron-LM reduces bf16
+  models' gradients in fp32); parameters are all-gathered in the compute dtype.
+- Under pipelining, torch's stage defers every FSDP/replicate gradient reduction to after the stage's last
+  backward (`PipelineStage.perform_reduce_grad`), so gradients stay unsharded until then.
 
 Plain data parallelism uses DDP when no parameter is a DTensor and there is no pipeline, else FSDP2's `replicate`.
 """
@@ -145,13 +151,22 @@ def _has_rowwise_sibling(path: str, strategies: Mapping[str, str]) -> bool:
     return any(s == "rowwise" and p.rpartition(".")[0] == parent for p, s in strategies.items())
 
 
+def vocab_heads(model: nn.Module, strategies: Mapping[str, str]) -> frozenset[str]:
+    """Lone colwise nn.Linears after the blocks (the LM head): their logits stay sharded over the vocabulary as a
+    DTensor (Shard(-1)) for a vocabulary-parallel loss (`torch.distributed.tensor.parallel.loss_parallel`)."""
+    return frozenset(m.path for m in module_table(model)
+                     if m.kind == "linear" and m.position == "post" and strategies.get(m.path) == "colwise"
+                     and not _has_rowwise_sibling(m.path, strategies))
+
+
 def tp_styles(model: nn.Module, strategies: Mapping[str, str], sequence_parallel: bool,
-              block_paths: list[str]) -> dict[str, object]:
+              block_paths: list[str], heads: frozenset[str] = frozenset()) -> dict[str, object]:
     """Module path -> DTensor parallel style, for the modules of `model` named in `strategies`.
 
     Without sequence parallelism: colwise -> ColwiseParallel (output kept as local shards when a rowwise sibling
-    consumes it, else gathered to Replicate, e.g. the LM head), rowwise -> RowwiseParallel, vocab ->
-    RowwiseParallel(input_layouts=Replicate()). With it (Korthikanti et al.; torchtitan's layout): norms are
+    consumes it; a head in `heads` (`vocab_heads`) returns its logits as a DTensor sharded over the vocabulary,
+    which the runner's loss reads vocabulary-parallel; any other lone colwise gathers to Replicate), rowwise ->
+    RowwiseParallel, vocab -> RowwiseParallel(input_layouts=Replicate()). With it (Korthikanti et al.; torchtitan's layout): norms are
     SequenceParallel, the residual stream is sharded on the sequence dim (Shard(1)) between blocks, each module
     holding colwise projections all-gathers its input (PrepareModuleInput Shard(1) -> Replicate), rowwise outputs are
     reduce-scattered to Shard(1), the first block shards its replicated input, and a colwise head after the blocks
@@ -168,8 +183,10 @@ def tp_styles(model: nn.Module, strategies: Mapping[str, str], sequence_parallel
             if _has_rowwise_sibling(path, strategies):
                 styles[path] = ColwiseParallel()
             else:
+                sharded = path in heads
                 styles[path] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel and not inside
-                                               else Replicate(), output_layouts=Replicate())
+                                               else Replicate(), output_layouts=Shard(-1) if sharded else Replicate(),
+                                               use_local_output=not sharded)
         elif strat == "rowwise":
             styles[path] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
         elif strat == "vocab":
@@ -220,7 +237,7 @@ def _get(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, strategies: Mapping[str, str], sequence_parallel: bool,
-             block_paths: list[str]) -> None:
+             block_paths: list[str], heads: frozenset[str] = frozenset()) -> None:
     """Tensor (and sequence) parallelism with `parallelize_module`; re-ties shared weights afterwards.
 
     `parallelize_module` replaces each module's parameters with new DTensor parameters, which unties weights that
@@ -228,7 +245,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, strategies: Mapping[str, str
     head both shard dim 0) are re-tied to one DTensor; differing placements are an error naming both modules.
     """
     groups = [g for g in tied_groups(model) if all(_has(model, n) for n in g)]
-    styles = tp_styles(model, strategies, sequence_parallel, block_paths)
+    styles = tp_styles(model, strategies, sequence_parallel, block_paths, heads)
     if not styles:
         return
     divide_head_counts(model, styles, tp_mesh.size())
@@ -258,37 +275,69 @@ def _present(model: nn.Module, paths: list[str]) -> list[nn.Module]:
     return [mods[p] for p in paths if p in mods]
 
 
-def _selective_policy():
-    from torch.utils.checkpoint import CheckpointPolicy
-    keep = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-            torch.ops.aten.linear.default}
+SAC_SAVED_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_attention_math", "max")
+"""aten ops (`.default` overloads) whose outputs selective recomputation always keeps: every SDPA kernel (so the
+attention forward is never re-run) and `max` — torchtitan's `_op_sac_save_list` (models/llama3/parallelize.py),
+plus the CPU flash kernel so the policy behaves the same under gloo."""
+SAC_MATMUL_OPS = ("mm", "addmm")
+"""Matmul ops of which selective recomputation keeps every other output (the 1st, 3rd, ... of each block's
+forward) and recomputes the rest: torchtitan's "save all compute ops except every second mm" (its list has only
+`mm`; `addmm` is what a biased nn.Linear dispatches to)."""
+
+
+def _aten_ops(names) -> set:
+    out = set()
+    for n in names:
+        packet = getattr(torch.ops.aten, n, None)
+        if packet is not None and hasattr(packet, "default"):
+            out.add(packet.default)
+    return out
+
+
+def selective_context():
+    """The selective-checkpoint contexts of one checkpointed call (torchtitan's op-level SAC, see
+    `SAC_SAVED_OPS` / `SAC_MATMUL_OPS`; functional reduce-scatters of sequence parallelism are kept too). A fresh
+    matmul counter per call, so forward and recompute agree on which outputs were kept."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    saved, matmuls = _aten_ops(SAC_SAVED_OPS), _aten_ops(SAC_MATMUL_OPS)
+    rs = getattr(getattr(torch.ops, "_c10d_functional", None), "reduce_scatter_tensor", None)
+    if rs is not None:
+        saved.add(rs.default)
+    count = [0]
 
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
-    return policy
+        if op in matmuls:
+            count[0] += 1
+            keep = count[0] % 2 == 1
+        else:
+            keep = op in saved
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
 
 
 def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
     """Activation checkpointing on every repeated block, keeping module paths unchanged (the block's forward is
     wrapped in place, so checkpoints and placements keep their names).
 
-    `full` keeps only each block's input and recomputes the block in backward. `selective` saves the outputs of
-    matrix multiplies and recomputes the rest (attention core, softmax, norms, activations) — the selective
-    recomputation of Korthikanti et al. expressed with torch's selective-checkpoint policies (torchtitan's "op" SAC).
+    `full` keeps only each block's input and re-runs the whole block forward (attention included) in backward.
+    `selective` is torchtitan's op-level selective checkpointing (`selective_context`): it keeps the outputs of
+    the attention kernel and of every other matmul and recomputes the rest (norms, activations, residual adds, the
+    other matmuls; a hand-written attention's score matmuls and softmax, as in Korthikanti et al.).
     """
     if recompute == "none":
         return
     from functools import partial
 
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint
     for block in _present(model, block_paths):
         inner = block.forward
         if recompute == "full":
             block.forward = partial(checkpoint, inner, use_reentrant=False)  # type: ignore[method-assign]
         else:
-            ctx = partial(create_selective_checkpoint_contexts, _selective_policy())
             block.forward = partial(checkpoint, inner, use_reentrant=False,  # type: ignore[method-assign]
-                                    context_fn=ctx)
+                                    context_fn=selective_context)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype: torch.dtype | None,
@@ -304,11 +353,16 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
     return model
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False) -> nn.Module:
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
+              block_paths: list[str] | None = None) -> nn.Module:
     """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
-    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward)."""
+    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward). `replicate`
+    wraps each repeated block, then the whole module, so each block's gradients are all-reduced as soon as its
+    backward ends (overlapping the rest of the backward, as DDP's buckets do)."""
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
         from torch.distributed._composable.replicate_with_fsdp import replicate
+        for block in _present(model, block_paths or []):
+            replicate(block, mesh=dp_mesh)
         return replicate(model, mesh=dp_mesh)
     from torch.nn.parallel import DistributedDataParallel as DDP
     dev = next(model.parameters()).device

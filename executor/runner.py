@@ -142,6 +142,8 @@ class Runner:
         self.block_paths = [p for p, _ in parallel.blocks(model)]
         self.canonical = _canonical_names(model)
         self.strategies, self.layout_note = tp_strategies(plan, model)
+        self.heads = parallel.vocab_heads(model, self.strategies) if m.tp > 1 else frozenset()
+        self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
         self.saved = SavedActivations()
         self.timings = Timings()
         self.step_count = 0
@@ -160,12 +162,13 @@ class Runner:
         """TP, then activation checkpointing, then FSDP or DDP (the order `executor.parallel` documents)."""
         plan = self.plan
         if plan.mesh.tp > 1:
-            parallel.apply_tp(module, self.mesh["tp"], self.strategies, plan.sequence_parallel, self.block_paths)
+            parallel.apply_tp(module, self.mesh["tp"], self.strategies, plan.sequence_parallel, self.block_paths,
+                              self.heads)
         parallel.apply_ac(module, plan.recompute, self.block_paths)
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
         if plan.mesh.dp > 1:
-            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1)
+            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths)
         return module
 
     def _build_pipeline(self, model: nn.Module) -> None:
@@ -195,7 +198,29 @@ class Runner:
             self.tied_groups.append(g if held and len({s % pp for s in st}) > 1 else None)
 
     def _loss(self, out, target):
-        return self.loss_fn(out, target)
+        """The loss of one micro-batch. Logits sharded over the vocabulary (a colwise LM head, `vocab_heads`) go to
+        the loss as they are when the targets are class indices (cross-entropy then runs vocabulary-parallel under
+        `loss_parallel`, no logits all-gather); otherwise, or when the loss function fails on them, they are
+        all-gathered first."""
+        from torch.distributed.tensor import DTensor
+        if not self.heads:
+            return self.loss_fn(out, target)
+        logits = _logits(out)
+        if isinstance(logits, DTensor) and not self.gather_logits and _class_targets(logits, target):
+            try:
+                loss = self.loss_fn(out, target)
+                return loss.full_tensor() if isinstance(loss, DTensor) else loss
+            except Exception:  # a loss that does not run on DTensor logits: gather them from now on
+                self.gather_logits = True
+        return self.loss_fn(_gathered(out), target)
+
+    def _loss_context(self):
+        """`loss_parallel()` around forward and backward when the head's logits stay vocabulary-sharded (the
+        context must also cover the backward of the vocabulary-parallel cross-entropy)."""
+        if not self.heads:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+        return loss_parallel()
 
     # ---- training ----------------------------------------------------------------------------------------------
     def local_batch(self, inputs, targets):
@@ -242,7 +267,7 @@ class Runner:
         plan = self.plan
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
-            with self._autocast():
+            with self._loss_context(), self._autocast():
                 first = 0 in self.stage_ids
                 self.schedule.step(*(_as_args(inputs) if first else ()), target=targets, losses=losses)
             if losses:
@@ -253,15 +278,18 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
-            with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
-                loss = self.loss_fn(model(**x) if isinstance(x, dict) else model(*_as_args(x)), y) / n
-            with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
-                loss.backward()
+            with self._loss_context():
+                with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
+                    out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
+                    loss = self._loss(out, y) / n
+                with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
+                    loss.backward()
             total += loss.detach().float()
         return total
 
     def _sync(self, model: nn.Module, last: bool):
-        """Gradient reduction only on the last micro-batch for DDP / replicate / ZeRO-1 (see executor.parallel)."""
+        """Gradient reduction only on the last micro-batch for DDP / replicate / ZeRO-1; parameters kept whole
+        between micro-batches except under ZeRO-3 (see executor.parallel)."""
         from torch.distributed.fsdp import FSDPModule
         from torch.nn.parallel import DistributedDataParallel as DDP
         if isinstance(model, DDP) and not last:
@@ -269,6 +297,8 @@ class Runner:
         if isinstance(model, FSDPModule):
             accumulate_whole = self.plan.zero_stage in (0, 1)
             model.set_requires_gradient_sync(last or not accumulate_whole)
+            if self.plan.zero_stage < 3:
+                model.set_reshard_after_backward(last)
         return contextlib.nullcontext()
 
     def _reduce_loss(self, loss: torch.Tensor) -> float:
@@ -319,6 +349,32 @@ class Runner:
         """Load a checkpoint written by `save` under any plan."""
         from executor.checkpoint import load
         load(self, folder)
+
+
+def _logits(out):
+    """The logits in a model's output: the tensor itself, the first element of a tuple/list, `.logits`, or a
+    dict's "logits" (default_loss's reading)."""
+    if isinstance(out, (tuple, list)):
+        return out[0] if out else None
+    if isinstance(out, dict):
+        return out.get("logits", next(iter(out.values()), None))
+    return getattr(out, "logits", out)
+
+
+def _gathered(out):
+    """`out` with every DTensor in it (vocabulary-sharded logits) all-gathered to a plain tensor."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map
+    full = tree_map(lambda t: t.full_tensor() if isinstance(t, DTensor) else t, out)
+    if isinstance(getattr(full, "logits", None), DTensor):  # an output object pytree does not know
+        full.logits = full.logits.full_tensor()
+    return full
+
+
+def _class_targets(logits, target) -> bool:
+    """Whether `target` holds class indices for `logits` (what a cross-entropy reads: default_loss's rule)."""
+    return isinstance(target, torch.Tensor) and not torch.is_floating_point(target) \
+        and logits.dim() == target.dim() + 1
 
 
 def _canonical_names(model: nn.Module) -> dict[str, str]:

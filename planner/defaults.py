@@ -4,8 +4,8 @@ configuration for the `--force` keys the user left open.
 The Megatron layout (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence parallelism) is derived from the
 graph's module structure, never from module names: in each block the nn.Linear children of one module form a
 column/row pair (`megatron_pairs`), the ops in between work on head / feature shards; the largest embedding
-(`cost_model.ops.roles`) is vocabulary-parallel and the LM head is column-parallel over the vocabulary with its
-output gathered for the loss. With sequence parallelism the [batch, seq, hidden] ops from the first block on
+(`cost_model.ops.roles`) is vocabulary-parallel and the LM head is column-parallel over the vocabulary (a
+cross-entropy reads its logits vocabulary-parallel). With sequence parallelism the [batch, seq, hidden] ops from the first block on
 (norms, residual adds, dropout) are sharded on the sequence dim. The result is always a layout the executor
 applies exactly (`planner.strategies.tp_layout_problems`).
 """
@@ -40,8 +40,9 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
 
     - in each module of a block whose nn.Linear children form a pair (`megatron_pairs`), the last is rowwise and
       the others colwise; the ops between them work on head / feature shards (`heads`, `shard`);
-    - the largest embedding is vocab-parallel and the LM head column-parallel, its output all-gathered: the loss
-      reads replicated logits (the executor has no vocabulary-parallel loss, so the plan prices that gather);
+    - the largest embedding is vocab-parallel and the LM head column-parallel over the vocabulary: a
+      cross-entropy reads its sharded logits vocabulary-parallel (the executor's `loss_parallel`; the cost model
+      prices that, cost_model.layers), other losses read them all-gathered;
     - with sequence parallelism, the ops from the first block on that work on [batch, seq, ...] activations
       (norms, residual adds, dropout) are `sequence`; ops before the blocks stay replicated, as the executor
       shards the stream on entering the first block.

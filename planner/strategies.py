@@ -325,7 +325,8 @@ def tp_layout_problems(modules: Sequence[TPModule], strategies: Mapping[str, str
 
     - a *pair*: the nn.Linear children of one parent module are all colwise except exactly one rowwise, which
       reads their (head/feature-sharded) outputs; nothing in between communicates;
-    - a lone colwise nn.Linear outside the blocks (the LM head): its output is all-gathered to replicated;
+    - a lone colwise nn.Linear outside the blocks (the LM head): its logits stay sharded over the vocabulary for a
+      vocabulary-parallel cross-entropy (`loss_parallel`), all-gathered only for a loss that needs them whole;
     - vocab on nn.Embedding (output all-reduced); replicate anywhere;
     - tied weights laid out identically by every holder (vocab embedding + colwise head both shard dim 0);
     - with sequence parallelism the residual stream is sharded on the sequence dim from the first block on, so

@@ -30,7 +30,10 @@ def test_fsdp_overhead_per_module_and_tensor(zero, keys):
     blocks = {op.block for op in g.ops if op.block}
     tensors = len({p.name for op in g.ops for p in op.params})
     want = (len(blocks) + 1) * MOD + tensors * TEN  # each block and the root are fully_shard'ed
-    assert p1.step_time_s - p0.step_time_s == pytest.approx(want * plan.num_microbatches)
+    # on the compute stream (the step grows by at most as much: the longer backward hides more dp reduction)
+    d = p1.breakdown["compute_s"] - p0.breakdown["compute_s"]
+    assert d == pytest.approx(want * plan.num_microbatches)
+    assert 0 < p1.step_time_s - p0.step_time_s <= d * (1 + 1e-9)
     # no FSDP without data parallelism, nor under DDP (ZeRO-0)
     for force in ({"dp": 1, "tp": 2, "pp": 1, "mbs": 1}, {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}):
         plan = default_plan(g, base, 2, "bf16", force, "m")

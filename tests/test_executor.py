@@ -22,6 +22,7 @@ SPECS_2 = [
     {"name": "dp_full_recompute", "dp": 2, "rc": "full"},
     {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
     {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
+    {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
     {"name": "zero3", "dp": 2, "zero": 3},
     {"name": "tp", "tp": 2, "explicit_ops": True},
     {"name": "tp_sp", "tp": 2, "sp": True},
@@ -75,6 +76,23 @@ def test_matches_single_process(results, name):
 def test_sequence_parallel_shards_norms_and_recompute_saves_memory(results):
     assert results["tp_sp"]["norm_is_dtensor"] and not results["tp"]["norm_is_dtensor"]
     assert 0 < results["dp_full_recompute"]["activations"] < results["dp"]["activations"] / 2
+
+
+def test_colwise_head_feeds_a_vocabulary_parallel_loss(results):
+    # the LM head's logits stay sharded over the vocabulary and cross-entropy runs under loss_parallel, with and
+    # without sequence parallelism and pipelining; parity with one process is checked above
+    for name in ("tp", "tp_sp", "dp_tp", "tp_pp_sp", "zero3_tp"):
+        assert results[name]["vocab_parallel_loss"], name
+    assert not results["dp"]["vocab_parallel_loss"]
+
+
+def test_zero12_gather_parameters_once_per_step(results):
+    # 2 micro-batches; FSDP2 units = 4 blocks + the root: ZeRO-1/2 keep parameters whole between micro-batches
+    # (one all-gather per unit per step); ZeRO-3 (1 micro-batch) gathers every unit, the root included
+    # (apply_fsdp reshards it after forward too), before its forward and again before its backward
+    assert results["zero1"]["all_gathers_last_step"] == 5
+    assert results["zero2"]["all_gathers_last_step"] == 5
+    assert results["zero3"]["all_gathers_last_step"] == 2 * 5
 
 
 def test_checkpoint_moves_between_plans(results):

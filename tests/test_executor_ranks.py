@@ -94,9 +94,13 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
         start = runner.step_count
     else:
         start = 0
-    losses = [runner.step(x, y) for x, y in data[start:spec.get("stop", STEPS)]]
+    losses, gathers = [], []
+    for x, y in data[start:spec.get("stop", STEPS)]:
+        with _count_all_gathers() as n:
+            losses.append(runner.step(x, y))
+        gathers.append(n[0])
     out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
-           "n_losses": len(losses), "start": start}
+           "n_losses": len(losses), "start": start, "all_gathers_last_step": gathers[-1]}
     if not spec.get("stop"):
         out["param_err"] = param_error(runner, ref_params)
     if spec.get("save"):
@@ -107,7 +111,26 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     mods = dict(m for part in runner.parts for m in part.named_modules())
     norm = next((m for n, m in mods.items() if n.endswith("ln_1")), None)
     out["norm_is_dtensor"] = norm is not None and isinstance(norm.weight, DTensor)
+    out["vocab_parallel_loss"] = bool(runner.heads) and not runner.gather_logits
     return out
+
+
+class _count_all_gathers:
+    """Counts FSDP2's parameter all-gathers (`dist.all_gather_single`) on this rank inside the block."""
+
+    def __enter__(self):
+        import torch.distributed as dist
+        self.orig, self.n = dist.all_gather_single, [0]
+
+        def counting(*args, **kwargs):
+            self.n[0] += 1
+            return self.orig(*args, **kwargs)
+        dist.all_gather_single = counting
+        return self.n
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        dist.all_gather_single = self.orig
 
 
 def main():

@@ -176,7 +176,9 @@ def _measure(plan, model):
 
 
 def _close(a, b):
-    return len(a) == len(b) == STEPS and max(abs(x - y) for x, y in zip(a, b)) <= TOL
+    # relative to the loss's size past 1: a vocabulary-parallel cross-entropy sums over vocabulary shards in
+    # another order than one process, so fp32 rounding (~1e-7 relative) shows at 1e-5 on a loss of ~80
+    return len(a) == len(b) == STEPS and all(abs(x - y) <= TOL * max(1.0, abs(y)) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("name", list(MODELS))

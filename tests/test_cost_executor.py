@@ -1,0 +1,253 @@
+"""The cost model prices what the executor does, on hand-computable cases: fp32 gradient reduction, ZeRO gathers
+per micro-batch, dp reduction deferred to the pipeline flush, the tied-weight all-reduce, torchtitan's selective
+recompute, the vocabulary-parallel loss, autocast's fp32 ops and NCCL contention. The executor side of the same
+behaviours is checked in tests/test_executor.py (parity) and here (the recompute policy on one block)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+from cost_model.communication import NCCL_OVERLAP_COMPUTE_SLOWDOWN, Group
+from cost_model.layers import LOSS_PARALLEL_ALL_REDUCES, LayerCoster
+from cost_model.model import CostModel, op_precision
+from cost_model.step import GRAD_REDUCE_BYTES, StepPredictor, _with_reduce
+from planner.defaults import default_plan
+from planner.graph import OpGraph, OpNode, TensorMeta
+from test_memory_activations import cluster, megatron_gpt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _no_latency(cl):
+    links = {k: dataclasses.replace(getattr(cl, k), latency=0.0) for k in ("intra_node", "inter_node")}
+    return dataclasses.replace(cl, **links)
+
+
+def _plan(g, cl, batch, **force):
+    base = {"dp": 1, "tp": 1, "pp": 1, "mbs": 1}
+    return default_plan(g, cl, batch, force.pop("precision", "bf16"), {**base, **force}, "m")
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    """examples/gpt.py traced (SDPA attention, tied embedding and LM head)."""
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    return trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), batch_size=1, progress=False)
+
+
+def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
+    g, cl = megatron_gpt(layers=3), _no_latency(cluster(per_node=2))
+    for m in (1, 4):
+        sp3 = StepPredictor(CostModel(cl), g, _plan(g, cl, 2 * m, dp=2, zero=3))
+        sp1 = StepPredictor(CostModel(cl), g, _plan(g, cl, 2 * m, dp=2, zero=1))
+        gather = sum(sp3._coll("all_gather", l.param_elems * 2) for l in sp3.chunks[0][0].layers)
+        rs = sum(sp3._coll("reduce_scatter", l.param_elems * 4) for l in sp3.chunks[0][0].layers)
+        p3, p1 = sp3.run(False), sp1.run(False)
+        # ZeRO-3: per micro-batch a gather before forward, one before backward, a reduce-scatter after backward
+        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (2 * gather + rs))
+        # ZeRO-1: parameters gathered once per step, gradients reduce-scattered once (fp32) per FSDP2 unit (each
+        # block, and the root holding the embedding, final norm and head) in the last backward
+        units = [b for _, b in sp1._units(sp1.chunks[0][0])]
+        assert len(units) == 4 and sum(units) == pytest.approx(4 * sum(l.param_elems for l in sp1.chunks[0][0].layers))
+        assert sp1.chunks[0][0].gather_once_s == pytest.approx(gather)
+        assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + sum(sp1._coll("reduce_scatter", b) for b in units))
+
+
+def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flush(gpt):
+    cl = _no_latency(cluster(nodes=2, per_node=2))
+    m = 4
+    sp = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 2 * m, dp=2, pp=2, zero=3))
+    for ch in (sp.chunks[0][0], sp.chunks[1][0]):
+        gather = sum(sp._coll("all_gather", l.param_elems * 2) for l in ch.layers)
+        assert ch.zero_comm_s == pytest.approx(gather)  # no reduce-scatter inside a micro-batch
+    _, spans, _ = sp.dp_tail(0, sp_times(sp))
+    assert spans and all(n.startswith("reduce-scatter") for _, _, n in spans)
+
+
+def test_gradients_reduce_in_fp32_at_twice_the_bf16_bytes():
+    assert GRAD_REDUCE_BYTES == 4.0
+    g, cl = megatron_gpt(layers=2), _no_latency(cluster(per_node=2))
+    cl = dataclasses.replace(cl, intra_node=dataclasses.replace(cl.intra_node, kind="shm"))  # no NCCL base latency
+    sp = StepPredictor(CostModel(cl), g, _plan(g, cl, 2, dp=2, zero=0, precision="bf16"))
+    _, spans, _ = sp.dp_tail(0, sp_times(sp))
+    elems = sum(l.param_elems for l in sp.chunks[0][0].layers)
+    assert sum(d for _, d, _ in spans) == pytest.approx(2 * sp._coll("all_reduce", elems * 2))
+
+
+def sp_times(sp):
+    import numpy as np
+
+    from cost_model.simulator import simulate
+    fwd = np.array([[ch.fwd_s for ch in row] for row in sp.chunks])
+    bwd = np.array([[ch.bwd_s for ch in row] for row in sp.chunks])
+    return simulate(sp.plan.schedule, fwd, bwd, sp.m, sp.p2p_s)
+
+
+def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(gpt):
+    cl = _no_latency(cluster(nodes=2, per_node=2))
+    plan = _plan(gpt, cl, 8, dp=2, pp=2, zero=0)
+    sp = StepPredictor(CostModel(cl), gpt, plan)
+    times = sp_times(sp)
+    end, spans, slowed = sp.dp_tail(0, times)
+    units = [b for ch in sp.chunks[0] for _, b in sp._units(ch)]
+    assert slowed == 0 and spans[0][0] == pytest.approx(times.rank_end()[0])  # nothing overlaps the backward
+    assert end - spans[0][0] == pytest.approx(sum(sp._coll("all_reduce", b) for b in units))
+    # the tied wte / lm_head gradient (fp32) is all-reduced between the first and the last stage, across nodes
+    tied = gpt.op("wte").params[0]
+    assert sp.tied_all_reduce() == pytest.approx(CostModel(cl).comm.time("all_reduce", tied.numel * 4, Group(2, 2)))
+    pred = sp.run(False)
+    assert pred.breakdown["exposed_comm_s"] >= sum(d for _, d, _ in spans) + sp.tied_all_reduce()
+    assert StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=4, zero=0)).tied_all_reduce() == 0.0
+
+
+def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(gpt):
+    cl = cluster(per_node=1)
+    cm = CostModel(cl)
+    block = next(l for l in gpt.layers() if l.block_type)
+    ops = [gpt.ops[i] for i in block.ops]
+    costs = {}
+    for rc in ("none", "selective", "full"):
+        plan = _plan(gpt, cl, 1, recompute=rc)
+        costs[rc] = LayerCoster(cm, gpt, plan, cm.tp_group(1)).cost(block)
+    coster = LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1))
+    fwd = [cm.op_time(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
+           + coster._autocast_copies(op, None)[0] for op in ops]
+    linears = [op.name for op in ops if op.kind == "linear"]
+    assert len(linears) == 6 and any(op.kind == "attention" for op in ops)
+    # the replay stops once the MLP's output projection has its input (gelu's output): the 6th linear and the
+    # last residual add never re-run (torch checkpoint's early stop)
+    stop = [op.name for op in ops].index(linears[5])
+    assert [op.kind for op in ops[stop:]] == ["linear", "elementwise"]
+    full = sum(fwd[:stop])
+    selective = sum(f for op, f in zip(ops[:stop], fwd) if op.kind not in ("attention", "reshape")
+                    and op.name not in linears[0::2])
+    assert costs["full"].recompute == pytest.approx(full)
+    assert costs["selective"].recompute == pytest.approx(selective)
+    attn = sum(f for op, f in zip(ops, fwd) if op.kind == "attention")
+    assert 0 < costs["selective"].recompute < costs["full"].recompute - attn
+    assert costs["none"].recompute == 0.0
+
+
+def test_executor_selective_policy_recomputes_no_attention_and_half_the_matmuls():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import Block, GPTConfig
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from executor.parallel import apply_ac
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for rc in ("selective", "full"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(Block(GPTConfig(n_embd=32, n_head=4)), Block(GPTConfig(n_embd=32, n_head=4)))
+        apply_ac(model, rc, ["0", "1"])
+        y = model(torch.randn(2, 8, 32, requires_grad=True)).sum()
+        with Record() as rec:
+            y.backward()
+        counts[rc] = rec.ops
+    sdpa = [o for o in counts["full"] if o.startswith("_scaled_dot_product") and "backward" not in o]
+    assert len(sdpa) == 2  # full recompute re-runs each block's attention forward
+    assert not [o for o in counts["selective"] if o.startswith("_scaled_dot_product") and "backward" not in o]
+    # 6 linears per block (backward matmuls are mm, not addmm); the replay stops before the 6th (early stop):
+    # full re-runs linears 1-5, selective the 2nd and 4th
+    assert counts["selective"].count("addmm") == 2 * 2 and counts["full"].count("addmm") == 2 * 5
+
+
+def test_vocabulary_parallel_loss_has_no_logits_gather(gpt):
+    cl = cluster(per_node=2)
+    cm = CostModel(cl)
+    plan = _plan(gpt, cl, 1, tp=2)
+    post = gpt.layers()[-1]
+    cost = LayerCoster(cm, gpt, plan, cm.tp_group(2)).cost(post)
+    logits = gpt.op("lm_head").output_meta[0]
+    rows = logits.numel / logits.shape[-1]
+    want = LOSS_PARALLEL_ALL_REDUCES * cm.comm.time("all_reduce", rows * 4, cm.tp_group(2))
+    gather = cm.reshard_time(logits, "S(2)", "R", 2, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
+    assert cost.tp_fwd == pytest.approx(want)  # what the logits' all-gather would have cost is not charged
+    assert cost.tp_fwd != pytest.approx(gather)
+
+
+def test_autocast_prices_norms_softmax_and_losses_in_fp32():
+    assert op_precision("norm", "bf16") == op_precision("loss", "bf16") == op_precision("softmax", "fp16") == "fp32"
+    assert op_precision("linear", "bf16") == "bf16" and op_precision("norm", "fp32") == "fp32"
+    cm = CostModel(cluster())
+    norm = OpNode(name="n", kind="norm", target="norm", module_path="n", inputs=(),
+                  input_meta=(TensorMeta((8, 1024, 1024), "float32"),),
+                  output_meta=(TensorMeta((8, 1024, 1024), "float32"),), fwd_flops=0, bwd_flops=0,
+                  bytes_read=0, bytes_written=0)
+    assert cm.op_time(norm, None, 1, 1, "bf16") == cm.op_time(norm, None, 1, 1, "fp32")
+
+
+def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
+    cl, cl2 = cluster(per_node=1), cluster(per_node=2)
+    cm = CostModel(cl)
+    lin = gpt.op("h_0_mlp_c_fc")
+    elems = sum(p.numel for p in lin.params)
+    mem = cm.compute.memory_time
+
+    def copies(batch, precision="bf16", **force):
+        plan = _plan(gpt, cl2 if force else cl, batch, precision=precision, **force)
+        return LayerCoster(cm, gpt, plan, cm.tp_group(1))._autocast_copies(lin, plan.ops.get(lin.name))
+    # fp32 master weights cast to bf16 in each micro-batch's forward; the gradient cast back, then summed over
+    # micro-batches (6 bytes, plus 12 per later micro-batch)
+    assert copies(1) == pytest.approx((mem(6 * elems), mem(6 * elems)))
+    assert copies(4) == pytest.approx((mem(6 * elems), mem((6 + 12 * 3 / 4) * elems)))
+    # FSDP2 gathers bf16 parameters (no cast); ZeRO-3 reduces every micro-batch (no fp32 accumulation)
+    assert copies(8, dp=2, zero=3, mbs=1) == pytest.approx((0.0, mem(6 * elems)))
+    assert copies(4, precision="fp32") == (0.0, 0.0)
+    assert copies(1, precision="bf16")[0] > 0 and LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1)) \
+        ._autocast_copies(gpt.op("h_0_ln_1"), None) == (0.0, 0.0)
+
+
+def test_overlapped_collectives_slow_compute_on_nccl_only():
+    # hand case: layer 0 (1 s) overlaps gather 1 (0.5 s) -> 1 + 0.2 * 0.5; layer 1 overlaps nothing
+    assert _with_reduce([1.0, 1.0], [0.5, 0.5], [0.0, 0.0], 0.2) == pytest.approx(0.5 + 1.1 + 1.0)
+    assert _with_reduce([1.0, 1.0], [0.5, 0.5], [0.0, 0.0]) == pytest.approx(2.5)
+    g = megatron_gpt(layers=3)
+    gpu = cluster(per_node=2)
+    cpu = dataclasses.replace(gpu, intra_node=dataclasses.replace(gpu.intra_node, kind="shm"))
+    assert CostModel(gpu).comm.overlap_slowdown(Group(2, 1)) == NCCL_OVERLAP_COMPUTE_SLOWDOWN
+    p_gpu = CostModel(gpu).predict(g, _plan(g, gpu, 2, dp=2, zero=3))
+    p_cpu = CostModel(cpu).predict(g, _plan(g, cpu, 2, dp=2, zero=3))
+    assert p_gpu.breakdown["contention_s"] > 0 and p_cpu.breakdown["contention_s"] == 0
+
+
+def test_graph_helpers_are_real_ops(gpt):
+    assert isinstance(gpt, OpGraph) and gpt.op("loss").kind == "loss"
+
+
+def test_selective_recompute_repeats_one_sequence_gather_and_no_reduce_scatter(gpt):
+    # with sequence parallelism the re-run k projection needs ln_1's output gathered again (once); the
+    # reduce-scatters after the row-parallel linears are kept by the policy, so none re-runs
+    cl = cluster(per_node=2)
+    cm = CostModel(cl)
+    plan = _plan(gpt, cl, 1, tp=2, sp=1, recompute="selective")
+    block = next(l for l in gpt.layers() if l.block_type)
+    cost = LayerCoster(cm, gpt, plan, cm.tp_group(2)).cost(block)
+    ln1 = next(gpt.ops[i] for i in block.ops if gpt.ops[i].kind == "norm")
+    gather = cm.reshard_time(ln1.output_meta[0], "S(1)", "R", 2, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
+    assert gather > 0 and cost.recompute_tp == pytest.approx(gather)
+
+
+def test_pipelined_zero1_first_forward_gathers_add_up_along_the_pipeline(gpt):
+    cl = _no_latency(cluster(nodes=2, per_node=2))
+    sp = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=2, pp=2, zero=1))
+    first = [row[0].first_gather_s for row in sp.chunks]
+    assert all(f > 0 for f in first)
+    with_gathers = sp.run(False).step_time_s
+    for row in sp.chunks:
+        row[0].first_gather_s = 0.0
+    assert with_gathers - sp.run(False).step_time_s == pytest.approx(sum(first))
