@@ -120,9 +120,10 @@ class AttentionModel:
     here are that kernel's."""
 
     forward_efficiency: float
-    """Achieved fraction of peak of the forward kernel at long sequences."""
+    """Fraction of peak the forward kernel achieves on the FLOPs it does (causal: the blocks it computes, see
+    `cost_model.kernels`); a published causal throughput, which counts half the dense FLOPs, converts through it."""
     backward_efficiency: float
-    """Achieved fraction of peak of the backward kernels at long sequences."""
+    """As `forward_efficiency`, for the backward kernels (2.5x the forward's FLOPs)."""
     block: int = 128
     """Query / key block size of the kernel (rows per thread block; the causal diagonal's granularity)."""
     kernel: str = ""
