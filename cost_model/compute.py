@@ -299,7 +299,8 @@ class ComputeModel:
 
     def _causal_fraction(self, s_q: int, s_k: int) -> float:
         """Work fraction of causal attention without a fused-attention model: PyTorch's CPU flash kernel's blocks
-        on CPU ranks (no SMs), FlashAttention-2's 128-row blocks on GPUs (Dao 2023, Sec. 3.3)."""
+        on CPU ranks (no SMs), 128-row blocks on GPUs (FlashAttention-2's sm80 forward kernels for head dims 64 and
+        128, csrc/flash_attn/src/flash_fwd_launch_template.h; Dao 2023, Sec. 3.3: {64, 128} x {64, 128} blocks)."""
         if self.device.sms:
             return kernels.causal_fraction(s_q, s_k, 128)
         return kernels.causal_fraction(s_q, s_k, kernels.cpu_flash_q_split(s_q), kernels.CPU_FLASH_KV_SPLIT)

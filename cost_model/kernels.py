@@ -14,9 +14,12 @@ makes skinny GEMMs (small M, N or K) memory-bound. Profiles without a `matmul` b
 the `matmul_efficiency` curve (CPU ranks).
 
 Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d
-forward, 2.5x that backward), times the fraction of score blocks a causal kernel computes, (n+1)/(2n) for n key
-blocks (half the dense work at long sequences); priced at the profile's forward/backward attention efficiency
-with wave quantization over batch x heads x query blocks, never below the bytes of q, k, v and the output.
+forward, 2.5x that backward, the count of Dao 2023, "FlashAttention-2", Sec. 4.1), times the fraction of score
+blocks a causal kernel computes, (n+1)/(2n) for n key blocks (half the dense work at long sequences); priced at the
+profile's forward/backward attention efficiency with wave quantization over batch x heads x query blocks, never
+below the bytes of q, k, v and the output. Published causal throughputs count half the dense FLOPs, so a profile
+derives its efficiency from them through this same model (presets: the efficiency that reproduces the published
+time at the benchmark shape).
 """
 from __future__ import annotations
 
@@ -67,8 +70,9 @@ def memory_time(device: DeviceSpec, nbytes: float) -> float:
 
 
 MMA_GRANULE = 16
-"""Rows and columns of the smallest Tensor Core matrix instruction for 16-bit inputs (PTX ISA, mma.m16n8k16): a
-tile edge longer than a GEMM's dimension shrinks to that dimension rounded up to this."""
+"""A tile edge longer than a GEMM's dimension shrinks to that dimension rounded up to this: the M of the Ampere
+Tensor Core instruction for 16-bit inputs (PTX ISA, mma.sync.m16n8k16: 16 rows x 8 columns), used for both edges
+(Hopper's wgmma works on 64-row warpgroup tiles, so small M wastes more there)."""
 
 
 def quantization(batch: int, m: int, n: int, tile: tuple[int, int], sms: int) -> float:

@@ -19,7 +19,8 @@ YAML layout::
       kernel_costs: {gelu: [3.6e-9, 4.0e-9]}              # optional, measured: [forward, backward] s per element
       sms: 108                                            # optional: GEMM tiles / attention blocks run in waves
       matmul: {tiles: [[256, 128], [128, 128]], best_efficiency: 0.869}   # optional: GEMM efficiency by shape
-      attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128}   # optional: fused SDPA
+      attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128}   # optional: fused SDPA; or
+                                                          # {kernel: K, kernels: {K: {...}, ...}}: K runs
       kernel_floor: 3.8e-6                                # optional: minimum seconds per kernel
       async_host: true                                    # optional: host dispatch overlaps kernels (GPUs)
       matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4]]  # optional, measured: [batch, M, N, K, precision, s]
@@ -112,14 +113,24 @@ class MatmulModel:
 class AttentionModel:
     """Fused attention (FlashAttention-style SDPA) efficiency: its own forward and backward fractions of peak, for
     the FLOPs the kernel really does (causal attention skips the blocks above the diagonal), with wave
-    quantization over batch x heads x query blocks."""
+    quantization over batch x heads x query blocks.
+
+    A profile may list several kernels (`kernels`, e.g. FlashAttention-2, cuDNN, FlashAttention-3: which one SDPA
+    or the trainer runs depends on the software stack) and name the one that runs (`kernel`); the efficiencies
+    here are that kernel's."""
 
     forward_efficiency: float
-    """Achieved fraction of peak of the forward kernel at long sequences."""
+    """Fraction of peak the forward kernel achieves on the FLOPs it does (causal: the blocks it computes, see
+    `cost_model.kernels`); a published causal throughput, which counts half the dense FLOPs, converts through it."""
     backward_efficiency: float
-    """Achieved fraction of peak of the backward kernels at long sequences."""
+    """As `forward_efficiency`, for the backward kernels (2.5x the forward's FLOPs)."""
     block: int = 128
     """Query / key block size of the kernel (rows per thread block; the causal diagonal's granularity)."""
+    kernel: str = ""
+    """Name of the kernel these efficiencies describe (e.g. `flash2`, `cudnn`, `flash3`); "" when unnamed."""
+    kernels: tuple[tuple[str, float, float], ...] = ()
+    """All kernels the profile lists, as (name, forward_efficiency, backward_efficiency); `kernel` is one of them.
+    Empty when the profile gives one kernel's figures only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,6 +353,8 @@ _GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul
 """Optional device keys of the shape-aware compute model (profiles without them load as before)."""
 _PRECISIONS = ("fp32", "bf16", "fp16")
 """Precisions a measured shape row may name."""
+_ATTN_EFFS = ("forward_efficiency", "backward_efficiency")
+"""The keys of one attention kernel's figures."""
 
 
 def _matmul(d: Any, where: str) -> MatmulModel:
@@ -354,11 +367,44 @@ def _matmul(d: Any, where: str) -> MatmulModel:
                        best_efficiency=_fraction(d["best_efficiency"], f"{where}.best_efficiency"))
 
 
+def _attention_effs(d: Mapping[str, Any], where: str) -> tuple[float, float]:
+    return (_fraction(d["forward_efficiency"], f"{where}.forward_efficiency"),
+            _fraction(d["backward_efficiency"], f"{where}.backward_efficiency"))
+
+
 def _attention(d: Any, where: str) -> AttentionModel:
-    d = _keys(d, where, ("forward_efficiency", "backward_efficiency"), ("block",))
-    return AttentionModel(forward_efficiency=_fraction(d["forward_efficiency"], f"{where}.forward_efficiency"),
-                          backward_efficiency=_fraction(d["backward_efficiency"], f"{where}.backward_efficiency"),
+    """`{forward_efficiency, backward_efficiency[, block, kernel]}` (one kernel), or `{kernel, kernels: {name:
+    {forward_efficiency, backward_efficiency}, ...}[, block]}` (several; `kernel` names the one that runs)."""
+    if isinstance(d, Mapping) and "kernels" in d:
+        d = _keys(d, where, ("kernel", "kernels"), ("block",))
+        ks = d["kernels"]
+        if not isinstance(ks, Mapping) or not ks:
+            raise ProfileError(f"{where}.kernels: expected a mapping of kernel name to "
+                               "{forward_efficiency, backward_efficiency}")
+        table = tuple((str(k), *_attention_effs(_keys(v, f"{where}.kernels.{k}", _ATTN_EFFS),
+                                                f"{where}.kernels.{k}")) for k, v in ks.items())
+        chosen = [t for t in table if t[0] == str(d["kernel"])]
+        if not chosen:
+            raise ProfileError(f"{where}.kernel: {d['kernel']!r} is not one of the listed kernels "
+                               f"({', '.join(t[0] for t in table)})")
+        name, f, b = chosen[0]
+    else:
+        d = _keys(d, where, _ATTN_EFFS, ("block", "kernel"))
+        (f, b), name, table = _attention_effs(d, where), str(d.get("kernel", "")), ()
+    return AttentionModel(forward_efficiency=f, backward_efficiency=b, kernel=name, kernels=table,
                           block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)))
+
+
+def _attention_dict(a: AttentionModel) -> dict[str, Any]:
+    """Plain-data form of an AttentionModel that `_attention` reads back to an equal one."""
+    if a.kernels:
+        return {"kernel": a.kernel, "block": a.block,
+                "kernels": {k: {"forward_efficiency": f, "backward_efficiency": b} for k, f, b in a.kernels}}
+    out: dict[str, Any] = {"forward_efficiency": a.forward_efficiency, "backward_efficiency": a.backward_efficiency,
+                           "block": a.block}
+    if a.kernel:
+        out["kernel"] = a.kernel
+    return out
 
 
 def _rows(rows: Any, where: str, ints: int, flags: int, secs: int, example: str) -> tuple:
@@ -415,7 +461,7 @@ def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
     if dev.matmul is not None:
         out["matmul"] = {"tiles": [list(t) for t in dev.matmul.tiles], "best_efficiency": dev.matmul.best_efficiency}
     if dev.attention is not None:
-        out["attention"] = {f.name: getattr(dev.attention, f.name) for f in fields(AttentionModel)}
+        out["attention"] = _attention_dict(dev.attention)
     if dev.kernel_floor:
         out["kernel_floor"] = dev.kernel_floor
     if dev.async_host:

@@ -110,6 +110,40 @@ def test_explicit_matmul_attention_is_priced_by_its_parts():
     assert f >= kernels.memory_time(A100, 2 * 64 * 8 * 256 * 256 * 2) * 0.99  # reads and writes the scores
 
 
+def test_h100_attention_kernels_reproduce_the_published_times():
+    """Each kernel of the H100 preset gives back Shah et al. 2024 ("FlashAttention-3", Sec. 4.1) TFLOP/s at the
+    benchmark shape (batch 8 x 16 heads, s = 2048, d = 128; causal FLOPs counted as half the dense)."""
+    att = load_cluster("dgx-h100").device.attention
+    assert att.kernel == "cudnn" and {k for k, _, _ in att.kernels} == {"cudnn", "flash2", "flash3"}
+    published = {"cudnn": (484, 465), "flash2": (298, 291), "flash3": (521, 501)}  # fwd causal, bwd (no mask)
+    bh, s, d = 8 * 16, 2048, 128
+    dense = 4.0 * bh * s * s * d
+    for name, f, b in att.kernels:
+        dev = dataclasses.replace(load_cluster("dgx-h100").device,
+                                  attention=dataclasses.replace(att, forward_efficiency=f, backward_efficiency=b))
+        fwd = kernels.attention_time(dev, (bh, s, s, d, True), dense, "bf16", False)
+        bwd = kernels.attention_time(dev, (bh, s, s, d, False), 2.5 * dense, "bf16", True)
+        assert dense / 2 / fwd / 1e12 == pytest.approx(published[name][0], rel=0.02)
+        assert 2.5 * dense / bwd / 1e12 == pytest.approx(published[name][1], rel=0.02)
+
+
+def test_attention_kernel_is_chosen_by_name_and_bad_names_are_errors():
+    d = cluster_to_dict(load_cluster("dgx-h100"))
+    d["device"]["attention"]["kernel"] = "flash2"
+    att = cluster_from_dict(d).device.attention
+    assert (att.kernel, att.forward_efficiency, att.backward_efficiency) == ("flash2", 0.33, 0.30)
+    assert cluster_from_dict(cluster_to_dict(cluster_from_dict(d))) == cluster_from_dict(d)
+    d["device"]["attention"]["kernel"] = "flash9"
+    with pytest.raises(ProfileError, match=r"device.attention.kernel: 'flash9' is not one of .*cudnn, flash2"):
+        cluster_from_dict(d)
+    d["device"]["attention"]["kernel"] = "cudnn"
+    d["device"]["attention"]["kernels"]["cudnn"] = {"forward_efficiency": 0.5}
+    with pytest.raises(ProfileError, match="device.attention.kernels.cudnn.backward_efficiency: missing"):
+        cluster_from_dict(d)
+    flat = cluster_to_dict(load_cluster("dgx-a100-80gb"))["device"]["attention"]
+    assert flat == {"forward_efficiency": 0.73, "backward_efficiency": 0.63, "block": 128, "kernel": "flash2"}
+
+
 # ---- copies, views, floor, host -----------------------------------------------------------------------------------
 
 class _Reshapes(nn.Module):
