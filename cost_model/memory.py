@@ -13,6 +13,7 @@ first stage (Korthikanti et al. 2022 Sec 4.2.3; formulas.csv activation_memory_t
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25, torch.nn.parallel.DistributedDataParallel docs)."""
@@ -49,3 +50,145 @@ def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> Counter:
             break
         held[chunk] += 1
     return held
+
+
+ADAM_STATE_BYTES = 8.0
+"""fp32 exp_avg and exp_avg_sq per local parameter element (torch.optim.AdamW's state; the parameters themselves
+stay fp32 under autocast and FSDP2 keeps fp32 shards)."""
+FP32 = 4.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceWork:
+    """What one device of a pipeline rank holds and runs, as the executor applies the plan (executor.parallel)."""
+
+    params: float
+    """Local parameter elements (after tp; a tied weight once)."""
+    layers: tuple
+    """Per chunk, the `LayerCost`s of its layers in model order."""
+    held: Counter
+    """Micro-batches of each chunk whose activations the device holds at its peak (`in_flight`)."""
+    microbatches: int
+    """Micro-batches per step."""
+    dp: int
+    """Data-parallel degree."""
+    zero_stage: int
+    """ZeRO stage (0 with dp = 1)."""
+    precision: str
+    """Plan precision; bf16/fp16 train under autocast with fp32 parameters."""
+    pipelined: bool
+    """pp > 1 (torch.distributed.pipelining stages)."""
+    ddp: bool
+    """Plain DP through torch DDP (its flat gradient buckets); False for FSDP2 `replicate`."""
+    logits: float
+    """Elements of the loss's input (the logits, this device's share) when the device holds the loss, else 0."""
+    boundary: tuple = ()
+    """Bytes of one micro-batch's activation received (forward) and gradient received (backward) per chunk."""
+    largest_tensor: float = 0.0
+    """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
+    foreach: bool = True
+    """Whether AdamW takes torch's foreach path (default on GPUs; CPU tensors take the single-tensor path)."""
+
+
+def _phase(**parts: float) -> dict[str, float]:
+    out = {k: parts.get(k, 0.0) for k in ("parameters", "gradients", "optimizer", "activations", "buffers",
+                                          "temporaries")}
+    out["total"] = sum(out.values())
+    return out
+
+
+def peak_memory(w: DeviceWork) -> dict[str, float]:
+    """Peak bytes on one device by part — parameters, gradients, optimizer, activations, buffers (persistent:
+    DDP's buckets, pipeline receive buffers) and temporaries — at the worst of three phases, not a sum of maxima:
+
+    - backward start (forward end): activations of every in-flight micro-batch, plus the fp32 logits' gradient
+      and the log-softmax input's gradient (2 x logits x 4 bytes: cross-entropy runs in fp32 under autocast;
+      aten::_log_softmax_backward_data reads the output gradient nll_loss_backward wrote); the first backward has
+      no gradients yet (zero_grad(set_to_none=True)), a later one (gradient accumulation, pipeline steady state)
+      has all of them and one micro-batch fewer held under GPipe;
+    - each layer's backward, last to first: that layer's full working set (recomputed activations), the earlier
+      layers' activations, the gradients produced so far, and under ZeRO-2/3 its unsharded gradient and the fp32
+      reduce-scatter input (FSDP2 foreach_reduce);
+    - the optimizer step: gradients and AdamW's temporaries (`_multi_tensor_adam`: `_foreach_sqrt(exp_avg_sqs)`,
+      one fp32 copy of every parameter of the group; `_single_tensor_adam`: `exp_avg_sq.sqrt() / bias_correction`
+      while the previous tensor's denominator is alive, ~3 x the largest tensor).
+
+    Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
+    gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
+    (reshard_after_forward=False), ZeRO-3 the root module's (FSDP2 never reshards the root after forward) and a
+    block being computed plus the next one's all-gather output. Without FSDP2, autocast keeps a bf16 copy of the
+    weights per forward, saved for backward (counted with the activations).
+    """
+    n = max(1, w.dp)
+    z = w.zero_stage if n > 1 else 0
+    fsdp, amp = z >= 1, w.precision != "fp32"
+    unsharded = 2.0 if amp else FP32  # bytes of a gathered (FSDP2 param_dtype) parameter
+    psi = w.params
+    resident = psi * FP32 / (n if fsdp else 1)
+    opt = psi * ADAM_STATE_BYTES / (n if fsdp else 1)
+    grads_step = psi * FP32 / (n if fsdp else 1)
+    blocks = [l for ch in w.layers for l in ch if l.block]
+    biggest_block = max((l.param_elems for l in blocks), default=0.0)
+    root = sum(l.param_elems for ch in w.layers for l in ch if not l.block)
+    gathered = 0.0  # unsharded parameters held in forward and backward
+    gather_buffer = 0.0  # ZeRO-3: the next block's all-gather output
+    if z in (1, 2):
+        gathered = psi * unsharded
+    elif z == 3:
+        gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
+    cast_weights = psi * 2.0 if amp and not fsdp else 0.0
+    buffers = psi * FP32 if w.ddp and n > 1 and z == 0 else 0.0
+    buffers += w.microbatches * sum(w.boundary)
+    # gradients accumulated over micro-batches: whole fp32 (DDP, no dp), unsharded until the last micro-batch
+    # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward), or shards
+    if z == 0:
+        accumulated = psi * FP32
+    elif z == 1 or w.pipelined:
+        accumulated = psi * unsharded
+    else:
+        accumulated = grads_step
+    static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
+    acts_mb = [sum(l.act_bytes for l in ch) for ch in w.layers]
+    held = sum(k * acts_mb[c] for c, k in w.held.items())
+    loss_tmp = 2 * w.logits * FP32
+    phases = [_phase(**static, activations=held + cast_weights, temporaries=loss_tmp + gather_buffer)]
+    if w.microbatches > 1:
+        # a later backward: one micro-batch at a time without pipelining, or the 1F1B steady state, holds as
+        # much as the first; GPipe has released one micro-batch
+        steady = not w.pipelined or w.microbatches > sum(w.held.values())
+        later = held if steady else held - max(acts_mb, default=0.0)
+        phases.append(_phase(**static, gradients=accumulated, activations=later + cast_weights,
+                             temporaries=loss_tmp + gather_buffer))
+    phases += _backward_phases(w, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
+    opt_tmp = psi / (n if fsdp else 1) * FP32 if w.foreach else 3 * w.largest_tensor * FP32
+    phases.append(_phase(parameters=resident, optimizer=opt, buffers=buffers, gradients=grads_step,
+                         temporaries=opt_tmp))
+    return max(phases, key=lambda p: p["total"])
+
+
+def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded,
+                     z) -> list[dict[str, float]]:
+    """One phase per layer of each chunk's first backward (see `peak_memory`)."""
+    n = max(1, w.dp)
+    out = []
+    for c, layers in enumerate(w.layers):
+        if not w.held.get(c):
+            continue
+        others = held - acts_mb[c]
+        below = acts_mb[c]
+        fresh = 0.0
+        per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
+        for l in reversed(layers):
+            below -= l.act_bytes
+            if per_layer:
+                # reduce-scattered layer by layer in every micro-batch: the earlier layers' shards, this layer's
+                # unsharded gradient and its fp32 reduce-scatter input; its shard exists once that is done
+                grads, tmp = fresh, l.param_elems * (unsharded + FP32)
+                fresh += l.param_elems * FP32 / n
+            else:  # whole gradients (DDP), or unsharded until the last micro-batch, then reduce-scattered
+                fresh += l.param_elems * (FP32 if z == 0 else unsharded)
+                grads, tmp = fresh, l.param_elems * FP32 if z >= 1 else 0.0
+            grads = accumulated if w.microbatches > 1 else min(grads, accumulated)
+            out.append(_phase(**static, gradients=grads, activations=others + below + l.act_full_bytes
+                              + cast_weights, temporaries=tmp + gather_buffer))
+    return out
