@@ -5,7 +5,7 @@ same placements) are priced once and reused (`LayerCoster`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost_model.compute import DTENSOR_STRATEGIES, split_inputs, tensor_bytes
 from cost_model.ops import roles
@@ -92,6 +92,8 @@ class LayerCoster:
         if key is not None and key in self._cache:
             return self._cache[key]
         c = self._compute(layer)
+        if self.plan.recompute == "selective" and layer.block_type is not None:
+            c = replace(c, act_bytes=min(c.act_full_bytes, self._sac_kept_bytes(layer)))
         if key is not None:
             self._cache[key] = c
         return c
@@ -153,6 +155,25 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors)
+
+    def _sac_kept_bytes(self, layer: Layer) -> float:
+        """Activation bytes a block keeps from forward to backward under the executor's selective recomputation
+        (torchtitan's op-level SAC, executor.parallel.apply_ac): its input (torch.utils.checkpoint saves the
+        checkpointed function's inputs) and the outputs its policy caches — the attention kernel's (SDPA) and every
+        other linear's (the 1st, 3rd, ...: one mm/addmm each). Everything else is rematerialised in backward."""
+        g, tp = self.graph, self.tp
+        names = {g.ops[i].name for i in layer.ops}
+        keep = self._block_input_bytes(layer, names)
+        linears = 0
+        for i in layer.ops:
+            op = g.ops[i]
+            linears += op.kind == "linear"
+            kept = linears % 2 == 1 if op.kind == "linear" else op.kind == "attention"
+            if kept and op.output_meta:
+                pl = self.plan.ops.get(op.name)
+                div = tp if pl is not None and pl.output.startswith("S") else 1
+                keep += tensor_bytes(op.output_meta[0], self.prec) * self.mbs / g.batch_size / div
+        return keep
 
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core
