@@ -163,7 +163,7 @@ class LayerCoster:
         other linear's (the 1st, 3rd, ...: one mm/addmm each). Everything else is rematerialised in backward."""
         g, tp = self.graph, self.tp
         names = {g.ops[i].name for i in layer.ops}
-        keep = self._block_input_bytes(layer, names)
+        keep = self._block_input_bytes(layer, names, sharded=self.plan.sequence_parallel and tp > 1)
         linears = 0
         for i in layer.ops:
             op = g.ops[i]
@@ -191,8 +191,9 @@ class LayerCoster:
             keep += tensor_bytes(t, self.prec) * self.mbs / self.graph.batch_size / div
         return keep
 
-    def _block_input_bytes(self, layer: Layer, names: set[str]) -> float:
-        """Bytes of the block's input, the one tensor full recomputation keeps (sharded with SP)."""
+    def _block_input_bytes(self, layer: Layer, names: set[str], sharded: bool = False) -> float:
+        """Bytes of the block's input, the one tensor full recomputation keeps (sharded with SP; `sharded`: also
+        when its producer is replicated, as the first block's input, which the executor shards on entry)."""
         g = self.graph
         for i in layer.ops:
             op = g.ops[i]
@@ -200,7 +201,7 @@ class LayerCoster:
                 if src in g.index and src not in names and g.op(src).output_meta:
                     meta = g.op(src).output_meta[0]
                     pl = self.plan.ops.get(src)
-                    div = self.tp if pl is not None and pl.output.startswith("S") else 1
+                    div = self.tp if sharded or (pl is not None and pl.output.startswith("S")) else 1
                     return tensor_bytes(meta, self.prec) * self.mbs / g.batch_size / div
         return 0.0
 

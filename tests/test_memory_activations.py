@@ -121,11 +121,14 @@ def test_korthikanti_sequence_parallel(t):
 
 
 @pytest.mark.parametrize("t", [1, 2, 4])
-def test_korthikanti_selective(t):
+def test_selective_keeps_what_op_level_sac_caches(t):
+    """The executor's selective recomputation is torchtitan's op-level SAC, not Korthikanti's: a block keeps its
+    input (2sh bytes in bf16) and the outputs of its 1st, 3rd and 5th linears (q and v: 2sh each, fc1: 8sh),
+    column-sharded over t; with sequence parallelism the input is sharded too."""
     g = megatron_gpt(s=S, h=H, a=A)
-    assert _layer_act(g, t, False, "selective") == pytest.approx(S * H * (10 + 24 / t))
+    assert _layer_act(g, t, False, "selective") == pytest.approx(S * H * (2 + 12 / t))
     if t > 1:
-        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * 34 / t)
+        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * 14 / t)
 
 
 def test_korthikanti_full_recompute_and_microbatch_scaling():
