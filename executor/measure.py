@@ -137,9 +137,10 @@ class StepMemory:
 
         def new_micro_batch(mod, args):
             # MemTracker refuses a root module called twice (micro-batches, pipeline stages); its per-module
-            # statistics are not used here, so drop them whenever a root module starts a forward
+            # statistics are not used here, so forget the root's own (`memory_tracking`) when it starts another
+            # forward; its submodules' stay, for the backward hooks of micro-batches still in flight
             if id(mod) in roots and torch._C._current_graph_task_id() == -1:
-                mt.reset_mod_stats()
+                mt.memory_tracking.pop(mod, None)
 
         hook = nn.modules.module.register_module_forward_pre_hook(new_micro_batch)  # runs before MemTracker's
         self._inside = True
