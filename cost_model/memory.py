@@ -79,7 +79,8 @@ class DeviceWork:
     pipelined: bool
     """pp > 1 (torch.distributed.pipelining stages)."""
     ddp: bool
-    """Plain DP through torch DDP (its flat gradient buckets); False for FSDP2 `replicate`."""
+    """Plain DP through torch DDP (its flat gradient buckets); False for FSDP2 `replicate` (per-block
+    all-reduce buffers)."""
     logits: float
     """Elements of the loss's input (the logits, this device's share) when the device holds the loss, else 0."""
     boundary: tuple = ()
@@ -132,7 +133,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     root = sum(l.param_elems for ch in w.layers for l in ch if not l.block)
     gathered = 0.0  # unsharded parameters held in forward and backward
     gather_buffer = 0.0  # ZeRO-3: the next block's all-gather output
-    if z in (1, 2):
+    if z in (1, 2) or (z == 3 and w.pipelined):  # pipelined ZeRO-3 keeps them whole after the first backward
         gathered = psi * unsharded
     elif z == 3:
         gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
@@ -140,11 +141,10 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     buffers = psi * FP32 if w.ddp and n > 1 and z == 0 else 0.0
     buffers += w.microbatches * sum(w.boundary)
     # gradients accumulated over micro-batches: whole fp32 (DDP, no dp), unsharded until the last micro-batch
-    # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward), or shards
-    if z == 0:
+    # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward; FSDP2
+    # accumulates them in the fp32 reduce dtype, FSDPParam.to_accumulated_grad_if_needed), or shards
+    if z == 0 or z == 1 or w.pipelined:
         accumulated = psi * FP32
-    elif z == 1 or w.pipelined:
-        accumulated = psi * unsharded
     else:
         accumulated = grads_step
     static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
@@ -185,9 +185,10 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                 # unsharded gradient and its fp32 reduce-scatter input; its shard exists once that is done
                 grads, tmp = fresh, l.param_elems * (unsharded + FP32)
                 fresh += l.param_elems * FP32 / n
-            else:  # whole gradients (DDP), or unsharded until the last micro-batch, then reduce-scattered
+            else:  # whole gradients (DDP, replicate), or unsharded until the last micro-batch, then reduced
                 fresh += l.param_elems * (FP32 if z == 0 else unsharded)
-                grads, tmp = fresh, l.param_elems * FP32 if z >= 1 else 0.0
+                # FSDP2 (and replicate, per block) reduces through an fp32 buffer of the unit's gradients
+                grads, tmp = fresh, l.param_elems * FP32 if z >= 1 or (n > 1 and not w.ddp) else 0.0
             grads = accumulated if w.microbatches > 1 else min(grads, accumulated)
             out.append(_phase(**static, gradients=grads, activations=others + below + l.act_full_bytes
                               + cast_weights, temporaries=tmp + gather_buffer))
