@@ -1,72 +1,51 @@
-"""Compute cost of one op on one device: a roofline with the profile's measured efficiency curves.
+"""Compute cost of one op on one device: GEMMs by shape, fused attention, memory-bound kernels, launch and host costs.
 
-    t = max(FLOPs / (peak[dtype] * matmul_eff(FLOPs)),  bytes / (memory_bandwidth * memory_eff(bytes)))
+- GEMM kinds (linear, matmul, conv as an implicit GEMM) are priced per GEMM by `cost_model.kernels` (tile and wave
+  quantization on the profile's SMs, the bytes roofline, the kernel floor), from the (M, N, K) each op has on this
+  device after tp sharding and micro-batch scaling (`op_gemms`). Backward is the two GEMMs of the operands'
+  gradients, (M, K, N) and (K, N, M). Measured shapes (`DeviceSpec.matmul_shapes`) take precedence.
+- Attention (SDPA) uses the profile's fused-attention efficiency on the work the kernel does (causal: about half
+  the dense FLOPs); explicit-matmul attention is priced by its parts (batched GEMMs, memory-bound softmax, masking
+  and dropout over the s x s scores).
+- Memory-bound kinds (norm, softmax, elementwise, embedding as a gather, loss, pool, other) use the bytes term.
+  `reshape`-kind ops that copy (`OpNode.copies`: cat, repeat, contiguous of a transposed tensor) read and write
+  their bytes; views launch no kernel.
+- Every kernel costs at least `DeviceSpec.kernel_floor`.
 
-for matmul-like kinds (linear, matmul, attention, conv); memory-bound kinds (norm, softmax, elementwise, embedding
-as a gather, loss, pool, other) use only the bytes term. Views (`reshape`) launch no kernel. Efficiency curves are
-interpolated linearly in log(size) and clamped at their ends (`interp_log`).
+Host side: `op_overhead` gives seconds per op in forward, per autograd node in backward, plus one node per
+parameter read (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures. A
+linear, several dispatches, pays the measured overhead of a whole tiny F.linear call where the profile has it.
+On CPU ranks host and kernel time add up; where `DeviceSpec.async_host` (GPUs) the host dispatches run ahead of
+the kernels, so a sequence of ops costs max(sum of kernels, sum of host) (`combine`; the layer sums both).
 
-Two measured terms from the profile refine this where it has them (CPU profiles written by `plan profile`):
-- `kernel_costs`: elementwise kernels that are compute-bound on the device (a tanh per element of GELU, an exp per
-  element of softmax / log-softmax in the loss, normalisation) cost max(bytes term, elements x the measured seconds
-  per element of their kernel family); attention adds a softmax over its score matrix to its matmul time.
-- `linear_efficiency` / `linear_backward_efficiency`: linears are priced from the measured rates of nn.Linear
-  itself (forward, and backward with its transposed operands and bias gradient) instead of square matmuls, at
-  fp32 (the dtype they are measured in).
-- `op_overhead`: every traced op (views included: each is a dispatcher call and an autograd node) adds the
-  measured host-side seconds per op in forward and per autograd node in backward, plus one node per parameter it
-  reads (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures instead. A
-  linear, several dispatches (transpose, addmm, views) and nodes, pays the measured overhead of a whole tiny
-  F.linear call (plain or column-parallel DTensor) where the profile has it.
+Two measured CPU terms refine this where the profile has them (written by `plan profile` on CPU ranks):
+`kernel_costs` (elementwise kernels that are compute-bound on CPUs: max(bytes term, elements x seconds per
+element)) and `linear_efficiency` / `linear_backward_efficiency` (nn.Linear's own fp32 rates).
 
-The graph's per-op figures are for `graph.batch_size` samples at the traced dtype; `OpScaler` re-prices them for a
+The graph's per-op figures are for `graph.batch_size` samples at the traced dtype; `op_work` re-prices them for a
 micro-batch at the plan's precision and for the op's share of the work over the tp axis.
 """
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
+from cost_model import kernels
+from cost_model.kernels import PRECISION_BYTES, Attn, Gemm, interp_log, peak_flops  # noqa: F401 (re-exported)
 from hardware_profiles.schema import DeviceSpec
 from planner.graph import OpNode, TensorMeta, dtype_bytes
 
 MATMUL_KINDS = frozenset({"linear", "matmul", "attention", "conv"})
 """Op kinds priced by the FLOPs term of the roofline (and the bytes term when it is larger)."""
+GEMM_KINDS = frozenset({"linear", "matmul", "conv"})
+"""Op kinds that are GEMMs (conv as an implicit GEMM), priced by shape."""
 FREE_KINDS = frozenset({"reshape"})
 """Op kinds that are views: no kernel, no time."""
 FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 """Dtypes re-priced at the plan's activation precision (integer ids and bool masks keep their size)."""
-PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-"""Bytes per float element at each training precision."""
-PRECISION_PEAK_KEYS = {"bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "fp32": ("fp32",)}
-"""Which `DeviceSpec.peak_flops` entry prices matmuls at each precision, in order of preference. fp32 uses the
-plain fp32 peak: PyTorch leaves TF32 matmuls off by default (torch.backends.cuda.matmul.allow_tf32 = False since
-1.12, PyTorch CUDA semantics docs)."""
 BWD_BYTES_FACTOR = 2.0
 """Backward of a memory-bound op reads the output gradient and the saved input and writes the input gradient:
 about twice the forward's traffic (first-principles byte count: 3 tensors vs forward's 2, plus parameter grads)."""
-
-
-def interp_log(curve: Sequence[tuple[float, float]], x: float) -> float:
-    """Value of a [size, value] curve at size x, linear in log(size), clamped to the end values."""
-    if x <= curve[0][0]:
-        return curve[0][1]
-    if x >= curve[-1][0]:
-        return curve[-1][1]
-    i = bisect.bisect_right([p[0] for p in curve], x)
-    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
-    w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-    return y0 + w * (y1 - y0)
-
-
-def peak_flops(device: DeviceSpec, precision: str) -> float:
-    """Dense peak FLOP/s for matmuls at a training precision (falls back to the fp32 peak if not listed)."""
-    for key in PRECISION_PEAK_KEYS[precision]:
-        if key in device.peak_flops:
-            return device.peak_flops[key]
-    return max(device.peak_flops.values())
 
 
 def tensor_bytes(meta: TensorMeta, precision: str) -> float:
@@ -98,6 +77,12 @@ class OpWork:
     """Parameter tensors the op reads (each adds a gradient-accumulation node in backward)."""
     dtensor: bool = False
     """Whether the op runs on DTensors (a tensor-parallel module), paying the DTensor dispatch overhead."""
+    gemms: tuple[Gemm, ...] = ()
+    """The op's forward GEMMs on this device, (batch, M, N, K) each (GEMM kinds; empty otherwise)."""
+    attn: Attn | None = None
+    """The fused attention call on this device (kind `attention` with 4-D q, k, v), or None."""
+    copy: bool = False
+    """A `reshape`-kind op that copies (`OpNode.copies`): memory-bound, not a free view."""
 
 
 def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
@@ -149,6 +134,67 @@ def _kernel_elems(op: OpNode, acts: list[int], scale: float, div: int) -> float:
     return sum(m.numel for m in op.output_meta[:1]) * scale / div
 
 
+def _linear_gemm(op: OpNode, acts: list[int], par: list[int], p_pl: list[str], tp: int, scale: float,
+                 div: int) -> Gemm | None:
+    """(1, M, N, K) of a linear: M tokens (all but the last input dim), weight (N, K) or (K, N) (an addmm); the
+    weight's sharded dim divides N (colwise) or K (rowwise), else a split op divides M."""
+    x = op.input_meta[acts[0]].shape
+    weights = [op.input_meta[i].shape for i in par if len(op.input_meta[i].shape) == 2]  # not the bias
+    if not x or not weights or x[-1] not in weights[0]:
+        return None
+    w, k = weights[0], x[-1]
+    kdim = 1 if w[1] == k else 0
+    n = w[1 - kdim]
+    m = math.prod(x[:-1]) * scale
+    j = next((j for j, p in enumerate(op.params) if p.shape == w), 0)
+    pl = p_pl[j] if j < len(p_pl) else "R"
+    if tp > 1 and pl == f"S({kdim})":
+        k /= tp
+    elif tp > 1 and pl == f"S({1 - kdim})":
+        n /= tp
+    else:
+        m /= div
+    return (1, m, n, k)
+
+
+def op_gemms(op: OpNode, acts: list[int], par: list[int], p_pl: list[str], tp: int, scale: float,
+             div: int) -> tuple[Gemm, ...]:
+    """The forward GEMMs of a GEMM-kind op on one device: a linear (M tokens x K -> N), a batched matmul (the
+    leading dims of both operands are the batch, split over tp when the op is), a conv as an implicit GEMM (M =
+    output positions, N = output channels per group, K = input channels per group x kernel size, one GEMM per
+    group). When the shape does not reproduce the op's counted FLOPs (within 5 %), a square GEMM of those FLOPs
+    stands in."""
+    flops = op.fwd_flops * scale / div
+    if flops <= 0 or op.kind not in GEMM_KINDS:
+        return ()
+    g: Gemm | None = None
+    shapes = [op.input_meta[i].shape for i in acts]
+    if op.kind == "linear" and acts and par:
+        g = _linear_gemm(op, acts, par, p_pl, tp, scale, div)
+    elif op.kind == "matmul" and len(shapes) >= 2 and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
+        a, b = shapes[0], shapes[1]
+        batch = max(math.prod(a[:-2]), math.prod(b[:-2])) * scale / div
+        g = (batch, a[-2], b[-1], a[-1])
+    elif op.kind == "conv" and acts and par and op.output_meta and len(op.input_meta[par[0]].shape) >= 3:
+        w, out = op.input_meta[par[0]].shape, op.output_meta[0]
+        groups = max(1, shapes[0][1] // w[1]) if len(shapes[0]) > 1 else 1
+        g = (groups, out.numel / w[0] * scale / div, w[0] / groups, math.prod(w[1:]))
+    if g is None or abs(2.0 * math.prod(g) - flops) > 0.05 * flops:
+        e = (flops / 2.0) ** (1.0 / 3.0)
+        g = (1, e, e, e)
+    return (tuple(max(1, round(x)) for x in g),)  # type: ignore[return-value]
+
+
+def _attn_shape(op: OpNode, acts: list[int], scale: float, div: int) -> Attn | None:
+    """(batch x heads, s_q, s_k, head dim, causal) of an SDPA call on one device (heads split over tp)."""
+    if op.kind != "attention" or len(acts) < 2:
+        return None
+    q, k = op.input_meta[acts[0]].shape, op.input_meta[acts[1]].shape
+    if len(q) != 4 or len(k) != 4:
+        return None
+    return (max(1, round(q[0] * q[1] * scale / div)), q[2], k[2], q[3], op.causal)
+
+
 def _divisor(placement: str, tp: int) -> int:
     """How many ways a tensor with this placement is split over tp (S(d) -> tp; R and P -> 1)."""
     return tp if placement.startswith("S") else 1
@@ -183,21 +229,45 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequen
     strategies = DTENSOR_STRATEGIES | ({"sequence"} if sequence_parallel else set())
     dtensor = tp > 1 and placement is not None and placement.strategy in strategies
     elem_div = tp if sharded or (placement is not None and out_pl.startswith("S") and tp > 1) else 1
+    copy = op.kind in FREE_KINDS and op.copies
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
-                  fwd_bytes=fwd_bytes, bwd_bytes=BWD_BYTES_FACTOR * fwd_bytes,
+                  fwd_bytes=fwd_bytes, bwd_bytes=(1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes,
                   elems=_kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
-                  dtensor=dtensor)
+                  dtensor=dtensor, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
+                  attn=_attn_shape(op, acts, scale, div), copy=copy)
+
+
+def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
+    """The two GEMMs of a GEMM's backward: the first operand's gradient (M, K, N), the second's (K, N, M)."""
+    b, m, n, k = g
+    return (b, m, k, n), (b, k, n, m)
+
+
+def graph_shapes(graph, limit: int = 32) -> tuple[list[Gemm], list[Attn]]:
+    """The distinct forward and backward GEMMs and the fused-attention calls of a graph at its traced batch on one
+    device (no tp split), largest work first, at most `limit` GEMMs: what `plan profile --model` times."""
+    work: dict[Gemm, float] = {}
+    attns: dict[Attn, None] = {}
+    for op in graph.ops:
+        w = op_work(op, None, 1, 1.0, "fp32")
+        for g in w.gemms:
+            for x in (g, *backward_gemms(g)):
+                work[x] = work.get(x, 0.0) + 2.0 * math.prod(x)
+        if w.attn is not None and op.kind == "attention":
+            attns[w.attn] = None
+    gemms = sorted(work, key=lambda x: -work[x])[:limit]
+    return gemms, list(attns)
 
 
 class ComputeModel:
     """Prices `OpWork` on one device of a profile."""
 
     def __init__(self, device: DeviceSpec):
-        """Keep the device's peaks, bandwidth and efficiency curves."""
+        """Keep the device's peaks, bandwidth, efficiency models and measured shape tables."""
         self.device = device
 
     def matmul_time(self, flops: float, precision: str) -> float:
-        """Seconds for one matmul-like kernel of `flops` FLOPs at the measured efficiency for its size."""
+        """Seconds for one matmul-like kernel of `flops` FLOPs on the `matmul_efficiency` curve (no shape)."""
         if flops <= 0:
             return 0.0
         eff = interp_log(self.device.matmul_efficiency, flops)
@@ -205,10 +275,45 @@ class ComputeModel:
 
     def memory_time(self, nbytes: float) -> float:
         """Seconds for a memory-bound kernel moving `nbytes` at the measured efficiency for its size."""
-        if nbytes <= 0:
-            return 0.0
-        eff = interp_log(self.device.memory_efficiency, nbytes)
-        return nbytes / (self.device.memory_bandwidth * eff)
+        return kernels.memory_time(self.device, nbytes)
+
+    def gemm_time(self, g: Gemm, precision: str) -> float:
+        """Seconds of one GEMM: a measured row at (or one dimension away from) its shape, scaled by the shape
+        model's ratio between the two shapes; else the shape model."""
+        model = kernels.gemm_time(self.device, g, precision)
+        row = kernels.nearest_row(self.device.matmul_shapes, (*g, precision), free=(0, 1, 2, 3))
+        if row is None:
+            return model
+        return row[5] * model / kernels.gemm_time(self.device, row[:4], precision)
+
+    def attention_time(self, a: Attn, flops: float, precision: str, backward: bool) -> float:
+        """Seconds of one fused attention call (forward or backward) doing `flops` (dense count): a measured row
+        with the same lengths, head dim and causality, scaled by batch x heads through the model; else the
+        model."""
+        model = self._attention_model(a, flops, precision, backward)
+        row = kernels.nearest_row(self.device.attention_shapes, (*a, precision), free=(0,))
+        if row is None or model <= 0:
+            return model
+        ref = self._attention_model(row[:5], flops * row[0] / a[0], precision, backward)
+        return row[7 if backward else 6] * model / ref
+
+    def _causal_fraction(self, s_q: int, s_k: int) -> float:
+        """Work fraction of causal attention without a fused-attention model: PyTorch's CPU flash kernel's blocks
+        on CPU ranks (no SMs), FlashAttention-2's 128-row blocks on GPUs (Dao 2023, Sec. 3.3)."""
+        if self.device.sms:
+            return kernels.causal_fraction(s_q, s_k, 128)
+        return kernels.causal_fraction(s_q, s_k, kernels.cpu_flash_q_split(s_q), kernels.CPU_FLASH_KV_SPLIT)
+
+    def _attention_model(self, a: Attn, flops: float, precision: str, backward: bool) -> float:
+        """Attention seconds without measurements: the fused-attention model, else its two batched GEMMs (q k^T,
+        scores v) at the causal fraction, scaled to `flops` (backward: 2.5x the forward's)."""
+        if self.device.attention is not None:
+            return kernels.attention_time(self.device, a, flops, precision, backward)
+        bh, s_q, s_k, d, causal = a
+        frac = self._causal_fraction(s_q, s_k) if causal else 1.0
+        gemms = kernels.gemm_time(self.device, (bh, s_q, s_k, d), precision) + \
+            kernels.gemm_time(self.device, (bh, s_q, d, s_k), precision)
+        return frac * gemms * flops / (4.0 * bh * s_q * s_k * d)
 
     def kernel_time(self, work: OpWork, backward: bool) -> float:
         """Seconds of the op's elementwise kernel from the profile's measured per-element cost (0 when the profile
@@ -228,35 +333,80 @@ class ComputeModel:
         f, b = (ov.dtensor_forward, ov.dtensor_backward) if work.dtensor else (ov.forward, ov.backward)
         return f, b + work.params * ov.backward
 
-    def op_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
-        """(forward, backward) seconds of one op from its work: roofline for matmul kinds, bytes otherwise (or the
-        measured kernel cost where larger), plus the per-op overhead."""
+    def combine(self, kernel: float, host: float) -> float:
+        """Seconds of a sequence of ops with `kernel` seconds of kernels and `host` seconds of dispatch: their max
+        where the host runs ahead of the device (`async_host`), else their sum."""
+        return max(kernel, host) if self.device.async_host else kernel + host
+
+    def op_parts(self, kind: str, work: OpWork, precision: str) -> tuple[float, float, float, float]:
+        """(forward kernel, backward kernel, forward host, backward host) seconds of one op."""
         f, b = self._kernel_times(kind, work, precision)
         of, ob = self.overhead(kind, work)
-        return f + of, b + ob
+        return f, b, of, ob
+
+    def op_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
+        """(forward, backward) seconds of one op on its own: kernels and host combined (`combine`)."""
+        f, b, of, ob = self.op_parts(kind, work, precision)
+        return self.combine(f, of), self.combine(b, ob)
+
+    def _floor(self, t: float) -> float:
+        """A kernel's seconds, never below the profile's per-kernel floor."""
+        return max(t, self.device.kernel_floor)
 
     def _kernel_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
         if kind in FREE_KINDS:
-            return 0.0, 0.0
+            if not work.copy:
+                return 0.0, 0.0
+            return self._floor(self.memory_time(work.fwd_bytes)), self._floor(self.memory_time(work.bwd_bytes))
         fwd_mem = self.memory_time(work.fwd_bytes)
         bwd_mem = self.memory_time(work.bwd_bytes)
-        if kind == "linear" and precision == "fp32" and self.device.linear_backward_efficiency:
-            # measured in fp32 (`plan profile` on CPU ranks); other precisions use the matmul curve
+        if kind == "attention" and work.attn is not None and \
+                (self.device.attention is not None or self.device.attention_shapes):
+            return (self.attention_time(work.attn, work.fwd_flops, precision, False),
+                    self.attention_time(work.attn, work.bwd_flops, precision, True))
+        if kind == "linear" and precision == "fp32" and self.device.linear_backward_efficiency \
+                and not self.device.matmul_shapes:
+            # measured in fp32 (`plan profile` on CPU ranks); other precisions use the GEMM model
             return self._linear_times(work, precision, fwd_mem, bwd_mem)
+        if work.gemms:
+            return self._gemm_times(work, precision)
         if kind in MATMUL_KINDS:
-            fwd = max(self.matmul_time(work.fwd_flops, precision), fwd_mem)
-            # the backward of a matmul is two matmuls of the forward's size (input and weight gradients)
-            half = work.bwd_flops / 2
-            bwd = max(2 * self.matmul_time(half, precision), bwd_mem) if work.bwd_flops > 0 else bwd_mem
-            # attention's softmax over the score matrix runs between its matmuls
-            return fwd + self.kernel_time(work, False), bwd + self.kernel_time(work, True)
+            return self._attention_as_gemms(work, precision, fwd_mem, bwd_mem)
         fwd_k, bwd_k = self.kernel_time(work, False), self.kernel_time(work, True)
         if work.fwd_flops > 0 and kind not in ("embedding",):
             # FLOPs of non-matmul kernels (norms, softmax) run on vector units; the bytes term dominates at
             # realistic sizes, but never price an op below its FLOPs at fp32 vector peak
             vec = peak_flops(self.device, "fp32")
-            return max(fwd_mem, work.fwd_flops / vec, fwd_k), max(bwd_mem, work.bwd_flops / vec, bwd_k)
-        return max(fwd_mem, fwd_k), max(bwd_mem, bwd_k)
+            return self._floor(max(fwd_mem, work.fwd_flops / vec, fwd_k)), \
+                self._floor(max(bwd_mem, work.bwd_flops / vec, bwd_k))
+        return self._floor(max(fwd_mem, fwd_k)), self._floor(max(bwd_mem, bwd_k))
+
+    def _gemm_times(self, work: OpWork, precision: str) -> tuple[float, float]:
+        """Forward GEMMs, and backward as the operands' gradient GEMMs (M, K, N) and (K, N, M), scaled to the
+        op's counted backward FLOPs (an operand without gradient has none)."""
+        fwd = sum(self.gemm_time(g, precision) for g in work.gemms)
+        bwd_g = [x for g in work.gemms for x in backward_gemms(g)]
+        g_flops = sum(2.0 * math.prod(g) for g in bwd_g)
+        if work.bwd_flops <= 0 or g_flops <= 0:
+            return fwd, 0.0
+        share = work.bwd_flops / g_flops
+        return fwd, sum(self.gemm_time(g, precision) for g in bwd_g) * share
+
+    def _attention_as_gemms(self, work: OpWork, precision: str, fwd_mem: float,
+                            bwd_mem: float) -> tuple[float, float]:
+        """Attention without a fused-attention model: its two batched GEMMs (q k^T, scores v) at the causal
+        fraction of the work, plus the softmax over the scores from `kernel_costs`; FLOPs alone without a shape."""
+        a = work.attn
+        if a is None:
+            fwd = max(self.matmul_time(work.fwd_flops, precision), fwd_mem)
+            half = work.bwd_flops / 2
+            bwd = max(2 * self.matmul_time(half, precision), bwd_mem) if work.bwd_flops > 0 else bwd_mem
+            return fwd + self.kernel_time(work, False), bwd + self.kernel_time(work, True)
+        bh, s_q, s_k, d, causal = a
+        frac = self._causal_fraction(s_q, s_k) if causal else 1.0
+        fwd = frac * (self.gemm_time((bh, s_q, s_k, d), precision) + self.gemm_time((bh, s_q, d, s_k), precision))
+        ratio = work.bwd_flops / work.fwd_flops if work.fwd_flops > 0 else 0.0
+        return fwd + frac * self.kernel_time(work, False), ratio * fwd + frac * self.kernel_time(work, True)
 
     def _linear_times(self, work: OpWork, precision: str, fwd_mem: float, bwd_mem: float) -> tuple[float, float]:
         """(forward, backward) kernel seconds of an nn.Linear from the profile's measured nn.Linear rates by

@@ -103,7 +103,7 @@ class LayerCoster:
         traced = g.batch_size
         names = {g.ops[i].name for i in layer.ops}
         core = self.roles.core
-        fwd = bwd = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
+        fwd = bwd = host_f = host_b = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
         params: dict[str, float] = {}
         tensors: dict[str, bool] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
@@ -111,9 +111,11 @@ class LayerCoster:
         for i in layer.ops:
             op = g.ops[i]
             pl = plan.ops.get(op.name)
-            f, b = m.op_time(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
-                             sequence_parallel=plan.sequence_parallel)
-            fwd, bwd = fwd + f, bwd + b
+            # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
+            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
+                                        sequence_parallel=plan.sequence_parallel)
+            fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
+            f = m.compute.combine(kf, hf)
             sources = []
             for k, src in enumerate(op.inputs):
                 if src not in g.index:
@@ -146,6 +148,7 @@ class LayerCoster:
             kind = _tensor_kind(pl, tp, plan.sequence_parallel)
             for p in op.params:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
+        fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             rec += fwd
             act = self._block_input_bytes(layer, names)

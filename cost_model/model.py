@@ -48,6 +48,14 @@ class CostModel:
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
         return self.compute.op_times(op.kind, work, precision)
 
+    def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
+                 *, traced_batch_size: int = 1, sequence_parallel: bool = False
+                 ) -> tuple[float, float, float, float]:
+        """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
+        `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums)."""
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
+        return self.compute.op_parts(op.kind, work, precision)
+
     def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,
                      *, consumer_partial_grad: bool = False, traced_batch_size: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds to move one activation from placement `src` (producer's output) to `dst`

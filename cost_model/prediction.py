@@ -14,7 +14,7 @@ class TraceEvent:
     device: int
     """Representative device (pipeline rank) it ran on."""
     stream: str
-    """`compute` or a communication stream name (`tp`, `dp`, `pp`)."""
+    """`compute`, `optimizer`, or a communication stream name (`tp`, `dp`, `pp`)."""
     start_s: float
     """Start time in seconds from the step's start."""
     duration_s: float

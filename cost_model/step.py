@@ -254,7 +254,7 @@ class StepPredictor:
             extras.append((opt, ag_after, dp_end, spans, psi))
             if timeline:
                 events += [TraceEvent(name=n, device=r, stream="dp", start_s=s, duration_s=d) for s, d, n in spans]
-                events.append(TraceEvent(name="optimizer step", device=r, stream="compute", start_s=t_end,
+                events.append(TraceEvent(name="optimizer step", device=r, stream="optimizer", start_s=t_end,
                                          duration_s=opt))
                 if ag_after:
                     events.append(TraceEvent(name="all-gather params", device=r, stream="dp",
@@ -266,17 +266,37 @@ class StepPredictor:
         return self._assemble(step, crit, totals, extras, comp_end, tuple(events))
 
     def _pass_events(self, times) -> list[TraceEvent]:
+        """Every F and B pass on the compute stream, and the communication inside it (`_pass_comm`)."""
         out = []
         for r in range(self.pp):
             for c in range(self.v):
                 tag = f" c{c}" if self.v > 1 else ""
                 for mb in range(self.m):
-                    out.append(TraceEvent(name=f"F mb{mb}{tag}", device=r, stream="compute",
-                                          start_s=float(times.f_start[r, c, mb]),
-                                          duration_s=float(times.f_end[r, c, mb] - times.f_start[r, c, mb])))
-                    out.append(TraceEvent(name=f"B mb{mb}{tag}", device=r, stream="compute",
-                                          start_s=float(times.b_start[r, c, mb]),
-                                          duration_s=float(times.b_end[r, c, mb] - times.b_start[r, c, mb])))
+                    for kind, start, end in (("F", times.f_start, times.f_end), ("B", times.b_start, times.b_end)):
+                        s, e = float(start[r, c, mb]), float(end[r, c, mb])
+                        name = f"{kind} mb{mb}{tag}"
+                        out.append(TraceEvent(name=name, device=r, stream="compute", start_s=s, duration_s=e - s))
+                        out += [TraceEvent(name=f"{what} {name}", device=r, stream=stream, start_s=t, duration_s=d)
+                                for stream, what, t, d in self._pass_comm(r, c, kind, s, e)]
+        return out
+
+    def _pass_comm(self, r: int, c: int, kind: str, s: float, e: float) -> list[tuple[str, str, float, float]]:
+        """(stream, what, start, duration) of the communication of one pass: its tensor-parallel collectives as one
+        tp span (their total, at the pass's end); ZeRO-3's parameter all-gathers as one dp span at its start and
+        ZeRO-2/3's gradient reduce-scatters as one at its end; the pipeline send after it, on pp."""
+        ch, stage = self.chunks[r][c], c * self.pp + r
+        fwd = kind == "F"
+        tp = sum(l.tp_fwd if fwd else l.tp_bwd + l.recompute_tp for l in ch.layers)
+        zero = self.plan.zero_stage if self.dp > 1 else 0
+        pbytes = [l.param_elems * self.pbytes for l in ch.layers]
+        gather = sum(self._coll("all_gather", b) for b in pbytes) if zero == 3 else 0.0
+        reduce = sum(self._coll("reduce_scatter", b) for b in pbytes) if zero >= 2 and not fwd else 0.0
+        d = e - s
+        out = [("tp", "tp collectives", max(s, e - tp), min(tp, d))] if tp > 0 else []
+        out += [("dp", "all-gather params", s, min(gather, d))] if gather > 0 else []
+        out += [("dp", "reduce-scatter grads", max(s, e - reduce), min(reduce, d))] if reduce > 0 else []
+        if self.p2p_s > 0 and (stage < self.pp * self.v - 1 if fwd else stage > 0):
+            out.append(("pp", "send activations" if fwd else "send gradients", e, self.p2p_s))
         return out
 
     def _assemble(self, step, crit, totals, extras, comp_end, events) -> Prediction:

@@ -1,5 +1,6 @@
-"""`plan measure PLAN.json MODEL.py [--steps N] [-o measured.json]`: launch the ranks a plan needs, train N steps on
-`sample_batch` data, and print predicted vs measured side by side.
+"""`plan measure PLAN.json MODEL.py [--steps N] [-o measured.json] [--trace DIR] [--plot FILE.png]`: launch the
+ranks a plan needs, train N steps on `sample_batch` data, and print predicted vs measured side by side (with
+`--trace`, also the measured step beside the predicted one as traces on the same tracks; with `--plot`, a picture).
 
 Everything that can be checked without starting processes is checked first (the plan loads and is runnable, the
 model file loads, the plan was made for this model, its tp layout is one the executor applies, enough
@@ -37,6 +38,18 @@ def _parser():
                    help="also record the measured step time next to the predicted one in this calibration file "
                         "(its step_time_scale is the median measured/predicted ratio for the plan's cluster)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument("--trace", metavar="DIR",
+                   help="profile the steps after warm-up with torch.profiler and write, in DIR: measured_rankR.json "
+                        "(one step per rank, the median one), predicted.json (the cost model's timeline of the "
+                        "plan) on the same tracks (compute, tp/dp/pp comm, bubble, optimizer), compare.json (both "
+                        "in one file for https://ui.perfetto.dev), compare.png (with matplotlib) and "
+                        "profiler_rankR.json (the raw profiler traces); the profiler adds some time to each step")
+    p.add_argument("--cluster", metavar="PRESET|YAML",
+                   help="the cluster profile the plan was made for, for --trace's predicted timeline (default: the "
+                        "preset the plan names)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw predicted vs measured step time with its compute / exposed comm / bubble / optimizer "
+                        "split (the measured split needs --trace); needs matplotlib (pip install 'shardwise[plot]')")
     p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     return p
 
@@ -48,9 +61,11 @@ def check_inputs(plan_path: str, model_path: str):
     from planner.plan import Plan
     plan = Plan.load(plan_path)
     check_runnable(plan)
-    model = build(load_model_file(model_path), "meta")
+    model_file = load_model_file(model_path)
+    model = build(model_file, "meta")
     check_plan_matches_model(plan, model)
-    tp_strategies(plan, model)
+    strategies, _ = tp_strategies(plan, model)
+    check_tp_function(plan, model_file, strategies)
     import torch
     if torch.cuda.is_available() and plan.world_size > torch.cuda.device_count():
         raise ExecutorError(f"plan needs {plan.world_size} GPUs, this machine has {torch.cuda.device_count()}; "
@@ -58,12 +73,28 @@ def check_inputs(plan_path: str, model_path: str):
     return plan
 
 
+def check_tp_function(plan, model_file, strategies) -> None:
+    """ExecutorError when an op of the model would misread the local shards of this tp layout (a `chunk` of a fused
+    gate/up projection, a `split` of a fused qkv: `planner.shard_flow`), so the run would train another function."""
+    if plan.mesh.tp <= 1 or not strategies:
+        return
+    from planner.strategies import graph_split_problems, graph_tp_modules
+    from planner.trace import trace_model
+    graph = trace_model(model_file, batch_size=1, progress=False)
+    problems = graph_split_problems(graph, graph_tp_modules(graph), strategies, plan.mesh.tp)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ExecutorError(f"plan's tensor-parallel layout would train a different function: {problems[0]}{more}; "
+                            "re-plan with `plan` (it keeps such modules replicated)")
+
+
 def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int, threads: int,
-           result: str, timeout: float | None = None) -> tuple[int, str]:
+           result: str, timeout: float | None = None, trace: str | None = None) -> tuple[int, str]:
     """Run executor.worker on `world` ranks under torchrun; returns (exit status, captured stderr)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "executor.worker", os.path.abspath(plan_path), os.path.abspath(model_path),
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--result", result]
+    cmd += ["--trace", os.path.abspath(trace)] if trace else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCHELASTIC_ERROR_FILE="")
     env.pop("TORCHELASTIC_ERROR_FILE")
     proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env)
@@ -76,12 +107,87 @@ def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int,
     return proc.returncode, err
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`plan measure`; returns the exit status."""
+MAX_DRAWN_RANKS = 8
+"""compare.png draws every measured rank up to this many, else one rank per pipeline stage."""
+
+
+def check_outputs(args) -> bool:
+    """--trace / --plot checks before anything runs; False (after printing the hint) when --plot lacks
+    matplotlib."""
+    from executor.plots import HINT, have_matplotlib
+    if args.plot:
+        if not have_matplotlib():
+            print(f"plan measure: --plot: {HINT}", file=sys.stderr)
+            return False
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise ExecutorError(f"--plot {args.plot}: the folder {folder} does not exist; create it or pick another")
+    if args.trace:
+        if args.steps <= args.warmup:
+            raise ExecutorError(f"--trace profiles the steps after warm-up: --steps ({args.steps}) must be more than "
+                                f"--warmup ({args.warmup})")
+        if args.calibrate:
+            raise ExecutorError("--calibrate with --trace would record step times slowed by the profiler; run "
+                                "them separately")
+        if os.path.exists(args.trace) and not os.path.isdir(args.trace):
+            raise ExecutorError(f"--trace {args.trace} is a file; give a folder (it is created if missing)")
+        parent = os.path.dirname(os.path.abspath(args.trace))
+        if not os.path.isdir(parent):
+            raise ExecutorError(f"--trace {args.trace}: the folder {parent} does not exist; create it or pick another")
+    return True
+
+
+def write_traces(args, plan, predicted: dict | None) -> dict:
+    """After a --trace run: predicted.json, compare.json and (with matplotlib) compare.png in the trace folder;
+    returns the `trace` block of measured.json (files and the measured step's split)."""
+    from executor import trace
+    from executor.plots import have_matplotlib, swimlanes
+    from planner.plan import write_atomic
+    measured = []
+    for r in range(plan.world_size):
+        with open(os.path.join(args.trace, f"measured_rank{r}.json")) as f:
+            measured.append(json.load(f))
+    split = trace.categories(trace.merge(None, measured))
+    measured = trace.align(measured)
+    files = [f"measured_rank{r}.json" for r in range(plan.world_size)]
+    for name, doc in zip(files, measured):
+        write_atomic(os.path.join(args.trace, name), json.dumps(doc) + "\n")
+    if predicted is not None:
+        write_atomic(os.path.join(args.trace, "predicted.json"), json.dumps(predicted) + "\n")
+        files.append("predicted.json")
+    both = trace.merge(predicted, measured)
+    write_atomic(os.path.join(args.trace, "compare.json"), json.dumps(both) + "\n")
+    files.append("compare.json")
+    if have_matplotlib():
+        m = plan.mesh
+        title = f"dp {m.dp} x tp {m.tp} x pp {m.pp}: predicted (top) vs measured (bottom), one step"
+        shown = measured
+        if len(measured) > MAX_DRAWN_RANKS:  # one rank per pipeline stage: dp and tp rank 0
+            shown = [measured[i * m.dp * m.tp] for i in range(m.pp)]
+            title += ", measured: dp/tp rank 0 of each stage"
+        swimlanes(trace.merge(predicted, shown), os.path.join(args.trace, "compare.png"), title)
+        files.append("compare.png")
+    return {"dir": args.trace, "files": files, "measured_categories": split,
+            "predicted_categories": trace.categories(predicted) if predicted is not None else None}
+
+
+def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
+    """`plan measure`; returns the exit status. `predicted_timeline(plan, model_path, cluster_spec)` returns the
+    cost model's Chrome trace of the plan and a note (the `plan` CLI passes planner.predicted_timeline; the
+    executor itself never imports the cost model); without it --trace writes the measured side only."""
     args = _parser().parse_args(list(argv or []))
     if args.steps < 1 or args.warmup < 0:
         raise ExecutorError("--steps must be >= 1 and --warmup >= 0")
+    if not check_outputs(args):
+        return 2
     plan = check_inputs(args.plan, args.model)
+    predicted = None
+    if args.trace and predicted_timeline is not None:
+        predicted, note = predicted_timeline(plan, args.model, args.cluster)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+    if args.trace:
+        os.makedirs(args.trace, exist_ok=True)
     from executor.measure import compare, format_report, write_calibration
     from planner.plan import write_atomic
     print(f"plan measure: {plan.world_size} rank(s) (dp {plan.mesh.dp} x tp {plan.mesh.tp} x pp {plan.mesh.pp}), "
@@ -90,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = os.path.join(tmp, "measured.json")
         t0 = time.perf_counter()
         rc, err = launch(args.plan, args.model, plan.world_size, args.steps, args.warmup, args.threads, result,
-                         args.timeout)
+                         args.timeout, args.trace)
         if rc != 0 or not os.path.exists(result):
             lines = [l for l in err.splitlines() if l.startswith("shardwise rank")]
             why = lines[0] if lines else (err.strip().splitlines()[-1] if err.strip() else f"exit status {rc}")
@@ -100,8 +206,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         with open(result) as f:
             measured = json.load(f)
+    if args.trace:
+        measured.setdefault("notes", []).append("--trace: the steps after warm-up ran under torch.profiler, which "
+                                                "adds time to each step")
     out = compare(plan, measured)
     print(format_report(plan, measured))
+    if args.trace:
+        out["trace"] = write_traces(args, plan, predicted)
+        print(f"wrote {', '.join(out['trace']['files'])} in {args.trace} (the measured steps ran under "
+              "torch.profiler; open compare.json in https://ui.perfetto.dev)")
+    if args.plot:
+        from executor.plots import measure_bars
+        measure_bars([out], args.plot)
+        print(f"wrote {args.plot}")
     if args.output:
         write_atomic(args.output, json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.output}")

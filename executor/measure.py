@@ -297,23 +297,27 @@ def _fmt_e(x) -> str:
 
 
 def format_report(plan: Plan, measured: Mapping[str, Any]) -> str:
-    """Predicted vs measured side by side, with relative errors, as a small text table."""
+    """Predicted vs measured side by side, with relative errors, as a rich table (plain text)."""
+    from rich import box
+    from rich.table import Table
+
+    from planner.tables import render
     c = compare(plan, measured)
     p, m, e = c["predicted"], c["measured"], c["error"]
-    rows = [("", "predicted", "measured", "error"),
-            ("step time", _fmt_t(p.get("step_time_s")), _fmt_t(m.get("step_time_s")), _fmt_e(e["step_time"])),
-            ("peak memory / rank", _fmt_b(_predicted_memory(p)), _fmt_b(m.get("peak_memory_bytes")),
-             _fmt_e(e["peak_memory"]))]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("")
+    for name in ("predicted", "measured", "error"):
+        table.add_column(name, justify="right")
+    table.add_row("step time", _fmt_t(p.get("step_time_s")), _fmt_t(m.get("step_time_s")), _fmt_e(e["step_time"]))
+    table.add_row("peak memory / rank", _fmt_b(_predicted_memory(p)), _fmt_b(m.get("peak_memory_bytes")),
+                  _fmt_e(e["peak_memory"]))
     for k, row in c["memory"].items():
         if k != "peak" and (row["predicted"] is not None or row["measured"] is not None):
-            rows.append((f"  {k.replace('_', ' ')}", _fmt_b(row["predicted"]), _fmt_b(row["measured"]),
-                         _fmt_e(row["error"])))
+            table.add_row(f"  {k.replace('_', ' ')}", _fmt_b(row["predicted"]), _fmt_b(row["measured"]),
+                          _fmt_e(row["error"]))
     if m.get("step_time_spread_s") is not None:
-        rows.append(("step time spread", "", _fmt_t(m["step_time_spread_s"]), ""))
-    w = [max(len(r[i]) for r in rows) for i in range(4)]
-    table = "\n".join("  ".join(cell.ljust(w[i]) if i == 0 else cell.rjust(w[i]) for i, cell in enumerate(r))
-                      for r in rows)
-    return "\n".join([table] + [f"note: {n}" for n in m.get("notes", ())])
+        table.add_row("step time spread", "", _fmt_t(m["step_time_spread_s"]), "")
+    return "\n".join([render(table)] + [f"note: {n}" for n in m.get("notes", ())])
 
 
 def write_calibration(path: str | os.PathLike, plan: Plan, result: Mapping[str, Any]) -> dict[str, Any]:

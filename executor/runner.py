@@ -25,6 +25,7 @@ from executor import parallel, pipeline
 from executor.errors import ExecutorError
 from executor.measure import StepMemory
 from executor.measure import SavedActivations, Timings, format_report, measurement
+from executor.trace import annotate_stage, pass_name, record
 from planner.model_file import default_loss
 from planner.plan import Plan, model_fingerprint
 
@@ -183,6 +184,7 @@ class Runner:
             part = self._parallelize(graphs[i])
             self.parts.append(part)
             stages.append(PipelineStage(part, i, len(graphs), self.device, group=self.mesh["pp"].get_group()))
+            annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
         self.stages = stages
         self.schedule = pipeline.make_schedule(plan, stages, self._loss)
         # tied weights whose copies sit on different pp ranks: one group per weight
@@ -255,9 +257,9 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
-            with self._sync(model, last=k == n - 1), self._autocast():
-                loss = self.loss_fn(model(*_as_args(x)), y) / n
-            with self._sync(model, last=k == n - 1):
+            with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
+                loss = self.loss_fn(model(**x) if isinstance(x, dict) else model(*_as_args(x)), y) / n
+            with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
                 loss.backward()
             total += loss.detach().float()
         return total
@@ -353,8 +355,8 @@ def _to(x, device):
 
 def _as_args(x) -> tuple:
     if isinstance(x, dict):
-        raise ExecutorError("dict inputs are passed as keyword arguments, which this runner does not support; "
-                            "make sample_batch return a tensor or a tuple of tensors")
+        raise ExecutorError("dict inputs are passed as keyword arguments, which pipeline stages do not support; "
+                            "make sample_batch return a tensor or a tuple of tensors, or use pp=1")
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 

@@ -5,7 +5,9 @@
 
 Every rank builds the model from the same seed and draws the same `sample_batch` data (each dp replica trains on its
 share). Rank 0 writes the `measured` block to RESULT.json (with every step's loss, `losses`). A rank that raises prints one line
-`shardwise rank R: <error>` on stderr and exits 1 at once, so torchrun stops the other ranks.
+`shardwise rank R: <error>` on stderr and exits 1 at once, so torchrun stops the other ranks. With `--trace DIR`
+the steps after warm-up run under torch.profiler and each rank writes DIR/profiler_rankR.json (the raw trace) and
+DIR/measured_rankR.json (one step on the predicted timeline's tracks, see executor.trace).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def _run(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    from executor import trace
     from executor.runner import apply_plan
     from planner.model_file import batch, build, load_model_file
     from planner.plan import Plan, write_atomic
@@ -37,14 +40,22 @@ def _run(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     torch.manual_seed(DATA_SEED)
     losses = []
+    prof, pg_names = None, {}
     for i in range(args.steps):
+        if args.trace and i == args.warmup:  # profile the steps after warm-up
+            prof = trace.start_profiler()
+            pg_names = trace.mark_groups(trace.process_groups(runner))
         inputs, targets = batch(mf, plan.global_batch_size)
-        loss = runner.step(inputs, targets)
+        with trace.record(f"{trace.STEP_SPAN} {i + 1}"):
+            loss = runner.step(inputs, targets)
         losses.append(loss)
         if rank == 0:
             t = runner.timings.step[-1]
             tag = " (warm-up)" if i < args.warmup else ""
             print(f"step {i + 1}/{args.steps}  loss {loss:.4f}  {t * 1e3:.1f} ms{tag}", flush=True)
+    if prof is not None:
+        prof.stop()
+        _write_trace(args, runner, prof, pg_names)
     measured = runner.measurement(args.warmup)
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, {"step_time_s": measured["step_time_s"],
@@ -65,6 +76,32 @@ def _run(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _write_trace(args: argparse.Namespace, runner, prof, pg_names: dict[str, str]) -> None:
+    """Write this rank's raw profiler trace (profiler_rankR.json) and its measured step on the predicted
+    timeline's tracks (measured_rankR.json): the profiled step whose time on rank 0 is the median."""
+    import torch.distributed as dist
+
+    from executor import trace
+    from planner.plan import write_atomic
+    rank = dist.get_rank()
+    profiled = runner.timings.step[args.warmup:]
+    pick = [sorted(range(len(profiled)), key=profiled.__getitem__)[(len(profiled) - 1) // 2]]
+    dist.broadcast_object_list(pick, src=0)
+    raw_path = os.path.join(args.trace, f"profiler_rank{rank}.json")
+    tmp = raw_path + ".tmp"
+    prof.export_chrome_trace(tmp)
+    os.replace(tmp, raw_path)
+    with open(raw_path) as f:
+        raw = json.load(f)
+    m = runner.mesh
+    where = f" (pp {m['pp'].get_local_rank()}, dp {m['dp'].get_local_rank()}, tp {m['tp'].get_local_rank()})"
+    plan = runner.plan
+    fallback = "dp comm" if plan.mesh.dp > 1 else "tp comm" if plan.mesh.tp > 1 else "pp comm"
+    doc = trace.measured_trace(raw, rank, pick[0], pipelined=plan.mesh.pp > 1, pg_names=pg_names,
+                               fallback=fallback, label=where)
+    write_atomic(os.path.join(args.trace, f"measured_rank{rank}.json"), json.dumps(doc) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of one rank."""
     p = argparse.ArgumentParser(prog="executor.worker")
@@ -74,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--result", required=True)
+    p.add_argument("--trace", help="folder for the profiler traces of the steps after warm-up")
     args = p.parse_args(argv)
     try:
         _run(args)

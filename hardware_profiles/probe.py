@@ -1,11 +1,13 @@
 """`plan profile`: measure the cluster this runs on and write it as a profile YAML.
 
-    plan profile [--nproc N] [--backend nccl|gloo] [-o cluster.yaml] [--quick]
+    plan profile [--nproc N] [--backend nccl|gloo] [-o cluster.yaml] [--quick] [--model MODEL.py]
 
 Without CUDA it starts N local CPU ranks (gloo, one thread each); with CUDA one rank per GPU (NCCL). Under
 torchrun across nodes (LOCAL_WORLD_SIZE < WORLD_SIZE) it also measures the inter-node level. Each rank measures
 matmul throughput by size, memory-copy bandwidth and collective time by message size; rank 0 fits the ring
-all-reduce's bandwidth and latency and writes the YAML atomically.
+all-reduce's bandwidth and latency and writes the YAML atomically. With `--model`, each rank also times that
+model's own GEMM and attention shapes (`hardware_profiles.shapes`), which the cost model prefers to its
+first-principles shape model.
 """
 from __future__ import annotations
 
@@ -47,6 +49,10 @@ def _parser() -> _Parser:
                    help="where to write the profile (default: cluster.yaml)")
     p.add_argument("--name", default=None, help="profile name written into the YAML (default: from the device)")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats (seconds; for tests)")
+    p.add_argument("--model", default=None, metavar="MODEL.py",
+                   help="also time this model's own GEMM and attention shapes (traced at batch 1, unsharded; "
+                        "the cost model scales them to other micro-batches and tp splits) and write them as "
+                        "matmul_shapes / attention_shapes")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -94,11 +100,12 @@ def _node_groups(world: int, local_world: int) -> tuple[Any, Any]:
 
 
 def _device_facts(cuda: bool, local_rank: int, local_world: int) -> dict[str, Any]:
-    """Name, memory and intra-node link kind of this rank's device."""
+    """Name, memory, SM count and intra-node link kind of this rank's device."""
     if cuda:
         import torch
         free, total = torch.cuda.mem_get_info(local_rank)
         return {"name": torch.cuda.get_device_name(local_rank), "memory_bytes": int(total),
+                "sms": torch.cuda.get_device_properties(local_rank).multi_processor_count,
                 "usable_fraction": free / total, "link_kind": host.gpu_link_kind(local_world) if local_rank == 0
                 else "pcie"}
     mem = host.meminfo()
@@ -148,6 +155,9 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         raw["linear"] = [(f, statistics.median(r[i][1] for r in everyone),
                           statistics.median(r[i][2] for r in everyone)) for i, (f, _, _) in enumerate(local)]
     step("op overheads")
+    if cfg.get("shapes"):
+        raw.update(_model_shapes(cfg["shapes"], device, sync, plan, raw["overhead"], cuda, world))
+        step("model shapes")
     intra, inter = _node_groups(world, local_world)
     levels = [("intra_node", intra)] + ([("inter_node", inter)] if world > local_world else [])
     for level, group in levels:
@@ -160,6 +170,27 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
                 raw["all_reduce_runs"] = [samples, again]
             step(f"{name} ({level.replace('_', '-')})")
     return raw if rank == 0 else None
+
+
+def _model_shapes(shapes: dict[str, list], device: Any, sync: Callable[[], None], plan: Any,
+                  overhead: dict[str, float], cuda: bool, world: int) -> dict[str, Any]:
+    """The model's GEMM and attention shapes timed at the main dtype (median over ranks), and on CUDA the
+    per-kernel floor."""
+    import torch.distributed as dist
+    from hardware_profiles import shapes as S
+    prec = "bf16" if cuda else "fp32"
+    host = (0.0, 0.0) if cuda else (overhead.get("forward", 0.0), overhead.get("backward", 0.0))
+    local = (S.gemm_seconds(shapes["gemms"], prec, device, sync, plan, host[0]),
+             S.attention_seconds(shapes["attentions"], prec, device, sync, plan, host))
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, local)
+    med = lambda j, i, c: statistics.median(r[j][i][c] for r in everyone)  # noqa: E731
+    out: dict[str, Any] = {
+        "matmul_shapes": [(*row[:5], med(0, i, 5)) for i, row in enumerate(local[0])],
+        "attention_shapes": [(*row[:6], med(1, i, 6), med(1, i, 7)) for i, row in enumerate(local[1])]}
+    if cuda:
+        out["kernel_floor"] = S.kernel_floor(device, plan)
+    return out
 
 
 def _init_and_run(rank: int, world: int, port: int, cfg: dict[str, Any], q: Any) -> None:
@@ -192,7 +223,7 @@ def _free_port() -> int:
 def _total_steps(cfg: dict[str, Any], levels: int) -> int:
     from hardware_profiles.measure import plan_for
     plan = plan_for(cfg["quick"], cfg["backend"] == "nccl")
-    return len(plan.matmul_sizes) + 2 + levels * len(plan.collectives)
+    return len(plan.matmul_sizes) + 2 + bool(cfg.get("shapes")) + levels * len(plan.collectives)
 
 
 class _Bar:
@@ -241,11 +272,14 @@ def _collect(procs: list[Any], q: Any, bar: _Bar, timeout_s: float) -> dict[str,
 
 
 def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, name: str | None = None,
-                  repeat_all_reduce: bool = False, progress: bool = True, timeout_s: float = 600.0) -> ProbeResult:
-    """Start `nproc` local ranks, measure them, and return the measured cluster (nothing is written)."""
+                  repeat_all_reduce: bool = False, progress: bool = True, timeout_s: float = 600.0,
+                  shapes: dict[str, list] | None = None) -> ProbeResult:
+    """Start `nproc` local ranks, measure them, and return the measured cluster (nothing is written); `shapes`
+    ({"gemms": [(b, M, N, K)], "attentions": [(b*h, s_q, s_k, d, causal)]}) are also timed."""
     import multiprocessing as mp
     start = time.perf_counter()
-    cfg = {"backend": backend, "quick": quick, "local_world": nproc, "repeat_all_reduce": repeat_all_reduce}
+    cfg = {"backend": backend, "quick": quick, "local_world": nproc, "repeat_all_reduce": repeat_all_reduce,
+           "shapes": shapes}
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
@@ -266,7 +300,8 @@ def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, na
     return _result(raw, name, time.perf_counter() - start)
 
 
-def profile_torchrun(quick: bool, backend: str, name: str | None, progress: bool) -> ProbeResult | None:
+def profile_torchrun(quick: bool, backend: str, name: str | None, progress: bool,
+                     shapes: dict[str, list] | None = None) -> ProbeResult | None:
     """Measure under torchrun (env:// rendezvous); rank 0 returns the result, other ranks None."""
     import torch
     import torch.distributed as dist
@@ -280,7 +315,7 @@ def profile_torchrun(quick: bool, backend: str, name: str | None, progress: bool
     else:
         torch.set_num_threads(1)
     dist.init_process_group(backend)
-    cfg = {"backend": backend, "quick": quick, "local_world": local_world}
+    cfg = {"backend": backend, "quick": quick, "local_world": local_world, "shapes": shapes}
     bar = _Bar(_total_steps(cfg, 1 if world == local_world else 2), progress and rank == 0)
     try:
         raw = run_rank(cfg, bar.step)
@@ -324,7 +359,10 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
                         linear_efficiency=_efficiency([(f, r) for f, r, _ in raw.get("linear", [])],
                                                       peaks[main_dtype]),
                         linear_backward_efficiency=_efficiency([(f, r) for f, _, r in raw.get("linear", [])],
-                                                               peaks[main_dtype]))
+                                                               peaks[main_dtype]),
+                        sms=int(dev.get("sms", 0)), async_host=cuda, kernel_floor=float(raw.get("kernel_floor", 0.0)),
+                        matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
+                        attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())))
     links, curves = {}, []
     for level, by_name in raw["curves"].items():
         n = local_world if level == "intra_node" else world // local_world
@@ -359,6 +397,10 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs.",
+             "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
+             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], median device time (CUDA events on "
+             "GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "
+             "one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "
@@ -386,10 +428,17 @@ def _summary(result: ProbeResult, path: str) -> str:
             f"{c.device.memory_bandwidth / 1e9:.1f} GB/s")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run `plan profile` with `argv` (the arguments after `profile`); returns the exit status."""
+def main(argv: Sequence[str] | None = None,
+         shapes_for: Callable[[str, bool], dict[str, list]] | None = None) -> int:
+    """Run `plan profile` with `argv` (the arguments after `profile`); returns the exit status. `shapes_for(path,
+    quick)` gives a model file's GEMM and attention shapes for `--model` (the planner passes it in)."""
     import torch
     args = _parser().parse_args(list(argv or []))
+    shapes = None
+    if args.model is not None:
+        if shapes_for is None:
+            raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
+        shapes = shapes_for(args.model, args.quick)
     out = Path(args.output)
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
@@ -399,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if backend == "nccl" and not cuda:
         raise ProfileError("--backend nccl needs CUDA GPUs and none are visible; use --backend gloo for CPU ranks")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        result = profile_torchrun(args.quick, backend, args.name, progress=True)
+        result = profile_torchrun(args.quick, backend, args.name, progress=True, shapes=shapes)
         if result is None:
             return 0
     else:
@@ -410,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ProfileError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPUs are visible")
         if backend == "gloo" and nproc > (os.cpu_count() or 1) * 4:
             raise ProfileError(f"--nproc {nproc}: more than 4 ranks per CPU core would measure contention")
-        result = profile_local(nproc, backend, args.quick, args.name)
+        result = profile_local(nproc, backend, args.quick, args.name, shapes=shapes)
     from hardware_profiles.load import save_cluster
     save_cluster(result.cluster, out, header=result.header)
     print(_summary(result, str(out)))

@@ -17,6 +17,13 @@ YAML layout::
       memory_efficiency: [[1.0e6, 0.3], [1.0e9, 0.9]]    # [bytes moved by one op, achieved fraction of peak]
       op_overhead: {forward: 4.0e-6, backward: 8.0e-6, optimizer: 6.0e-5}   # optional, measured; default 0
       kernel_costs: {gelu: [3.6e-9, 4.0e-9]}              # optional, measured: [forward, backward] s per element
+      sms: 108                                            # optional: GEMM tiles / attention blocks run in waves
+      matmul: {tiles: [[256, 128], [128, 128]], best_efficiency: 0.869}   # optional: GEMM efficiency by shape
+      attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128}   # optional: fused SDPA
+      kernel_floor: 3.8e-6                                # optional: minimum seconds per kernel
+      async_host: true                                    # optional: host dispatch overlaps kernels (GPUs)
+      matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4]]  # optional, measured: [batch, M, N, K, precision, s]
+      attention_shapes: [[32, 2048, 2048, 128, true, bf16, 3.0e-4, 8.0e-4]]   # optional, measured
     links:
       intra_node: {kind: nvswitch, bandwidth: 300e9, latency: 3.4e-6}
       inter_node: {kind: infiniband, bandwidth: 25e9, latency: 5.0e-6}
@@ -89,6 +96,33 @@ class OpOverhead:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MatmulModel:
+    """First-principles GEMM efficiency by shape (NVIDIA, "Matrix Multiplication Background User's Guide": tile and
+    wave quantization): a GEMM of M x N outputs runs as ceil(M/tm) x ceil(N/tn) output tiles, one thread block
+    each, in waves of `DeviceSpec.sms` blocks; its efficiency is `best_efficiency` times the useful fraction of
+    the tiles x waves it occupies (the best tile listed wins, as cuBLAS's heuristics pick one per shape)."""
+
+    tiles: tuple[tuple[int, int], ...]
+    """Output tile sizes [rows, columns] the GEMM library chooses among, e.g. [[256, 128], [128, 128]]."""
+    best_efficiency: float
+    """Achieved fraction of peak at large, tile-aligned shapes (a measured maximum achievable matmul)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionModel:
+    """Fused attention (FlashAttention-style SDPA) efficiency: its own forward and backward fractions of peak, for
+    the FLOPs the kernel really does (causal attention skips the blocks above the diagonal), with wave
+    quantization over batch x heads x query blocks."""
+
+    forward_efficiency: float
+    """Achieved fraction of peak of the forward kernel at long sequences."""
+    backward_efficiency: float
+    """Achieved fraction of peak of the backward kernels at long sequences."""
+    block: int = 128
+    """Query / key block size of the kernel (rows per thread block; the causal diagonal's granularity)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
     """One accelerator (or one CPU rank)."""
 
@@ -120,6 +154,24 @@ class DeviceSpec:
     linear_backward_efficiency: tuple[tuple[float, float], ...] = ()
     """[forward FLOPs of the nn.Linear, achieved fraction of peak in its backward (2x the forward FLOPs: input and
     weight gradients, with the bias gradient and the transposes it takes)], as `linear_efficiency`."""
+    sms: int = 0
+    """Streaming multiprocessors (thread blocks run in waves of this many); 0 for CPUs (no wave quantization)."""
+    matmul: MatmulModel | None = None
+    """GEMM efficiency by shape; None: `matmul_efficiency` by FLOPs prices every GEMM."""
+    attention: AttentionModel | None = None
+    """Fused-attention efficiency; None: attention is priced as GEMMs."""
+    kernel_floor: float = 0.0
+    """Minimum seconds of any kernel launched on the device (back-to-back launch rate in one stream); 0: none."""
+    async_host: bool = False
+    """Whether the host's per-op dispatch overlaps kernel execution (CUDA streams are asynchronous): a layer costs
+    max(sum of kernels, sum of host dispatches) instead of their sum (CPU ranks run ops synchronously)."""
+    matmul_shapes: tuple[tuple[int, int, int, int, str, float], ...] = ()
+    """Measured GEMMs [batch, M, N, K, precision, seconds] (`plan profile --model`); they take precedence over the
+    shape model: a GEMM at a listed shape, or differing from one in a single dimension, is priced as that
+    measurement times the shape model's ratio between the two shapes."""
+    attention_shapes: tuple[tuple[int, int, int, int, bool, str, float, float], ...] = ()
+    """Measured fused attention [batch x heads, query length, key length, head dim, causal, precision, forward s,
+    backward s], used as `matmul_shapes` (a different batch x heads scales by the shape model)."""
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -260,7 +312,7 @@ def _link(d: Any, where: str) -> LinkSpec:
 def _device(d: Any, where: str) -> DeviceSpec:
     d = _keys(d, where, ("name", "memory_bytes", "usable_memory_fraction", "peak_flops", "memory_bandwidth",
                          "matmul_efficiency", "memory_efficiency"),
-              ("op_overhead", "kernel_costs", "linear_efficiency", "linear_backward_efficiency"))
+              ("op_overhead", "kernel_costs", "linear_efficiency", "linear_backward_efficiency") + _GPU_KEYS)
     mem = _pos(d["memory_bytes"], f"{where}.memory_bytes", integer=True, unit="bytes")
     if mem < 2**26:
         raise ProfileError(f"{where}.memory_bytes: {mem} is under 64 MiB; the unit is bytes (80 GB = 80e9 "
@@ -282,7 +334,97 @@ def _device(d: Any, where: str) -> DeviceSpec:
         op_overhead=_overhead(d.get("op_overhead"), f"{where}.op_overhead"),
         kernel_costs=_kernels(d.get("kernel_costs"), f"{where}.kernel_costs"),
         **{k: _curve(d[k], f"{where}.{k}", y_fraction=True) for k in ("linear_efficiency",
-                                                                     "linear_backward_efficiency") if k in d})
+                                                                     "linear_backward_efficiency") if k in d},
+        **_gpu_fields(d, where))
+
+
+_GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes")
+"""Optional device keys of the shape-aware compute model (profiles without them load as before)."""
+_PRECISIONS = ("fp32", "bf16", "fp16")
+"""Precisions a measured shape row may name."""
+
+
+def _matmul(d: Any, where: str) -> MatmulModel:
+    d = _keys(d, where, ("tiles", "best_efficiency"))
+    tiles = d["tiles"]
+    if not isinstance(tiles, list) or not tiles or any(not isinstance(t, list) or len(t) != 2 for t in tiles):
+        raise ProfileError(f"{where}.tiles: expected a list of [rows, columns] pairs, e.g. [[256, 128]]")
+    return MatmulModel(tiles=tuple((int(_pos(a, f"{where}.tiles", integer=True)),
+                                    int(_pos(b, f"{where}.tiles", integer=True))) for a, b in tiles),
+                       best_efficiency=_fraction(d["best_efficiency"], f"{where}.best_efficiency"))
+
+
+def _attention(d: Any, where: str) -> AttentionModel:
+    d = _keys(d, where, ("forward_efficiency", "backward_efficiency"), ("block",))
+    return AttentionModel(forward_efficiency=_fraction(d["forward_efficiency"], f"{where}.forward_efficiency"),
+                          backward_efficiency=_fraction(d["backward_efficiency"], f"{where}.backward_efficiency"),
+                          block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)))
+
+
+def _rows(rows: Any, where: str, ints: int, flags: int, secs: int, example: str) -> tuple:
+    """A measured shape table: each row `ints` positive integers, `flags` booleans, a precision, `secs` seconds."""
+    if not isinstance(rows, list):
+        raise ProfileError(f"{where}: expected a list of rows like {example}")
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}[{i}]"
+        if not isinstance(r, list) or len(r) != ints + flags + 1 + secs:
+            raise ProfileError(f"{w}: expected a row like {example}")
+        row: list[Any] = [int(_pos(x, w, integer=True)) for x in r[:ints]]
+        for x in r[ints:ints + flags]:
+            if not isinstance(x, bool):
+                raise ProfileError(f"{w}: expected true/false for causal, got {x!r}")
+            row.append(x)
+        if r[ints + flags] not in _PRECISIONS:
+            raise ProfileError(f"{w}: precision {r[ints + flags]!r} is not one of {', '.join(_PRECISIONS)}")
+        row.append(r[ints + flags])
+        row.extend(_seconds(x, w) for x in r[ints + flags + 1:])
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The optional shape-aware compute fields present in a device mapping, validated."""
+    out: dict[str, Any] = {}
+    if "sms" in d:
+        out["sms"] = int(_pos(d["sms"], f"{where}.sms", integer=True))
+    if "matmul" in d:
+        out["matmul"] = _matmul(d["matmul"], f"{where}.matmul")
+    if "attention" in d:
+        out["attention"] = _attention(d["attention"], f"{where}.attention")
+    if "kernel_floor" in d:
+        out["kernel_floor"] = _seconds(d["kernel_floor"], f"{where}.kernel_floor")
+    if "async_host" in d:
+        if not isinstance(d["async_host"], bool):
+            raise ProfileError(f"{where}.async_host: expected true or false")
+        out["async_host"] = d["async_host"]
+    if "matmul_shapes" in d:
+        out["matmul_shapes"] = _rows(d["matmul_shapes"], f"{where}.matmul_shapes", 4, 0, 1,
+                                     "[batch, M, N, K, bf16, seconds]")
+    if "attention_shapes" in d:
+        out["attention_shapes"] = _rows(d["attention_shapes"], f"{where}.attention_shapes", 4, 1, 2,
+                                        "[batch*heads, s_q, s_k, head_dim, causal, bf16, fwd_s, bwd_s]")
+    return out
+
+
+def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
+    """The shape-aware compute fields of a device that differ from their defaults, as plain data."""
+    out: dict[str, Any] = {}
+    if dev.sms:
+        out["sms"] = dev.sms
+    if dev.matmul is not None:
+        out["matmul"] = {"tiles": [list(t) for t in dev.matmul.tiles], "best_efficiency": dev.matmul.best_efficiency}
+    if dev.attention is not None:
+        out["attention"] = {f.name: getattr(dev.attention, f.name) for f in fields(AttentionModel)}
+    if dev.kernel_floor:
+        out["kernel_floor"] = dev.kernel_floor
+    if dev.async_host:
+        out["async_host"] = True
+    if dev.matmul_shapes:
+        out["matmul_shapes"] = [list(r) for r in dev.matmul_shapes]
+    if dev.attention_shapes:
+        out["attention_shapes"] = [list(r) for r in dev.attention_shapes]
+    return out
 
 
 def _seconds(x: Any, where: str) -> float:
@@ -362,7 +504,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
                    **({"kernel_costs": {k: list(v) for k, v in dev.kernel_costs.items()}}
                       if dev.kernel_costs else {}),
                    **{k: [list(p) for p in getattr(dev, k)] for k in ("linear_efficiency",
-                                                                     "linear_backward_efficiency") if getattr(dev, k)}},
+                                                                     "linear_backward_efficiency") if getattr(dev, k)},
+                   **_gpu_dict(dev)},
         "links": {"intra_node": link(c.intra_node), "inter_node": link(c.inter_node)},
         "collectives": [{"collective": k.collective, "level": k.level, "group_size": k.group_size,
                          "points": [list(p) for p in k.points]} for k in c.collectives],

@@ -3,6 +3,8 @@
     plan MODEL.py --cluster PRESET_OR_YAML --batch-size B ...   plan a model (see `plan MODEL.py --help`)
     plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml
     plan measure plan.json MODEL.py [--steps N] [-o measured.json]
+    plan schema [-o plan.schema.json]
+    plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]
 
 Bad input of any kind ends with one line on stderr and exit status 2 (a traceback only with `--debug`).
 """
@@ -12,7 +14,7 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-SUBCOMMANDS = ("profile", "measure")
+SUBCOMMANDS = ("profile", "measure", "schema", "export")
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -29,6 +31,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ModelError, PlanError, ProfileError, ExecutorError)
 
 
+def _model_shapes(path: str, quick: bool) -> dict[str, list]:
+    """GEMM and attention shapes of a model file, traced at batch 1, for `plan profile --model` (fewer with
+    `--quick`)."""
+    from cost_model.compute import graph_shapes
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    graph = trace_model(load_model_file(path), 1)
+    gemms, attentions = graph_shapes(graph, limit=6 if quick else 32)
+    return {"gemms": gemms, "attentions": attentions[:2] if quick else attentions}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `plan` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -37,9 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "profile":
             from hardware_profiles.probe import main as run
-            return run(argv[1:])
+            return run(argv[1:], shapes_for=_model_shapes)
         if argv and argv[0] == "measure":
             from executor.cli import main as run
+            from planner.predicted_timeline import predicted_timeline
+            return run(argv[1:], predicted_timeline=predicted_timeline)
+        if argv and argv[0] == "schema":
+            from planner.plan_schema import main as run
+            return run(argv[1:])
+        if argv and argv[0] == "export":
+            from planner.export import main as run
             return run(argv[1:])
         from planner.cli_plan import main as run
         return run(argv)

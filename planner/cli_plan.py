@@ -6,6 +6,7 @@ scored by the cost model (planner.search, cost_model) -> plan.json. No logic liv
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Sequence
 
@@ -88,7 +89,8 @@ def calibrate(result: Any, scale: float, source: str) -> Any:
     cands = [(plan, pred.calibrated(scale, source)) for plan, pred in result.candidates]
     best_pred = result.best_prediction.calibrated(scale, source)
     best = replace(result.best, predicted=best_pred.to_dict())
-    return replace(result, best=best, best_prediction=best_pred, candidates=cands)
+    evaluated = [replace(e, step_time_s=e.step_time_s * scale) for e in result.evaluated]
+    return replace(result, best=best, best_prediction=best_pred, candidates=cands, evaluated=evaluated)
 
 
 def build_parser() -> ArgParser:
@@ -99,7 +101,10 @@ def build_parser() -> ArgParser:
                     "PyTorch model on a cluster, predict its step time and memory, and write it as plan.json.\n\n"
                     "Other commands:\n"
                     "  plan profile [--nproc N] [--backend nccl|gloo] -o cluster.yaml   measure this machine\n"
-                    "  plan measure plan.json MODEL.py [--steps N] [-o measured.json]   run a plan, compare",
+                    "  plan measure plan.json MODEL.py [--steps N] [-o measured.json]   run a plan, compare\n"
+                    "  plan schema [-o plan.schema.json]                                plan.json's JSON Schema\n"
+                    "  plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]   "
+                    "as a trainer's config",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL.py",
                    help="model file defining build_model() and sample_batch(batch_size)")
@@ -125,6 +130,13 @@ def build_parser() -> ArgParser:
     p.add_argument("-o", "--output", metavar="plan.json", help="write the chosen plan here")
     p.add_argument("--timeline", metavar="trace.json",
                    help="write the simulated step as a Chrome trace (open in Perfetto or chrome://tracing)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw every candidate the search predicted (step time vs peak memory per device) with the "
+                        "usable memory, the Pareto front, the chosen plan and the --top K; .png, .svg or .pdf; "
+                        "needs matplotlib: pip install 'shardwise[plot]'")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON on stdout (plan, prediction, top-K candidates, search stats, "
+                        "notes, assumptions); messages go to stderr")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -143,6 +155,13 @@ def main(argv: Sequence[str]) -> int:
                         "use --summary alone to only inspect the model")
     if args.cluster and args.batch_size is None:
         raise PlanError("--batch-size is required to plan: the global batch per optimizer step")
+    if args.plot and not args.cluster:
+        raise PlanError("--plot draws the search's candidates: give --cluster and --batch-size")
+    if args.json and args.summary:
+        raise PlanError("--json prints the plan report only; run --summary without --json")
+    if args.plot:  # before the search: a missing matplotlib costs nothing
+        from planner.search_plot import check_plot_path
+        check_plot_path(args.plot)
     cluster = None
     if args.cluster:  # a bad profile fails fast, before the (slower) trace
         from hardware_profiles.load import load_cluster
@@ -169,18 +188,29 @@ def main(argv: Sequence[str]) -> int:
                     model_path=model_file.path)
     if scale is not None:
         result = calibrate(result, scale, args.calibration)
-    from planner.report import format_result
-    print(format_result(result, explain=args.explain))
+    if args.json:
+        from planner.report import format_json
+        print(format_json(result, explain=args.explain))
+    else:
+        from planner.report import format_result
+        print(format_result(result, explain=args.explain))
+    said = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
     if args.output:
         result.best.save(args.output)
-        print(f"wrote {args.output}")
+        print(f"wrote {args.output}", file=said)
     if args.timeline:
         from cost_model.timeline import write_chrome_trace
         prediction = cost_model.predict(graph, result.best, timeline=True)
         if scale is not None:
             prediction = prediction.calibrated(scale, args.calibration)
         write_chrome_trace(prediction, args.timeline)
-        print(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)")
+        print(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)", file=said)
+    if args.plot:
+        from planner.search_plot import plot_search
+        plot_search(result, cluster.device.usable_memory_bytes, args.plot, top_k=args.top,
+                    title=f"{os.path.basename(args.model)} on {cluster.name} ({cluster.nodes} node(s) x "
+                          f"{cluster.devices_per_node}), global batch {args.batch_size}")
+        print(f"wrote {args.plot} ({len(result.evaluated)} candidates)", file=said)
     return 0
 
 

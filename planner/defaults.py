@@ -18,6 +18,7 @@ from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.plan import Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
+from planner.shard_flow import split_problems
 from planner.strategies import strategies_for
 
 
@@ -49,7 +50,7 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
     if tp <= 1:
         return {}
     r = roles(graph)
-    pairs, between = megatron_pairs(graph)
+    pairs, between = megatron_pairs(graph, tp)
     first_block = next((i for i, op in enumerate(graph.ops) if op.block is not None), len(graph.ops))
     out: dict[str, OpPlacement] = {}
     for i, op in enumerate(graph.ops):
@@ -100,14 +101,49 @@ def _follow_shard(op, src: str | None, placed: Mapping[str, OpPlacement]) -> OpP
     return OpPlacement(strategy="shard", module=op.module_path, inputs=inputs or (src,), output=src)
 
 
-def megatron_pairs(graph: OpGraph) -> tuple[dict[str, str], set[str]]:
+def megatron_pairs(graph: OpGraph, tp: int = 2) -> tuple[dict[str, str], set[str]]:
     """Megatron's column/row pairs read off the module structure (what the executor can apply), and the ops
     between them.
 
     In a block, the linear ops (one 2-D weight) whose modules share a parent module (q/k/v/out-projection of an
     attention module; up/gate/down of an MLP) form a pair when the last of them in execution order is reached from
     every other one through non-linear, non-norm ops of the block: it is rowwise, the others colwise. The ops on
-    those paths are returned as `between` (they run on head / feature shards)."""
+    those paths are returned as `between` (they run on head / feature shards). A pair whose colwise outputs an op
+    would misread on local shards (`planner.shard_flow`: a `chunk` of a fused gate/up, a `split` of a fused qkv)
+    is left out: its Linears stay replicated (`refused_pairs` says why)."""
+    pairs, between = _structural_pairs(graph)
+    refused = refused_pairs(graph, tp, pairs)
+    if refused:
+        drop = {n for n in pairs if graph.op(n).module_path.rpartition(".")[0] in refused}
+        pairs = {n: s for n, s in pairs.items() if n not in drop}
+        between = {n for n in between if graph.op(n).module_path not in refused}
+    return pairs, between
+
+
+def refused_pairs(graph: OpGraph, tp: int, pairs: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Parent module of a Megatron pair -> why tp cannot shard it (`planner.shard_flow.split_problems`)."""
+    pairs = _structural_pairs(graph)[0] if pairs is None else pairs
+    colwise = {graph.op(n).module_path for n, s in pairs.items() if s == "colwise"}
+    out: dict[str, str] = {}
+    for module, problem in split_problems(graph, colwise, tp):
+        out.setdefault(module.rpartition(".")[0], problem)
+    return out
+
+
+def refused_note(graph: OpGraph, tp: int) -> str | None:
+    """One line for the report naming the modules tp leaves replicated and the first reason, or None."""
+    if tp <= 1:
+        return None
+    refused = refused_pairs(graph, tp)
+    if not refused:
+        return None
+    first = next(iter(refused))
+    return (f"tp={tp}: {len(refused)} module(s) kept replicated, e.g. {first}: {refused[first]} "
+            "(see README, Running a plan)")
+
+
+def _structural_pairs(graph: OpGraph) -> tuple[dict[str, str], set[str]]:
+    """`megatron_pairs` before the shard-flow check."""
     users: dict[str, list[str]] = {}
     for op in graph.ops:
         for s in op.inputs:
@@ -246,6 +282,9 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
     sp = bool(forced.get("sp", 0))
     if sp and mesh.tp == 1:
         raise PlanError("sp=1 (sequence parallelism) needs tp > 1")
+    refused = refused_note(graph, mesh.tp)
+    if refused:
+        notes.append(refused)
     zero = int(forced.get("zero", 0))
     if zero and mesh.dp == 1:
         notes.append(f"zero={zero} with dp=1 shards nothing")

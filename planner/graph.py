@@ -110,6 +110,15 @@ class OpNode:
     """Repeated-block instance this op belongs to, e.g. `transformer.h.3`; None outside any block."""
     block_type: str | None = None
     """Label shared by structurally identical blocks, e.g. `transformer.h.*`."""
+    args: tuple = ()
+    """The call's arguments other than tensors, in call order (`T` where a tensor was passed; keyword arguments
+    last, as `(name, value)` pairs): the dims of a split, transpose or softmax, which shapes alone cannot tell."""
+    causal: bool = False
+    """Attention called with `is_causal=True`: the kernel skips the score blocks above the diagonal, so it does
+    about half the dense work that `fwd_flops` / `bwd_flops` (FlopCounterMode's dense count) give."""
+    copies: bool = False
+    """The op's output does not alias any input's storage: for a `reshape`-kind op (cat, stack, repeat,
+    repeat_interleave, contiguous or reshape of a non-contiguous tensor) a memory-bound copy, not a free view."""
 
     @property
     def flops(self) -> int:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import PlanError
@@ -35,17 +35,25 @@ STRATEGIES = {
 (colwise, rowwise, vocab, sequence) to DTensor parallel styles."""
 PRECISIONS = ("bf16", "fp16", "fp32")
 """Training precisions: bf16/fp16 compute with fp32 master weights and Adam state, or plain fp32."""
+PLACEMENT = {"$ref": "#/$defs/Placement"}
+"""Schema of one placement string (R, P or S(dim)); `planner.plan_schema` defines it."""
+
+
+def _meta(required: bool = False, **schema: Any) -> dict[str, Any]:
+    """Field metadata for plan.json's JSON Schema (`planner.plan_schema`): whether a hand-written plan must give
+    the key, and JSON Schema keywords that narrow the type its annotation gives (minimum, enum, items, ...)."""
+    return {"required": required, "schema": schema}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Mesh:
     """The device mesh: data-parallel x tensor-parallel x pipeline-parallel."""
 
-    dp: int = 1
+    dp: int = field(default=1, metadata=_meta(True, minimum=1))
     """Data-parallel degree (replicas, or ZeRO shards)."""
-    tp: int = 1
+    tp: int = field(default=1, metadata=_meta(True, minimum=1))
     """Tensor-parallel degree (within an op)."""
-    pp: int = 1
+    pp: int = field(default=1, metadata=_meta(True, minimum=1))
     """Pipeline-parallel degree (physical stages)."""
 
     @property
@@ -58,13 +66,13 @@ class Mesh:
 class StageSpec:
     """One pipeline (virtual) stage: a contiguous range of `OpGraph.layers()`."""
 
-    start_layer: int
+    start_layer: int = field(metadata=_meta(True, minimum=0))
     """First layer index (inclusive)."""
-    end_layer: int
+    end_layer: int = field(metadata=_meta(True, minimum=1))
     """Last layer index (exclusive)."""
     modules: tuple[str, ...] = ()
     """Top-level module paths the stage holds (e.g. `transformer.h.4`), for the executor's model split."""
-    rank: int = 0
+    rank: int = field(default=0, metadata=_meta(minimum=0))
     """Pipeline rank that runs it (stage i runs on rank i % pp for interleaved schedules)."""
 
 
@@ -72,15 +80,15 @@ class StageSpec:
 class OpPlacement:
     """How one op is split over the tp axis (FlexFlow's SOAP, in DTensor placements)."""
 
-    strategy: str
+    strategy: str = field(metadata=_meta(True, enum=list(STRATEGIES)))
     """Readable strategy name: replicate, colwise, rowwise, vocab, sequence, ..."""
     module: str = ""
     """Module path the op belongs to (what the executor parallelizes)."""
-    inputs: tuple[str, ...] = ("R",)
+    inputs: tuple[str, ...] = field(default=("R",), metadata=_meta(items=PLACEMENT))
     """Placement of each activation input."""
-    output: str = "R"
+    output: str = field(default="R", metadata=_meta(**PLACEMENT))
     """Placement of the output."""
-    params: tuple[str, ...] = ()
+    params: tuple[str, ...] = field(default=(), metadata=_meta(items=PLACEMENT))
     """Placement of each parameter the op reads, in `OpNode.params` order."""
 
 
@@ -88,33 +96,37 @@ class OpPlacement:
 class Plan:
     """A complete parallelization plan for one model on one cluster."""
 
-    mesh: Mesh
+    mesh: Mesh = field(metadata=_meta(True))
     """dp x tp x pp."""
-    zero_stage: int = 0
+    zero_stage: int = field(default=0, metadata=_meta(enum=[0, 1, 2, 3]))
     """0 = plain DP; 1 shards optimizer state; 2 also gradients; 3 also parameters (FSDP)."""
     sequence_parallel: bool = False
     """Shard norm/dropout activations along the sequence dim over the tp axis (Korthikanti et al.)."""
-    recompute: str = "none"
+    recompute: str = field(default="none", metadata=_meta(enum=list(RECOMPUTE)))
     """Activation recomputation: none, selective or full."""
-    schedule: str = "1f1b"
+    schedule: str = field(default="1f1b", metadata=_meta(enum=list(SCHEDULES)))
     """Pipeline schedule: gpipe, 1f1b or interleaved."""
-    virtual_stages: int = 1
+    virtual_stages: int = field(default=1, metadata=_meta(minimum=1))
     """Model chunks per pipeline rank (v); > 1 only with the interleaved schedule."""
-    global_batch_size: int = 1
+    global_batch_size: int = field(default=1, metadata=_meta(True, minimum=1))
     """Samples per optimizer step, over all replicas."""
-    microbatch_size: int = 1
+    microbatch_size: int = field(default=1, metadata=_meta(True, minimum=1))
     """Samples per micro-batch on one replica."""
-    num_microbatches: int = 1
+    num_microbatches: int = field(default=1, metadata=_meta(True, minimum=1))
     """Micro-batches per step per replica: global_batch_size / (dp * microbatch_size)."""
-    precision: str = "bf16"
+    precision: str = field(default="bf16", metadata=_meta(enum=list(PRECISIONS)))
     """bf16, fp16 or fp32."""
     stages: tuple[StageSpec, ...] = ()
     """Pipeline stages, pp * virtual_stages of them, in model order."""
     ops: Mapping[str, OpPlacement] = field(default_factory=dict)
     """Op name to its placement over the tp axis; ops not listed are replicated."""
-    cluster: Mapping[str, Any] = field(default_factory=dict)
+    cluster: Mapping[str, Any] = field(default_factory=dict, metadata=_meta(properties={
+        "name": {"type": "string"}, "nodes": {"type": "integer", "minimum": 1},
+        "devices_per_node": {"type": "integer", "minimum": 1}}))
     """`name`, `nodes`, `devices_per_node` of the cluster the plan was made for."""
-    model: Mapping[str, Any] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict, metadata=_meta(properties={
+        "path": {"type": "string"}, "parameters": {"type": "integer", "minimum": 0},
+        "fingerprint": {"type": "string"}}))
     """`path`, `parameters` (count) and `fingerprint` (`model_fingerprint`) of the model the plan was made for."""
     predicted: Mapping[str, Any] = field(default_factory=dict)
     """The cost model's prediction for this plan (step_time_s, breakdown, memory, ...), if any."""
@@ -171,35 +183,26 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "plan") -> "Plan":
-        """Build from the plan.json schema; unknown or missing keys raise PlanError with the field path."""
-        if not isinstance(d, Mapping):
-            raise PlanError(f"{where}: expected a JSON object at the top level")
+        """Build from plan.json's content. It is first validated against plan.json's JSON Schema
+        (`planner.plan_schema`: unknown or missing keys, types, ranges, placement strings), then for consistency
+        (`validate`); either raises PlanError `where: field.path: problem` naming the first problem."""
+        from planner.plan_schema import check_plan_dict
+        check_plan_dict(d, where)
         d = dict(d)
-        _check_keys(d, cls, where, required={"mesh", "global_batch_size", "microbatch_size", "num_microbatches"})
         try:
-            mesh_d = dict(d.pop("mesh"))
-            _check_keys(mesh_d, Mesh, f"{where}.mesh", required={"dp", "tp", "pp"})
-            mesh = Mesh(**{k: int(v) for k, v in mesh_d.items()})
-            stages = []
-            for i, s in enumerate(d.pop("stages", ())):
-                _check_keys(s, StageSpec, f"{where}.stages[{i}]", required={"start_layer", "end_layer"})
-                s = dict(s)
-                s["modules"] = tuple(s.get("modules", ()))
-                stages.append(StageSpec(**s))
-            ops = {}
-            for name, o in dict(d.pop("ops", {})).items():
-                _check_keys(o, OpPlacement, f"{where}.ops.{name}", required={"strategy"})
-                o = dict(o)
-                for k in ("inputs", "params"):
-                    if k in o:
-                        o[k] = tuple(o[k])
-                ops[name] = OpPlacement(**o)
-            d["sequence_parallel"] = bool(d.get("sequence_parallel", False))
-            return cls(mesh=mesh, stages=tuple(stages), ops=ops, **d)
-        except PlanError:
-            raise
-        except (TypeError, ValueError) as e:
-            raise PlanError(f"{where}: {e}") from None
+            mesh = Mesh(**{k: int(v) for k, v in d.pop("mesh").items()})
+            stages = tuple(StageSpec(**{**s, "modules": tuple(s.get("modules", ())),
+                                        **{k: int(s[k]) for k in ("start_layer", "end_layer", "rank") if k in s}})
+                           for s in d.pop("stages", ()))
+            ops = {name: OpPlacement(**{k: tuple(v) if isinstance(v, list) else v for k, v in o.items()})
+                   for name, o in d.pop("ops", {}).items()}
+            for k in ("zero_stage", "virtual_stages", "global_batch_size", "microbatch_size", "num_microbatches"):
+                if k in d:
+                    d[k] = int(d[k])  # the schema accepts 2.0 as an integer, as JSON Schema does
+            return cls(mesh=mesh, stages=stages, ops=ops, **d)
+        except PlanError as e:  # validate()'s consistency checks, said of this file
+            msg = str(e)
+            raise PlanError(f"{where}: {msg[len('plan: '):] if msg.startswith('plan: ') else msg}") from None
 
     def to_json(self) -> str:
         """JSON text of `to_dict()`."""
@@ -238,18 +241,6 @@ def model_fingerprint(named_shapes: "Iterable[tuple[str, Sequence[int]]]") -> st
     return h.hexdigest()[:16]
 
 
-def _check_keys(d: Any, cls: type, where: str, required: set[str]) -> None:
-    if not isinstance(d, Mapping):
-        raise PlanError(f"{where}: expected an object, got {type(d).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise PlanError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
-    missing = sorted(required - set(d))
-    if missing:
-        raise PlanError(f"{where}: missing key {missing[0]!r}")
-
-
 def _jsonable(x: Any) -> Any:
     if isinstance(x, Mapping):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -267,6 +258,9 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

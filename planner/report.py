@@ -60,21 +60,28 @@ def _config(plan) -> dict[str, str]:
             "sp": "on" if plan.sequence_parallel else "off"}
 
 
-def format_top(candidates: list, k: int | None = None) -> list[str]:
-    """The `--top K` table: mesh (dp x tp x pp), ZeRO, micro-batch size x count, recompute, schedule, sequence
-    parallelism, predicted step, TFLOP/s per device, MFU and peak memory per device, best first."""
-    head = ("#", "mesh dpxtpxpp", "ZeRO", "mbs x m", "recompute", "schedule", "sp", "step", "TFLOP/s", "MFU",
-            "mem/device")
-    rows = []
+TOP_COLUMNS = ("#", "mesh dpxtpxpp", "ZeRO", "mbs x m", "recompute", "schedule", "sp", "step", "TFLOP/s", "MFU",
+               "mem/device")
+"""Header of the `--top K` table."""
+
+
+def format_top(candidates: list, k: int | None = None, title: str | None = None) -> list[str]:
+    """The `--top K` table (rich, as plain text lines): mesh (dp x tp x pp), ZeRO, micro-batch size x count,
+    recompute, schedule, sequence parallelism, predicted step, TFLOP/s per device, MFU and peak memory per device,
+    best first."""
+    from rich import box
+    from rich.table import Table
+
+    from planner.tables import render
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for j, name in enumerate(TOP_COLUMNS):
+        table.add_column(name, justify="right" if j in (0, 7, 8, 9, 10) else "left", no_wrap=True)
     for i, (plan, pred) in enumerate(candidates[:k] if k else candidates, 1):
         c = _config(plan)
-        rows.append((str(i), c["mesh"], c["ZeRO"], c["mbs"], c["recompute"], c["schedule"], c["sp"],
-                     _ms(pred.step_time_s), f"{pred.tflops_per_device:.1f}", f"{pred.mfu:.1%}",
-                     _gib(pred.peak_memory_bytes)))
-    widths = [max(len(r[j]) for r in rows + [head]) for j in range(len(head))]
-    fmt = lambda r: "  ".join(x.rjust(w) if j in (0, 7, 8, 9, 10) else x.ljust(w)  # noqa: E731
-                              for j, (x, w) in enumerate(zip(r, widths)))
-    return [fmt(head)] + [fmt(r) for r in rows]
+        table.add_row(str(i), c["mesh"], c["ZeRO"], c["mbs"], c["recompute"], c["schedule"], c["sp"],
+                      _ms(pred.step_time_s), f"{pred.tflops_per_device:.1f}", f"{pred.mfu:.1%}",
+                      _gib(pred.peak_memory_bytes))
+    return render(table).splitlines()
 
 
 def explain(best, pred, other, other_pred) -> list[str]:
@@ -141,3 +148,34 @@ def format_result(result: Any, explain: bool = False, top: int | None = None) ->
 
 
 _explain = explain
+
+
+def report_dict(result: Any, explain: bool = False, top: int | None = None) -> dict[str, Any]:
+    """What `format_result` prints, as plain data (`plan --json`): `plan` (exactly what `-o` writes),
+    `prediction` (step time, breakdown, memory, throughput, assumptions), `candidates` (the `--top K`, best first,
+    configuration and prediction each), `search` (statistics), `notes`, `assumptions`, and with `explain` the
+    `explain` lines."""
+    from planner.search.outer import candidate_label
+    best, pred = result.best, result.best_prediction
+    cands = []
+    for i, (plan, p) in enumerate(result.candidates[:top] if top else result.candidates, 1):
+        d = plan.to_dict()
+        cands.append({"rank": i, "label": candidate_label(plan), "mesh": d["mesh"], "zero_stage": plan.zero_stage,
+                      "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
+                      "recompute": plan.recompute, "schedule": plan.schedule,
+                      "virtual_stages": plan.virtual_stages, "sequence_parallel": plan.sequence_parallel,
+                      "step_time_s": p.step_time_s, "tflops_per_device": p.tflops_per_device, "mfu": p.mfu,
+                      "peak_memory_bytes": p.peak_memory_bytes, "fits": p.fits})
+    out = {"plan": best.to_dict(), "prediction": pred.to_dict(), "candidates": cands,
+           "search": dict(getattr(result, "stats", None) or {}), "notes": list(result.notes),
+           "assumptions": list(pred.assumptions)}
+    if explain:
+        out["explain"] = (_explain(best, pred, *result.candidates[1]) if len(result.candidates) > 1 else
+                          ["why this plan: no runner-up (the forced keys leave a single candidate)"])
+    return out
+
+
+def format_json(result: Any, explain: bool = False, top: int | None = None) -> str:
+    """`report_dict` as JSON text (`plan --json`)."""
+    import json
+    return json.dumps(report_dict(result, explain, top), indent=1)

@@ -29,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 from planner.graph import OpNode
 from planner.plan import OpPlacement
+from planner.shard_flow import pair_colwise, split_problems
 
 Rule = Callable[[OpNode, int], list[OpPlacement]]
 """A strategy rule: (op, tp degree) -> the placements it may take (replicate included)."""
@@ -433,8 +434,16 @@ def graph_tp_modules(graph) -> list[TPModule]:
     return list(found.values())
 
 
-def plan_tp_problems(graph, ops: Mapping[str, OpPlacement], sequence_parallel: bool) -> list[str]:
-    """Everything that stops the executor from applying these placements to the traced model (empty: runnable)."""
+def plan_tp_problems(graph, ops: Mapping[str, OpPlacement], sequence_parallel: bool, tp: int) -> list[str]:
+    """Everything that stops the executor from applying these placements to the traced model over a tp axis of
+    size `tp`, or would make it train a different function (empty: runnable and the same function)."""
     mods = graph_tp_modules(graph)
     strategies, problems = module_strategies(ops, mods)
-    return problems + tp_layout_problems(mods, strategies, sequence_parallel)
+    return problems + tp_layout_problems(mods, strategies, sequence_parallel) + \
+        graph_split_problems(graph, mods, strategies, tp)
+
+
+def graph_split_problems(graph, modules: Sequence[TPModule], strategies: Mapping[str, str], tp: int) -> list[str]:
+    """Ops that would misread the local shards of the layout's paired colwise Linears (`planner.shard_flow`)."""
+    colwise = pair_colwise(strategies, (m.path for m in modules if m.kind == "linear"))
+    return [f"module {module}: {problem}" for module, problem in split_problems(graph, colwise, tp)]

@@ -1,14 +1,13 @@
 """`plan MODEL.py --summary`: what the tracer found, as a readable table."""
 from __future__ import annotations
 
-import io
 import os
 from collections import Counter
 
-from rich.console import Console
 from rich.table import Table
 
 from planner.graph import OpGraph
+from planner.tables import render
 
 
 def _si(x: float, unit: str) -> str:
@@ -62,6 +61,4 @@ def format_summary(graph: OpGraph) -> str:
     table.add_row("inputs", ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in graph.inputs) or "-")
     table.add_row("tracer", f"{'torch.fx' if graph.tracer == 'fx' else 'torch.export'} "
                             f"(traced with batch size {graph.batch_size} on the meta device)")
-    buf = io.StringIO()
-    Console(file=buf, width=110, color_system=None, force_terminal=False).print(table)
-    return buf.getvalue().rstrip("\n")
+    return render(table, width=110)

@@ -63,6 +63,32 @@ def _meta_str(x: Any) -> str:
     return ", ".join(str(s) for s in shapes) or "no tensors"
 
 
+def _plain(x: Any) -> Any:
+    """A hashable, printable stand-in for one call argument: numbers, strings and None as they are, tensors as
+    `T`, sequences as tuples, slices as `("slice", start, stop, step)`, anything else by its type name."""
+    if isinstance(x, torch.Tensor):
+        return "T"
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(x)
+    if isinstance(x, slice):
+        return ("slice", _plain(x.start), _plain(x.stop), _plain(x.step))
+    if x is Ellipsis:
+        return "..."
+    if isinstance(x, (tuple, list, torch.Size)):
+        return tuple(_plain(v) for v in x)
+    return type(x).__name__
+
+
+def plain_args(call_args: tuple[tuple, dict]) -> tuple:
+    """`OpNode.args` of a call: positional arguments, then keyword arguments as (name, value) pairs."""
+    args, kwargs = call_args
+    if not isinstance(kwargs, dict):  # the loss op: (outputs, targets)
+        return tuple(_plain(a) for a in call_args)
+    return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in sorted(kwargs.items()))
+
+
 def _first_line(exc: BaseException, limit: int = 160) -> str:
     """The first non-empty line of an exception message, shortened."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -274,12 +300,14 @@ class _Builder:
         name = op_kinds.callee_name(node.op, node.target) if module is None else ""
         self._add_op(node.name, label, self._module_path(node), producers, (args, kwargs), outs, cost, module,
                      lambda reads_param: op_kinds.module_kind(module) if module is not None
-                     else op_kinds.function_kind(name, reads_param))
+                     else op_kinds.function_kind(name, reads_param), causal=_is_causal(fn, args, kwargs))
 
     def _add_op(self, name: str, label: str, path: str, producers: tuple[str, ...], call_args: Any,
                 outs: list[torch.Tensor], cost: Any, module: nn.Module | None,
-                kind_of: Callable[[bool], str]) -> None:
+                kind_of: Callable[[bool], str], causal: bool = False) -> None:
         ins = [t for t in tree_flatten(call_args)[0] if isinstance(t, torch.Tensor)]
+        in_storages = {storage_key(t) for t in ins if t.layout == torch.strided}
+        copies = any(t.layout == torch.strided and storage_key(t) not in in_storages for t in outs)
         read = ins + (list(module.parameters()) if module is not None else [])
         params: dict[str, ParamInfo] = {}
         for t in read:
@@ -304,7 +332,8 @@ class _Builder:
             name=name, kind=kind_of(bool(params)), target=label, module_path=path, inputs=producers,
             input_meta=in_meta, output_meta=out_meta, fwd_flops=cost.fwd_flops, bwd_flops=cost.bwd_flops,
             bytes_read=sum(m.bytes for m in in_meta), bytes_written=sum(m.bytes for m in out_meta),
-            params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type))
+            params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type,
+            args=plain_args(call_args), causal=causal, copies=copies))
         self.op_names.add(name)
 
     def add_loss(self, output_node: torch.fx.Node, outputs: Any, targets: Any, path: str) -> None:
@@ -333,6 +362,17 @@ class _Builder:
         producers = tuple(dict.fromkeys(n.name for n in output_node.all_input_nodes if n.name in self.op_names))
         label = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
         self._add_op(name, label, "", producers, (outputs, targets), [value], cost, None, lambda _: "loss")
+
+
+def _is_causal(fn: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether an attention call (SDPA, or MultiheadAttention's forward) was made with `is_causal=True`."""
+    if fn is fused_sdpa:
+        import inspect
+        try:
+            return bool(inspect.signature(fused_sdpa).bind(*args, **kwargs).arguments.get("is_causal", False))
+        except TypeError:
+            return False
+    return isinstance(fn, nn.MultiheadAttention) and bool(kwargs.get("is_causal", False))
 
 
 def _eager_failure(model: nn.Module, args: tuple, kwargs: dict) -> BaseException | None:

@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-import torch
+from single_process import reference_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -48,23 +48,7 @@ def _plan(tmp_path, model, name, *force):
 
 
 def _reference_losses(model_path):
-    """What the worker does, on one process: same seeds, same data, AdamW(lr=1e-3), the model file's loss."""
-    from executor.worker import BUILD_SEED, DATA_SEED
-    from planner.model_file import batch, build, load_model_file
-    mf = load_model_file(str(model_path))
-    torch.manual_seed(BUILD_SEED)
-    model = build(mf)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    torch.manual_seed(DATA_SEED)
-    losses = []
-    for _ in range(STEPS):
-        x, y = batch(mf, BATCH)
-        loss = mf.loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return reference_losses(model_path, STEPS, BATCH)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def test_batch_arithmetic_is_checked():
 def test_unknown_key_names_the_field():
     d = _plan().to_dict()
     d["mesh"]["cp"] = 2
-    with pytest.raises(PlanError, match=r"plan\.mesh: unknown key 'cp'"):
+    with pytest.raises(PlanError, match=r"^plan: mesh: unknown key 'cp' \(known: dp, pp, tp\)$"):
         Plan.from_dict(d)
 
 

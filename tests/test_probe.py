@@ -62,8 +62,9 @@ def test_meminfo_reads_bytes():
 
 def test_profile_two_gloo_ranks(tmp_path):
     """One launch: a loadable profile whose all-reduce curve lies within the spread of a repeated measurement."""
+    shapes = {"gemms": [(1, 64, 128, 32), (2, 16, 16, 8)], "attentions": [(4, 32, 32, 16, True)]}  # --model
     result = profile_local(nproc=2, backend="gloo", quick=True, repeat_all_reduce=True, progress=False,
-                           timeout_s=240)
+                           timeout_s=240, shapes=shapes)
     c = result.cluster
     path = tmp_path / "cluster.yaml"
     save_cluster(c, path, header=result.header)
@@ -88,6 +89,9 @@ def test_profile_two_gloo_ranks(tmp_path):
     n = len(plan_for(True, False).matmul_sizes["fp32"])  # nn.Linear rates at every fp32 matmul size
     assert len(c.device.linear_efficiency) == len(c.device.linear_backward_efficiency) == n
     assert all(0 < e <= 1 for _, e in c.device.linear_efficiency + c.device.linear_backward_efficiency)
+    assert [r[:5] for r in c.device.matmul_shapes] == [(1, 64, 128, 32, "fp32"), (2, 16, 16, 8, "fp32")]
+    assert [r[:6] for r in c.device.attention_shapes] == [(4, 32, 32, 16, True, "fp32")]
+    assert all(0 < t < 0.1 for r in c.device.attention_shapes for t in r[6:]) and not c.device.async_host
 
     # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B)
     # made in the same launch: each median of A must lie inside B's min-max spread, widened by 1.5x each way

@@ -1,4 +1,6 @@
 """The report's --top table and --explain, on a search over the fake cost model."""
+import re
+
 from planner.report import format_result, format_top
 from planner.search import search
 from test_search_fakes import FakeCostModel, fake_cluster, tiny_gpt
@@ -9,9 +11,14 @@ def test_top_table_and_explain():
     res = search(tiny_gpt(4), cluster, FakeCostModel(cluster=cluster, default_time=1e-3), batch_size=16, top_k=3,
                  forced={"pp": 1})
     assert 1 <= len(res.candidates) <= 3 and res.best.predicted["step_time_s"] == res.best_prediction.step_time_s
-    rows = format_top(res.candidates)
-    assert rows[0].split()[:3] == ["#", "mesh", "dpxtpxpp"] and len(rows) == len(res.candidates) + 1
-    assert rows[1].split()[1] == f"{res.best.mesh.dp}x{res.best.mesh.tp}x1"
+    rows = format_top(res.candidates)  # a rich table, as plain text: header, rule, one row per candidate
+    assert rows[0].split()[:3] == ["#", "mesh", "dpxtpxpp"] and len(rows) == len(res.candidates) + 2
+    assert set(rows[1].strip()) == {"─"}
+    cells = [re.split(r"\s{2,}", r.strip()) for r in rows[2:]]
+    assert [c[0] for c in cells] == [str(i) for i in range(1, len(res.candidates) + 1)]
+    assert cells[0][1] == f"{res.best.mesh.dp}x{res.best.mesh.tp}x1" and cells[0][2] == str(res.best.zero_stage)
+    for c, (plan, pred) in zip(cells, res.candidates):
+        assert len(c) == 11 and c[7] == f"{pred.step_time_s * 1e3:.2f} ms" and c[9] == f"{pred.mfu:.1%}"
     text = format_result(res, explain=True)
     assert "top " in text and "why this plan: the runner-up" in text and "memory per device: runner-up" in text
     assert "search: " in text

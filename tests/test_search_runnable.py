@@ -42,7 +42,7 @@ def test_megatron_placements_of_the_examples_are_runnable(example):
     g = trace_model(load_model_file(os.path.join(ROOT, "examples", example)))
     for sp in (False, True):
         ops = megatron_placements(g, 2, sp)
-        assert plan_tp_problems(g, ops, sp) == []
+        assert plan_tp_problems(g, ops, sp, 2) == []
         strategies = {p.module: p.strategy for p in ops.values() if p.strategy in ("colwise", "rowwise", "vocab")}
         assert sorted(set(strategies.values())) == ["colwise", "rowwise", "vocab"]
         assert all(p.strategy not in ("colwise", "rowwise") or g.op(n).kind == "linear" for n, p in ops.items())
@@ -60,4 +60,4 @@ def test_every_ranked_plan_is_runnable():
         ranked = search.run().ranked
         assert ranked
         for s in ranked:
-            assert plan_tp_problems(graph, s.plan.ops, s.plan.sequence_parallel) == []
+            assert plan_tp_problems(graph, s.plan.ops, s.plan.sequence_parallel, s.plan.mesh.tp) == []

@@ -33,6 +33,8 @@ class SearchResult:
     """Warnings and remarks for the user (e.g. tp spanning nodes)."""
     stats: dict = field(default_factory=dict)
     """Search counters: groups, groups_evaluated, groups_bounded, predictions, ilp_solves, seconds."""
+    evaluated: list = field(default_factory=list)
+    """Every candidate predicted (`outer.Evaluated`: step time, peak memory, fits, label), fitting or not."""
 
 
 def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
@@ -41,30 +43,20 @@ def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int
     """Plan `graph` on `cluster` for a global batch of `batch_size` with the `forced` keys pinned.
 
     Returns the fastest fitting plan and up to `top_k` candidates; stops after `time_budget_s` with the best so
-    far. Raises PlanError when the forced keys contradict the cluster or nothing fits (saying what would help)."""
+    far. `progress`: show a progress bar on stderr once the search has run ~2 s (`planner.progress`). Raises
+    PlanError when the forced keys contradict the cluster or nothing fits (saying what would help)."""
+    from planner.progress import SearchProgress
     from planner.search.outer import OuterSearch, with_prediction
 
-    def run(on_progress=None):
-        return OuterSearch(graph, cluster, cost_model, batch_size=batch_size, precision=precision, forced=forced,
-                           time_budget_s=time_budget_s, model_path=model_path, on_progress=on_progress,
-                           top_k=top_k).run()
-
-    if progress:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed}/{task.total} groups"),
-                      TextColumn("{task.description}"), TimeElapsedColumn(), transient=True) as bar:
-            task = bar.add_task("", total=None)
-
-            def update(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=label)
-            result = run(update)
-    else:
-        result = run()
+    with SearchProgress(show=progress) as bar:
+        result = OuterSearch(graph, cluster, cost_model, batch_size=batch_size, precision=precision, forced=forced,
+                             time_budget_s=time_budget_s, model_path=model_path,
+                             on_progress=bar if progress else None, top_k=top_k).run()
     top = result.ranked[:max(1, top_k)]
     candidates = [(with_prediction(s.plan, s.prediction), s.prediction) for s in top]
     best, best_prediction = candidates[0]
     return SearchResult(best=best, best_prediction=best_prediction, candidates=candidates, notes=result.notes,
-                        stats=result.stats)
+                        stats=result.stats, evaluated=result.evaluated)
 
 
 __all__ = ["SearchResult", "search", "replace"]

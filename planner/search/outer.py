@@ -44,7 +44,7 @@ from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fi
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
-from planner.strategies import module_strategies, strategies_for, tp_layout_problems
+from planner.strategies import graph_split_problems, module_strategies, strategies_for, tp_layout_problems
 
 
 
@@ -60,6 +60,20 @@ class Scored:
     """The group's step-time lower bound (for checking the bound against predict)."""
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """One candidate the search predicted, fitting or not: what `plan --plot` draws."""
+
+    step_time_s: float
+    """Predicted step time."""
+    peak_memory_bytes: int
+    """Predicted peak memory on the most loaded device."""
+    fits: bool
+    """Whether it fits the device's usable memory."""
+    label: str
+    """Its configuration in a few characters (`candidate_label`)."""
+
+
 @dataclass
 class OuterResult:
     """What the outer loop found."""
@@ -71,6 +85,8 @@ class OuterResult:
     stats: dict[str, Any] = field(default_factory=dict)
     """Counts: groups, groups_evaluated, groups_bounded (swept only to their first fitting candidate),
     predictions, ilp_solves, bound_violations, seconds."""
+    evaluated: list[Evaluated] = field(default_factory=list)
+    """Every candidate predicted, in search order."""
 
 
 @dataclass
@@ -93,11 +109,12 @@ class _Layers:
 
 
 class OuterSearch:
-    """One search: graph, cluster, cost model, batch and forced keys; `run()` returns an OuterResult."""
+    """One search: graph, cluster, cost model, batch and forced keys; `run()` returns an OuterResult.
+    `on_progress(groups done, groups in all, best step so far or inf)` is called as groups are visited."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
                  forced: Mapping[str, Any] | None = None, time_budget_s: float = 60.0, model_path: str = "",
-                 on_progress: Callable[[int, int, str], None] | None = None, top_k: int = 5):
+                 on_progress: Callable[[int, int, float], None] | None = None, top_k: int = 5):
         self.graph, self.cluster, self.cm = graph, cluster, cost_model
         self.top_k = max(1, top_k)
         self._top: list[float] = []  # the top_k fastest fitting step times found so far, ascending
@@ -115,6 +132,7 @@ class OuterSearch:
         self._tight: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
         self._placed: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
         self._leanest: tuple[float, Plan] | None = None
+        self.evaluated: list[Evaluated] = []
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
         self._num_params = graph.num_parameters  # a sum over every parameter: once, not per candidate
@@ -136,6 +154,8 @@ class OuterSearch:
                             f"{self.forced}; relax --force")
         bounds = sorted(((self.lower_bound(g), i, g) for i, g in enumerate(todo)), key=lambda t: t[:2])
         self.stats["groups"] = len(bounds)
+        if self.on_progress:
+            self.on_progress(0, len(bounds), math.inf)
         ranked: list[Scored] = []
         best = math.inf
         for k, (lb, _, g) in enumerate(bounds):
@@ -147,21 +167,21 @@ class OuterSearch:
                 self.notes.append(f"time budget {self.budget_s:g} s reached after {k} of {len(bounds)} candidate "
                                   "groups; returning the best plan found so far")
                 break
-            if self.on_progress:
-                self.on_progress(k, len(bounds), g.label())
             for s in self.evaluate(g, lb):
                 ranked.append(s)
                 best = min(best, s.prediction.step_time_s)
                 bisect.insort(self._top, s.prediction.step_time_s)
                 del self._top[self.top_k:]
+            if self.on_progress:
+                self.on_progress(k + 1, len(bounds), best)
         if self.on_progress:
-            self.on_progress(len(bounds), len(bounds), "done")
+            self.on_progress(len(bounds), len(bounds), best)
         self.stats["ilp_solves"] = self.placer.solves
         self.stats["seconds"] = time.monotonic() - start
         if not ranked:
             raise PlanError(self.infeasible_message())
         ranked.sort(key=_rank_key)
-        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats)
+        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats, evaluated=self.evaluated)
 
     # ---- bounds ---------------------------------------------------------------------------------------------------
     def op_min_times(self, tp: int, mbs: int) -> np.ndarray:
@@ -295,8 +315,11 @@ class OuterSearch:
                 placement = self._check_against_megatron(tp, mbs, sp, placement)
             if placement is not None and tp > 1 and not placement.ops:
                 # every op replicated over tp: tp ranks would compute the same thing twice (and an executor
-                # given no placements applies its own layout), so this is not a tensor-parallel candidate
-                placement = None
+                # given no placements applies its own layout); Megatron's layout is the candidate, if it runs
+                mega, why = self.megatron(tp, sp)
+                placement = PlacementResult(ops=mega, sequence_parallel=sp, notes=placement.notes + (
+                    f"tp={tp}: the placement ILP replicated every op; used Megatron's layout",)) \
+                    if mega and not why else None
             for note in placement.notes if placement is not None else ():
                 if note not in self.notes:
                     self.notes.append(note)
@@ -306,7 +329,7 @@ class OuterSearch:
     def _runnable(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult | None:
         """The ILP's placements when the executor can apply them exactly (`plan_tp_problems`), else Megatron's
         (with a note), else None (this tp is not a candidate; the note says why)."""
-        problems = self.tp_problems(ilp.ops, sp and ilp.sequence_parallel)
+        problems = self.tp_problems(ilp.ops, sp and ilp.sequence_parallel, tp)
         if not problems:
             return ilp
         mega, why = self.megatron(tp, sp)
@@ -314,8 +337,11 @@ class OuterSearch:
             return PlacementResult(ops=mega, sequence_parallel=sp, notes=ilp.notes + (
                 f"tp={tp}{' with sequence parallelism' if sp else ''}: the placement ILP's layout is not one the "
                 f"executor applies ({problems[0]}); used Megatron's",))
-        self.notes.append(f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); "
-                          "tp>1 skipped for it")
+        what = "tp>1 with sequence parallelism" if sp else "tp>1"
+        note = (f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); {what} skipped "
+                "for it")
+        if note not in self.notes:
+            self.notes.append(note)
         return None
 
     def _check_against_megatron(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult:
@@ -341,14 +367,15 @@ class OuterSearch:
                 f"tp={tp} mbs={mbs}: Megatron's layout predicted faster than the placement ILP's; used it",))
         return ilp
 
-    def tp_problems(self, ops: Mapping[str, OpPlacement], sp: bool) -> list[str]:
+    def tp_problems(self, ops: Mapping[str, OpPlacement], sp: bool, tp: int) -> list[str]:
         """`planner.strategies.plan_tp_problems` with the graph's modules computed once per search and the answer
         cached per distinct placement (the same layout comes back for many micro-batch sizes)."""
-        key = (frozenset(ops.items()), sp)
+        key = (frozenset(ops.items()), sp, tp)
         if key not in self._problems:
             mods = self.placer.tp_modules
             strategies, problems = module_strategies(ops, mods)
-            self._problems[key] = problems + tp_layout_problems(mods, strategies, sp)
+            self._problems[key] = problems + tp_layout_problems(mods, strategies, sp) + \
+                graph_split_problems(self.graph, mods, strategies, tp)
         return self._problems[key]
 
     def megatron(self, tp: int, sp: bool) -> tuple[dict[str, OpPlacement], str]:
@@ -356,10 +383,13 @@ class OuterSearch:
         (empty when it can); ({}, why) when the layout does not exist for this graph."""
         key = (tp, sp)
         if key not in self._megatron:
-            from planner.defaults import megatron_placements
+            from planner.defaults import megatron_placements, refused_note
+            note = refused_note(self.graph, tp)
+            if note and note not in self.notes:
+                self.notes.append(note)
             try:
                 mega = megatron_placements(self.graph, tp, sp)
-                why = (self.tp_problems(mega, sp) or [""])[0]
+                why = (self.tp_problems(mega, sp, tp) or [""])[0]
             except PlanError as e:
                 mega, why = {}, str(e)
             self._megatron[key] = (mega, why)
@@ -457,6 +487,7 @@ class OuterSearch:
             self.stats["bound_violations"] += 1
         if self._leanest is None or pred.peak_memory_bytes < self._leanest[0]:
             self._leanest = (pred.peak_memory_bytes, plan)
+        self.evaluated.append(Evaluated(pred.step_time_s, pred.peak_memory_bytes, pred.fits, candidate_label(plan)))
         return pred
 
     def infeasible_message(self) -> str:
@@ -488,6 +519,20 @@ def _rank_key(s: Scored) -> tuple:
     p = s.plan
     return (float(f"{s.prediction.step_time_s:.6g}"), p.zero_stage, RECOMPUTE.index(p.recompute), p.mesh.pp,
             p.mesh.tp, p.virtual_stages, p.sequence_parallel, s.prediction.peak_memory_bytes)
+
+
+def candidate_label(plan: Plan) -> str:
+    """A candidate in a few characters: dp x tp x pp, ZeRO stage, micro-batch size x count, recompute (when on),
+    pipeline schedule (when pp > 1) and sequence parallelism (when on), e.g. `64x4x4 Z1 1x24 int4 sp`."""
+    m = plan.mesh
+    parts = [f"{m.dp}x{m.tp}x{m.pp}", f"Z{plan.zero_stage}", f"{plan.microbatch_size}x{plan.num_microbatches}"]
+    if plan.recompute != "none":
+        parts.append("sel" if plan.recompute == "selective" else "full")
+    if m.pp > 1:
+        parts.append(f"int{plan.virtual_stages}" if plan.schedule == "interleaved" else plan.schedule)
+    if plan.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
 
 
 def format_bytes(n: float) -> str:

@@ -103,8 +103,11 @@ class PlacementSolver:
         norm module, e.g. RMSNorm's pow/rsqrt/mul) must use it where they can (Megatron's flag).
         Ops before the first block never take `sequence`: the executor shards the stream entering the first block."""
         out = {}
+        refused = self._refused(tp)
         for op in ops:
             strats = strategies_for(op, tp)
+            if op.kind == "linear" and op.module_path.rpartition(".")[0] in refused:
+                strats = strats[:1]  # replicate only: an op would misread this pair's local shards
             seq = [p for p in strats if p.strategy == "sequence"]
             if not sp or op.name in self.pre_block:
                 strats = [p for p in strats if p.strategy != "sequence"]
@@ -112,6 +115,14 @@ class PlacementSolver:
                 strats = seq
             out[op.name] = strats
         return out
+
+    def _refused(self, tp: int) -> dict[str, str]:
+        """`planner.defaults.refused_pairs` for this tp, computed once."""
+        key = ("refused", tp)
+        if key not in self._cache:
+            from planner.defaults import refused_pairs
+            self._cache[key] = refused_pairs(self.graph, tp)
+        return self._cache[key]
 
     def _solve_block(self, bt: str, insts: list[Layer], ctx: CostContext, sp: bool,
                      budget: float | None) -> tuple[list[OpPlacement], float] | None:

@@ -1,0 +1,159 @@
+"""Seconds of one GEMM or one fused-attention kernel on one device, by shape.
+
+GEMM (NVIDIA, "Matrix Multiplication Background User's Guide", sections on tile and wave quantization): a GEMM
+C[M, N] = A[M, K] B[K, N] (times a batch) is computed as ceil(M/tm) x ceil(N/tn) output tiles, one thread block
+each, and the blocks run in waves of one block per SM. The work the GPU does is that of waves x SMs full tiles,
+of which b x M x N outputs are useful:
+
+    quantization = b*M*N / (ceil(b*tiles / sms) * sms * tm * tn)        (best tile of the profile's list; an edge
+                                                                         longer than M or N shrinks to it)
+    t = max(2*b*M*N*K / (peak * best_efficiency * quantization),  bytes(A, B, C) / memory roofline,  floor)
+
+`best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes; the bytes term
+makes skinny GEMMs (small M, N or K) memory-bound. Profiles without a `matmul` block price a GEMM by its FLOPs on
+the `matmul_efficiency` curve (CPU ranks).
+
+Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d
+forward, 2.5x that backward), times the fraction of score blocks a causal kernel computes, (n+1)/(2n) for n key
+blocks (half the dense work at long sequences); priced at the profile's forward/backward attention efficiency
+with wave quantization over batch x heads x query blocks, never below the bytes of q, k, v and the output.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Sequence
+
+from hardware_profiles.schema import DeviceSpec
+
+PRECISION_PEAK_KEYS = {"bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "fp32": ("fp32",)}
+"""Which `DeviceSpec.peak_flops` entry prices matmuls at each precision, in order of preference. fp32 uses the
+plain fp32 peak: PyTorch leaves TF32 matmuls off by default (torch.backends.cuda.matmul.allow_tf32 = False since
+1.12, PyTorch CUDA semantics docs)."""
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Bytes per float element at each training precision."""
+
+Gemm = tuple[int, int, int, int]
+"""(batch, M, N, K) of one GEMM: C[M, N] = A[M, K] B[K, N], `batch` times."""
+Attn = tuple[int, int, int, int, bool]
+"""(batch x heads, query length, key length, head dim, causal) of one fused attention call."""
+
+
+def interp_log(curve: Sequence[tuple[float, float]], x: float) -> float:
+    """Value of a [size, value] curve at size x, linear in log(size), clamped to the end values."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    i = bisect.bisect_right([p[0] for p in curve], x)
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + w * (y1 - y0)
+
+
+def peak_flops(device: DeviceSpec, precision: str) -> float:
+    """Dense peak FLOP/s for matmuls at a training precision (falls back to the fp32 peak if not listed)."""
+    for key in PRECISION_PEAK_KEYS[precision]:
+        if key in device.peak_flops:
+            return device.peak_flops[key]
+    return max(device.peak_flops.values())
+
+
+def memory_time(device: DeviceSpec, nbytes: float) -> float:
+    """Seconds for a memory-bound kernel moving `nbytes` at the profile's efficiency for its size (no floor)."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / (device.memory_bandwidth * interp_log(device.memory_efficiency, nbytes))
+
+
+MMA_GRANULE = 16
+"""Rows and columns of the smallest Tensor Core matrix instruction for 16-bit inputs (PTX ISA, mma.m16n8k16): a
+tile edge longer than a GEMM's dimension shrinks to that dimension rounded up to this."""
+
+
+def quantization(batch: int, m: int, n: int, tile: tuple[int, int], sms: int) -> float:
+    """Useful fraction of the tiles x waves a (batched) GEMM with M x N outputs occupies (1 without SMs)."""
+    tm, tn = (min(t, MMA_GRANULE * math.ceil(d / MMA_GRANULE)) for t, d in zip(tile, (m, n)))
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    if sms <= 0:
+        return batch * m * n / (tiles * tm * tn)
+    waves = math.ceil(tiles / sms)
+    return batch * m * n / (waves * sms * tm * tn)
+
+
+def gemm_efficiency(device: DeviceSpec, g: Gemm) -> float:
+    """Achieved fraction of peak of one GEMM by shape (the best of the profile's tiles, either orientation)."""
+    b, m, n, _ = g
+    mm = device.matmul
+    if mm is None:
+        return interp_log(device.matmul_efficiency, 2.0 * b * m * n * g[3])
+    best = max(quantization(b, m, n, t, device.sms) for tile in mm.tiles for t in (tile, tile[::-1]))
+    return mm.best_efficiency * best
+
+
+def gemm_time(device: DeviceSpec, g: Gemm, precision: str) -> float:
+    """Seconds of one GEMM (no measured table): max of the compute term, the bytes roofline and the floor."""
+    b, m, n, k = g
+    flops = 2.0 * b * m * n * k
+    if flops <= 0:
+        return 0.0
+    compute = flops / (peak_flops(device, precision) * gemm_efficiency(device, g))
+    nbytes = b * (m * k + k * n + m * n) * PRECISION_BYTES[precision]
+    return max(compute, memory_time(device, nbytes), device.kernel_floor)
+
+
+def causal_fraction(s_q: int, s_k: int, block_q: int, block_k: int | None = None) -> float:
+    """Fraction of the dense score blocks a causal kernel computes when it skips key blocks wholly above the
+    diagonal: (n+1)/(2n) for a square score matrix of n x n blocks (the diagonal blocks are computed whole), which
+    tends to (s+1)/(2s) as the blocks shrink to 1; query blocks of `block_q` rows against key blocks of `block_k`
+    (default the same) otherwise."""
+    bk = block_k or block_q
+    nq, nk = max(1, math.ceil(s_q / block_q)), max(1, math.ceil(s_k / bk))
+    if bk == block_q and s_q == s_k:
+        return (nk + 1) / (2 * nk)
+    done = sum(min(nk, math.ceil(min((i + 1) * block_q, s_q) / bk)) for i in range(nq))
+    return done / (nq * nk)
+
+
+CPU_FLASH_KV_SPLIT = 512
+"""Key block of PyTorch's CPU flash-attention kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp:
+cpu_flash_attention<..., q_split, 512>)."""
+
+
+def cpu_flash_q_split(s_q: int) -> int:
+    """Query block of PyTorch's CPU flash-attention kernel: 256 rows from 768 queries, 64 from 192, else 32 (same
+    file)."""
+    return 256 if s_q >= 768 else 64 if s_q >= 192 else 32
+
+
+def attention_time(device: DeviceSpec, a: Attn, flops: float, precision: str, backward: bool) -> float:
+    """Seconds of a fused attention kernel doing `flops` (dense count; the causal fraction is applied here)."""
+    bh, s_q, s_k, d, causal = a
+    att = device.attention
+    if att is None or flops <= 0:
+        return 0.0
+    if causal:
+        flops *= causal_fraction(s_q, s_k, att.block)
+    eff = att.backward_efficiency if backward else att.forward_efficiency
+    blocks = bh * math.ceil(s_q / att.block)
+    wave = blocks / (math.ceil(blocks / device.sms) * device.sms) if device.sms else 1.0
+    # q, k, v, output (+ their gradients and the output gradient in backward)
+    nbytes = bh * (2 * s_q * d + 2 * s_k * d) * PRECISION_BYTES[precision] * (2 if backward else 1)
+    return max(flops / (peak_flops(device, precision) * eff * wave), memory_time(device, nbytes),
+               device.kernel_floor)
+
+
+def nearest_row(rows: Sequence[tuple], key: tuple, free: Sequence[int]) -> tuple | None:
+    """The measured row matching `key` exactly, else the one differing from it in a single position among `free`
+    (nearest there in log scale); None when no row is that close. Rows start with the key's fields."""
+    best, best_d = None, math.inf
+    n = len(key)
+    for r in rows:
+        diff = [i for i in range(n) if r[i] != key[i]]
+        if not diff:
+            return r
+        if len(diff) == 1 and diff[0] in free:
+            d = abs(math.log(r[diff[0]] / key[diff[0]]))
+            if d < best_d:
+                best, best_d = r, d
+    return best

@@ -1,0 +1,109 @@
+"""`plan profile --model`: time a model's own GEMM and fused-attention shapes on this rank's device.
+
+The shapes come from the caller (the planner traces the model; this package imports nothing of ours). Each GEMM
+(batch, M, N, K) runs as torch.matmul of contiguous [batch, M, K] x [batch, K, N] operands (plain mm at batch 1);
+each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
+tensors, forward alone and forward + backward (backward = the difference). On CUDA the kernels are timed with CUDA
+events (device time, after warm-up, median of repeats); on CPU with the wall clock, minus the measured per-op host
+overhead (the cost model charges that separately), as `measure.linear_rates` does.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from hardware_profiles.measure import DTYPES, MeasurePlan, time_calls
+
+FLOOR_CHAIN = 64
+"""Tiny back-to-back kernels timed for the per-kernel floor."""
+
+
+def _median_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
+                    plan: MeasurePlan) -> float:
+    """Median seconds of one call of `fn`: CUDA-event device time on GPUs, wall clock on CPUs."""
+    if device.type != "cuda":
+        return statistics.median(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s))
+    for _ in range(plan.warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    samples = []
+    for _ in range(plan.repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples)
+
+
+def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, device: torch.device,
+                 sync: Callable[[], None], plan: MeasurePlan, host_s: float = 0.0) -> list[tuple]:
+    """[(batch, M, N, K, precision, seconds)] for each GEMM shape; `host_s` (CPU: the per-op overhead) is taken
+    out, keeping at least 5 % of the time."""
+    out = []
+    for b, m, n, k in shapes:
+        a = torch.randn(b, m, k, device=device).to(DTYPES[precision])
+        w = torch.randn(b, k, n, device=device).to(DTYPES[precision])
+        fn = (lambda: torch.mm(a[0], w[0])) if b == 1 else (lambda: torch.bmm(a, w))
+        t = _median_seconds(fn, device, sync, plan)
+        out.append((b, m, n, k, precision, max(t - host_s, 0.05 * t)))
+    return out
+
+
+def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precision: str, device: torch.device,
+                      sync: Callable[[], None], plan: MeasurePlan, host_s: tuple[float, float] = (0.0, 0.0)
+                      ) -> list[tuple]:
+    """[(batch x heads, s_q, s_k, head dim, causal, precision, forward s, backward s)] for each attention call
+    (SDPA as PyTorch dispatches it on this device); `host_s` (CPU: forward and backward per-op overheads) is taken
+    out as in `gemm_seconds`."""
+    out = []
+    for bh, s_q, s_k, d, causal in shapes:
+        dt = DTYPES[precision]
+        q = torch.randn(1, bh, s_q, d, device=device, dtype=dt, requires_grad=True)
+        k = torch.randn(1, bh, s_k, d, device=device, dtype=dt, requires_grad=True)
+        v = torch.randn(1, bh, s_k, d, device=device, dtype=dt, requires_grad=True)
+        g = torch.randn(1, bh, s_q, d, device=device, dtype=dt)
+
+        def fwd():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        t_f = _median_seconds(fwd, device, sync, plan)
+        # autograd.grad, not backward(): no gradient accumulation kernels into q/k/v.grad
+        t_fb = _median_seconds(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
+        t_b = max(t_fb - t_f, 0.0)
+        out.append((bh, s_q, s_k, d, causal, precision, max(t_f - host_s[0], 0.05 * t_f),
+                    max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
+    return out
+
+
+def kernel_floor(device: torch.device, plan: MeasurePlan) -> float:
+    """Device seconds per kernel of FLOOR_CHAIN one-element adds run back-to-back (CUDA only), replayed as one CUDA
+    graph so that the host's launch rate (charged separately as op_overhead) does not set the pace; eager launches
+    where capture fails."""
+    x = torch.zeros(1, device=device)
+
+    def chain():
+        y = x
+        for _ in range(FLOOR_CHAIN):
+            y = y + 1.0
+        return y
+
+    fn: Callable[[], object] = chain
+    try:  # warm up on a side stream, then capture (PyTorch CUDA semantics docs, "CUDA Graphs")
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                chain()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain()
+        fn = graph.replay
+    except RuntimeError:
+        pass
+    return _median_seconds(fn, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN

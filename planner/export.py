@@ -1,0 +1,510 @@
+"""`plan export PLAN --to torchtitan|megatron|deepspeed|accelerate`: a plan as the trainer's own configuration.
+
+Each target gets the options a plan decides (mesh, ZeRO stage, micro-batching, recomputation, schedule, stages,
+precision, batch) in its own format, with what it cannot express stated as comments in the file (TOML, YAML, bash)
+or as notes printed beside it (JSON has no comments). Option names are checked against each project's source:
+
+- torchtitan: the job TOML read by `torchtitan/config/job_config.py` (v0.2 series; sections [parallelism],
+  [training], [activation_checkpoint]; schedule names from torch.distributed.pipelining's `get_schedule_class`);
+- Megatron-LM: the flags of `megatron/training/arguments.py` (NVIDIA/Megatron-LM main, 2025), written as a bash
+  array in the style of Megatron's own example scripts;
+- DeepSpeed: the config JSON (`train_batch_size`, `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps`,
+  `zero_optimization.stage`, `bf16`/`fp16`, `activation_checkpointing`) of DeepSpeed's configuration docs;
+- Accelerate: the `accelerate launch --config_file` YAML (`commands/config/config_args.py`, FSDP plugin keys of
+  `commands/launch.py`, accelerate 1.x with FSDP2).
+
+When a difference matters the export refuses with one line (PlanError: exit 2). "Matters" follows the rule that a
+plan runs as written and was chosen because it fits: the export refuses when the target would run
+
+1. another device layout: a parallelism it lacks (tp for DeepSpeed and Accelerate, pp for DeepSpeed and
+   Accelerate), pipeline stages it cannot place as the plan cuts them (Megatron: a non-block layer between blocks),
+   or a tensor-parallel layout other than the plan's (Megatron and torchtitan split every Linear of a block, the
+   vocabulary embedding and the LM head; a plan that replicates one of them is refused);
+2. more memory per device than the plan predicts because of the strategy: less sharding of model states (ZeRO-2/3
+   through Megatron-FSDP together with pp, which its guide does not cover) or less recomputation;
+3. more compute than planned: selective recomputation where the target only recomputes whole blocks (DeepSpeed,
+   Accelerate) or recomputes every second matmul (torchtitan's per-op policy), where the plan priced recomputing
+   the attention core (Korthikanti et al.), as Megatron-LM's `--recompute-granularity selective` does;
+4. other training math: a precision the target lacks (fp16 in torchtitan).
+
+It exports with a note when the target runs the same mesh, stages, tp layout, precision and recomputation, holds
+no more memory, and differs only in how or when the same collectives run: ZeRO-1 run with ZeRO-2's gradient
+sharding (torchtitan, Accelerate: FSDP has no ZeRO-1), plain DP run as FSDP where torchtitan has no DDP beside
+tp/pp, GPipe run as 1F1B (Megatron: same bubble, fewer activations held), sequence parallelism always on
+(torchtitan), a vocabulary-parallel loss (Megatron), and recomputation the DeepSpeed JSON cannot switch on.
+Framework constants beyond the strategy are stated, not refused: Megatron-LM keeps an fp32 gradient buffer under
+bf16/fp16 (the plan counts 2-byte gradients, as the ZeRO paper does).
+
+The model file the plan names (or `--model`) is read when it exists, on the meta device: it tells blocks from other
+modules, gives the block class (Accelerate's wrap policy), the sequence length and the Linears a tp layout must
+split. Without it (missing, or failing to import here) the export still runs for tp=1 and guesses blocks from
+module paths (`h.3`); tp>1 to Megatron or torchtitan then refuses, since the layout cannot be checked.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.errors import PlanError
+from planner.plan import Plan
+
+TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")
+"""Frameworks `plan export` writes for."""
+TT_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+"""Plan schedule -> torch.distributed.pipelining schedule name (what torchtitan's pipeline_parallel_schedule takes)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFacts:
+    """What an export reads from the model file beyond the plan."""
+
+    path: str
+    """The model file."""
+    fingerprint: str
+    """`planner.plan.model_fingerprint` of the built model (a plan for another model is refused)."""
+    blocks: tuple[str, ...]
+    """Repeated block instances (`h.0`, ...), in model order."""
+    block_classes: tuple[str, ...]
+    """Class names of the blocks (Accelerate wraps each instance of these)."""
+    block_linears: tuple[str, ...]
+    """nn.Linear modules inside the blocks."""
+    embeddings: tuple[tuple[str, int], ...]
+    """(path, rows) of nn.Embedding modules outside the blocks."""
+    head: str | None
+    """The last nn.Linear after the blocks (the LM head), if any."""
+    seq_len: int | None
+    """Sequence length of `sample_batch` (dim 1 of its 2-D integer input), if it has one."""
+
+
+@dataclass(frozen=True)
+class Export:
+    """One target's configuration text and what it could not express."""
+
+    text: str
+    """The file's content."""
+    notes: tuple[str, ...]
+    """What the target runs differently from the plan."""
+    commented: bool = True
+    """Whether `text` carries the notes as comments (JSON cannot)."""
+
+
+def export(plan: Plan, target: str, facts: ModelFacts | None = None) -> Export:
+    """The plan as `target`'s configuration; raises PlanError when the difference matters (module docstring)."""
+    if target not in TARGETS:
+        raise PlanError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+    if facts is not None and plan.model.get("fingerprint") and plan.model["fingerprint"] != facts.fingerprint:
+        raise PlanError(f"{facts.path} is not the model this plan was made for (parameter names/shapes differ); "
+                        "pass the right file with --model")
+    return {"torchtitan": to_torchtitan, "megatron": to_megatron, "deepspeed": to_deepspeed,
+            "accelerate": to_accelerate}[target](plan, facts)
+
+
+# ---- shared checks ---------------------------------------------------------------------------------------------
+
+def describe(plan: Plan) -> str:
+    """One line naming the plan's configuration."""
+    m = plan.mesh
+    sched = f" schedule={plan.schedule}" + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
+    return (f"dp={m.dp} tp={m.tp} pp={m.pp} zero={plan.zero_stage} mbs={plan.microbatch_size} x "
+            f"{plan.num_microbatches} micro-batches (global batch {plan.global_batch_size}) "
+            f"recompute={plan.recompute}{sched if m.pp > 1 else ''} sp={int(plan.sequence_parallel)} "
+            f"{plan.precision}")
+
+
+def _guess_blocks(names: Sequence[str]) -> set[str]:
+    """Block instances guessed from module paths: `PREFIX.N` with at least two indices under one PREFIX."""
+    by_prefix: dict[str, list[str]] = {}
+    for n in names:
+        hit = re.fullmatch(r"(.+)\.(\d+)", n)
+        if hit:
+            by_prefix.setdefault(hit.group(1), []).append(n)
+    return {n for group in by_prefix.values() if len(group) >= 2 for n in group}
+
+
+def stage_blocks(plan: Plan, facts: ModelFacts | None) -> tuple[list[int], bool]:
+    """Blocks per pipeline stage, and whether a non-block module sits between two blocks."""
+    names = [m for s in plan.stages for m in s.modules]
+    blocks = set(facts.blocks) if facts is not None else _guess_blocks(names)
+    counts = [sum(m in blocks for m in s.modules) for s in plan.stages]
+    where = [i for i, n in enumerate(names) if n in blocks]
+    between = bool(where) and any(n not in blocks for n in names[where[0]:where[-1] + 1])
+    return counts, between
+
+
+def tp_layout_problems(plan: Plan, facts: ModelFacts | None, target: str) -> list[str]:
+    """How the plan's tp layout differs from the fixed one of Megatron-LM and torchtitan (every Linear of a block
+    split colwise/rowwise, the vocabulary embedding split, the LM head colwise); empty when it does not."""
+    if plan.mesh.tp == 1:
+        return []
+    if facts is None:
+        raise PlanError(f"cannot export to {target}: tp={plan.mesh.tp} cannot be checked against {target}'s "
+                        "tensor-parallel layout without the model file; pass it with --model MODEL.py")
+    strategy = {p.module: p.strategy for p in plan.ops.values() if p.strategy in ("colwise", "rowwise", "vocab")}
+    out = [f"module {path} (a Linear in a block) is replicated by the plan; {target} splits every Linear of a "
+           "block" for path in facts.block_linears if strategy.get(path) not in ("colwise", "rowwise")]
+    if facts.embeddings:
+        vocab = max(facts.embeddings, key=lambda e: e[1])[0]
+        if strategy.get(vocab) != "vocab":
+            out.append(f"embedding {vocab} is replicated by the plan; {target} splits the vocabulary embedding")
+        out += [f"embedding {p} is split by the plan; {target} splits only the vocabulary embedding"
+                for p, _ in facts.embeddings if p != vocab and p in strategy]
+    if facts.head is not None and strategy.get(facts.head) != "colwise":
+        out.append(f"LM head {facts.head} is not colwise in the plan; {target}'s output layer is column-parallel")
+    return out
+
+
+def _refuse_tp_layout(plan: Plan, facts: ModelFacts | None, target: str) -> None:
+    problems = tp_layout_problems(plan, facts, target)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise PlanError(f"cannot export to {target}: {problems[0]}{more}; this layout runs under shardwise's "
+                        "executor only; re-plan with --force tp=1 to export")
+
+
+def _check_stage_ranks(plan: Plan, target: str) -> None:
+    """Both Megatron-LM and torchtitan run stage k on pipeline rank k % pp."""
+    bad = [k for k, s in enumerate(plan.stages) if s.rank != k % plan.mesh.pp]
+    if bad:
+        raise PlanError(f"cannot export to {target}: stage {bad[0]} runs on pipeline rank "
+                        f"{plan.stages[bad[0]].rank}, {target} runs stage k on rank k % pp; re-plan without "
+                        "hand-placed stage ranks")
+
+
+# ---- torchtitan ------------------------------------------------------------------------------------------------
+
+def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
+    """The job TOML's [parallelism], [training] and [activation_checkpoint] keys."""
+    m, notes = plan.mesh, []
+    _refuse_tp_layout(plan, facts, "torchtitan")
+    if plan.precision == "fp16":
+        raise PlanError("cannot export to torchtitan: it trains in bfloat16 or float32 only "
+                        "(training.mixed_precision_param); re-plan with --precision bf16")
+    if plan.recompute == "selective":
+        raise PlanError("cannot export to torchtitan: its selective recomputation (\"op\") re-runs every second "
+                        "matmul, more compute than the attention-core recomputation the plan priced; re-plan with "
+                        "--force recompute=full (or none) or export to megatron")
+    _check_stage_ranks(plan, "torchtitan")
+    par = _torchtitan_data_parallel(plan, notes)
+    par.update(tensor_parallel_degree=m.tp, enable_async_tensor_parallel=False)
+    if m.tp > 1:
+        par["disable_loss_parallel"] = True
+        notes.append("disable_loss_parallel = true gathers the logits as the plan does; false (a "
+                     "vocabulary-parallel loss) would use less memory than planned")
+        if not plan.sequence_parallel:
+            notes.append("torchtitan always runs sequence parallelism with tp: norms run on sequence shards "
+                         "(less activation memory; reduce-scatter + all-gather instead of all-reduce, same bytes)")
+    par["pipeline_parallel_degree"] = m.pp
+    train: dict[str, object] = {"global_batch_size": plan.global_batch_size}
+    if m.pp > 1:
+        par.update(pipeline_parallel_schedule=TT_SCHEDULES[plan.schedule],
+                   pipeline_parallel_microbatch_size=plan.microbatch_size)
+        if plan.stages:
+            par["module_fqns_per_model_part"] = [list(s.modules) for s in plan.stages]
+            notes.append("module_fqns_per_model_part names the plan's model modules; they must be the module "
+                         "paths of the model torchtitan trains")
+        else:
+            notes.append("the plan names no stages: torchtitan splits the layers itself")
+        train["local_batch_size"] = plan.microbatch_size * plan.num_microbatches
+    else:
+        train["local_batch_size"] = plan.microbatch_size
+    seq = facts.seq_len if facts is not None else None
+    if seq is not None:
+        train["seq_len"] = seq
+    else:
+        notes.append("seq_len is left out: the model file was not read; set it to the length the plan was made for")
+    train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
+                 mixed_precision_reduce="float32")
+    ac: dict[str, object] = {"mode": plan.recompute}
+    head = [f"torchtitan job config for a shardwise plan: {describe(plan)}",
+            "keys of torchtitan/config/job_config.py (v0.2); merge into your job TOML",
+            f"launch {m.world_size} ranks (e.g. NGPU={m.world_size} ./run_train.sh)"]
+    text = "".join(f"# {line}\n" for line in head + [f"note: {n}" for n in notes])
+    for name, table in (("parallelism", par), ("training", train), ("activation_checkpoint", ac)):
+        text += f"\n[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in table.items())
+    return Export(text, tuple(notes))
+
+
+def _torchtitan_data_parallel(plan: Plan, notes: list[str]) -> dict[str, object]:
+    """DDP for ZeRO-0 without tp/pp; FSDP2 otherwise (ZeRO-3 reshards after forward, ZeRO-0/1/2 do not)."""
+    m = plan.mesh
+    if plan.zero_stage == 0 and m.tp == 1 and m.pp == 1:
+        return {"data_parallel_replicate_degree": m.dp, "data_parallel_shard_degree": 1}
+    if plan.zero_stage == 0 and m.dp > 1:
+        notes.append("plain data parallelism runs as FSDP without resharding (ZeRO-2): torchtitan's DDP does not "
+                     "compose with tp/pp; gradients are reduce-scattered and parameters all-gathered (the "
+                     "all-reduce's bytes) and less memory is held")
+    if plan.zero_stage == 1 and m.dp > 1:
+        notes.append("ZeRO-1 runs as FSDP without resharding (ZeRO-2): torchtitan has no ZeRO-1; gradients are "
+                     "sharded too, so less memory is held than planned")
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": m.dp,
+            "fsdp_reshard_after_forward": "always" if plan.zero_stage == 3 else "never"}
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+# ---- Megatron-LM -----------------------------------------------------------------------------------------------
+
+def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
+    """Megatron-LM command-line flags, as a bash array `SHARDWISE_ARGS=( ... )`."""
+    m, notes = plan.mesh, []
+    _refuse_tp_layout(plan, facts, "Megatron-LM")
+    flags: list[tuple[str, object]] = [("--tensor-model-parallel-size", m.tp),
+                                       ("--pipeline-model-parallel-size", m.pp)]
+    flags += _megatron_pipeline(plan, facts, notes)
+    if plan.sequence_parallel and m.tp > 1:
+        flags.append(("--sequence-parallel", None))
+    if m.tp > 1:
+        notes.append("Megatron-LM computes the loss vocabulary-parallel; the plan gathers the logits (Megatron "
+                     "holds less memory and moves fewer bytes than planned)")
+    flags += [("--micro-batch-size", plan.microbatch_size), ("--global-batch-size", plan.global_batch_size)]
+    flags += _megatron_zero(plan)
+    if m.dp > 1:
+        flags.append(("--overlap-grad-reduce", None))
+    if plan.recompute == "selective":
+        flags.append(("--recompute-granularity", "selective"))
+    elif plan.recompute == "full":
+        flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                  ("--recompute-num-layers", 1)]
+    if plan.precision != "fp32":
+        flags.append((f"--{plan.precision}", None))
+        notes.append("Megatron-LM accumulates gradients in an fp32 buffer (4 bytes per parameter; the plan counts "
+                     "2): add --grad-reduce-in-bf16 to hold what the plan predicts")
+    if facts is not None and facts.seq_len is not None:
+        flags.append(("--seq-length", facts.seq_len))
+    head = [f"Megatron-LM flags for a shardwise plan: {describe(plan)}",
+            "flag names of megatron/training/arguments.py; add your model, data and optimizer flags:",
+            f'  torchrun --nproc-per-node ... pretrain_gpt.py "${{SHARDWISE_ARGS[@]}}" ...  ({m.world_size} ranks)']
+    text = "".join(f"# {line}\n" for line in head + [f"note: {n}" for n in notes])
+    text += "SHARDWISE_ARGS=(\n" + "".join(
+        f"    {flag}\n" if value is None else f"    {flag} {value}\n" for flag, value in flags) + ")\n"
+    return Export(text, tuple(notes))
+
+
+def _megatron_pipeline(plan: Plan, facts: ModelFacts | None, notes: list[str]) -> list[tuple[str, object]]:
+    """Stage flags: equal blocks per stage -> layers per virtual stage; otherwise an explicit layout."""
+    m = plan.mesh
+    if not plan.stages:
+        if m.pp > 1:
+            notes.append("the plan names no stages: Megatron-LM splits the transformer layers evenly")
+        return []
+    _check_stage_ranks(plan, "Megatron-LM")
+    counts, between = stage_blocks(plan, facts)
+    total = sum(counts)
+    out: list[tuple[str, object]] = [("--num-layers", total)] if total else []
+    if m.pp == 1:
+        return out
+    if between:
+        raise PlanError("cannot export to Megatron-LM: the plan's model has layers between its blocks, which a "
+                        "Megatron pipeline layout (embedding, transformer layers, loss) cannot place; export to "
+                        "torchtitan or re-plan with --force pp=1")
+    if plan.schedule == "gpipe":
+        notes.append("Megatron-LM has no GPipe schedule: it runs 1F1B (same bubble, fewer micro-batches' "
+                     "activations held than planned)")
+    if len(set(counts)) == 1 and counts[0] > 0:
+        if plan.virtual_stages > 1:
+            out.append(("--num-layers-per-virtual-pipeline-stage", counts[0]))
+        return out
+    layout = "|".join(("E" if i == 0 else "") + "t" * c + ("L" if i == len(counts) - 1 else "")
+                      for i, c in enumerate(counts))
+    notes.append(f"unequal stages ({', '.join(map(str, counts))} transformer layers) need a Megatron-LM with "
+                 "--pipeline-model-parallel-layout")
+    return out + [("--pipeline-model-parallel-layout", f'"{layout}"')]
+
+
+def _megatron_zero(plan: Plan) -> list[tuple[str, object]]:
+    """ZeRO-1: the distributed optimizer; ZeRO-2/3: Megatron-FSDP (its user guide's required flags)."""
+    if plan.mesh.dp == 1 or plan.zero_stage == 0:
+        return []
+    if plan.zero_stage == 1:
+        return [("--use-distributed-optimizer", None)]
+    if plan.mesh.pp > 1:
+        raise PlanError(f"cannot export to Megatron-LM: ZeRO-{plan.zero_stage} needs Megatron-FSDP, whose guide "
+                        "covers no pipeline parallelism, and the distributed optimizer (ZeRO-1) would hold more "
+                        "memory than planned; re-plan with --force zero=1 or export to torchtitan")
+    strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
+    return [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
+            ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
+            ("--ckpt-format", "fsdp_dtensor")]
+
+
+# ---- DeepSpeed -------------------------------------------------------------------------------------------------
+
+def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
+    """The DeepSpeed config JSON (ZeRO is DeepSpeed's data parallelism; notes go beside it, JSON has no comments)."""
+    m, notes = plan.mesh, []
+    if m.tp > 1:
+        raise PlanError(f"cannot export to DeepSpeed: tp={m.tp} has no DeepSpeed config for an arbitrary model "
+                        "(AutoTP derives its own layout for Hugging Face models); re-plan with --force tp=1 or "
+                        "export to megatron/torchtitan")
+    if m.pp > 1:
+        raise PlanError(f"cannot export to DeepSpeed: pp={m.pp} needs the model rewritten as a "
+                        "deepspeed.pipe.PipelineModule, which a config cannot do; re-plan with --force pp=1 or "
+                        "export to megatron/torchtitan")
+    if plan.recompute == "selective":
+        raise PlanError("cannot export to DeepSpeed: it recomputes whole checkpointed blocks only, no selective "
+                        "recomputation; re-plan with --force recompute=full (or none) or export to "
+                        "megatron/torchtitan")
+    config: dict[str, object] = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.microbatch_size,
+        "gradient_accumulation_steps": plan.num_microbatches,
+        "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True},
+        "bf16": {"enabled": plan.precision == "bf16"},
+        "fp16": {"enabled": plan.precision == "fp16"} | ({"loss_scale": 0} if plan.precision == "fp16" else {}),
+    }
+    if plan.recompute == "full":
+        config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
+                                              "contiguous_memory_optimization": False}
+        notes.append("recompute=full: DeepSpeed recomputes only what the model wraps; call "
+                     "deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on each block")
+    notes.append(f"launch {m.world_size} ranks: DeepSpeed checks train_batch_size = micro-batch x accumulation "
+                 "x data-parallel ranks")
+    return Export(json.dumps(config, indent=2) + "\n", tuple(notes), commented=False)
+
+
+# ---- Accelerate ------------------------------------------------------------------------------------------------
+
+def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
+    """The `accelerate launch --config_file` YAML: FSDP2 for ZeRO 1-3, multi-GPU DDP for ZeRO 0."""
+    m, notes = plan.mesh, []
+    if m.tp > 1 or m.pp > 1:
+        axis = f"tp={m.tp}" if m.tp > 1 else f"pp={m.pp}"
+        raise PlanError(f"cannot export to Accelerate: {axis} is not an FSDP/DDP option (Accelerate's tensor "
+                        "parallelism applies a Hugging Face model's own tp plan; it has no pipeline schedule); "
+                        "re-plan with --force tp=1,pp=1 or export to megatron/torchtitan")
+    if plan.recompute == "selective":
+        raise PlanError("cannot export to Accelerate: fsdp_activation_checkpointing recomputes whole blocks, no "
+                        "selective recomputation; re-plan with --force recompute=full (or none) or export to "
+                        "megatron/torchtitan")
+    nodes = int(plan.cluster.get("nodes", 1)) if plan.cluster else 1
+    # 'no' is quoted: YAML 1.1 reads a bare no as false
+    lines = ["compute_environment: LOCAL_MACHINE",
+             f"distributed_type: {'FSDP' if plan.zero_stage else 'MULTI_GPU'}",
+             f"mixed_precision: {repr('no') if plan.precision == 'fp32' else plan.precision}",
+             f"num_processes: {m.world_size}", f"num_machines: {nodes}", "machine_rank: 0",
+             "main_training_function: main", "rdzv_backend: static", "same_network: true", "use_cpu: false"]
+    if plan.zero_stage:
+        if plan.zero_stage == 1:
+            notes.append("ZeRO-1 runs as FSDP2 without resharding (ZeRO-2): FSDP has no ZeRO-1; gradients are "
+                         "sharded too, so less memory is held than planned")
+        cls = ",".join(facts.block_classes) if facts is not None and facts.block_classes else None
+        fsdp = ["fsdp_version: 2", f"fsdp_reshard_after_forward: {'true' if plan.zero_stage == 3 else 'false'}",
+                "fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP"]
+        if cls:
+            fsdp.append(f"fsdp_transformer_layer_cls_to_wrap: {cls}")
+        else:
+            notes.append("fsdp_transformer_layer_cls_to_wrap is left out (model file not read): Accelerate then "
+                         "wraps the classes in the model's _no_split_modules")
+        fsdp += [f"fsdp_activation_checkpointing: {'true' if plan.recompute == 'full' else 'false'}",
+                 "fsdp_offload_params: false", "fsdp_state_dict_type: SHARDED_STATE_DICT"]
+        lines += ["fsdp_config:"] + [f"  {x}" for x in fsdp]
+    elif plan.recompute == "full":
+        notes.append("recompute=full under DDP: wrap each block with torch.utils.checkpoint in the model")
+    notes.append(f"micro-batching is set in your script: DataLoader(batch_size={plan.microbatch_size}) and "
+                 f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})")
+    head = [f"Accelerate config for a shardwise plan: {describe(plan)}",
+            "keys of accelerate's config_args.py / launch.py (accelerate 1.x, FSDP2);"
+            " run: accelerate launch --config_file THIS.yaml train.py"]
+    text = "".join(f"# {line}\n" for line in head + [f"note: {n}" for n in notes])
+    return Export(text + "\n".join(lines) + "\n", tuple(notes))
+
+
+# ---- model facts and the command -------------------------------------------------------------------------------
+
+def model_facts(path: str) -> ModelFacts:
+    """Read what an export needs from a model file, built on the meta device (raises ModelError when it cannot)."""
+    import torch
+    from torch import nn
+
+    from planner.blocks import find_blocks
+    from planner.model_file import batch, build, load_model_file
+    from planner.plan import model_fingerprint
+
+    mf = load_model_file(path)
+    model = build(mf, "meta")
+    found = find_blocks(model)
+    blocks = tuple(found)
+    named = dict(model.named_modules())
+    inside = lambda p: any(p == b or p.startswith(b + ".") for b in blocks)  # noqa: E731
+    linears = [p for p, mod in named.items() if isinstance(mod, nn.Linear)]
+    first = next((i for i, p in enumerate(named) if inside(p)), None)
+    order = {p: i for i, p in enumerate(named)}
+    after = [p for p in linears if not inside(p) and first is not None and order[p] > first]
+    inputs, _ = batch(mf, 1)
+    return ModelFacts(
+        path=mf.path, fingerprint=model_fingerprint((n, p.shape) for n, p in model.named_parameters()),
+        blocks=blocks, block_classes=tuple(dict.fromkeys(type(named[b]).__name__ for b in blocks)),
+        block_linears=tuple(p for p in linears if inside(p)),
+        embeddings=tuple((p, mod.num_embeddings) for p, mod in named.items()
+                         if isinstance(mod, nn.Embedding) and not inside(p)),
+        head=after[-1] if after else None, seq_len=_seq_len(inputs, torch))
+
+
+def _seq_len(inputs, torch) -> int | None:
+    """Dim 1 of the first 2-D integer tensor among the inputs (token ids), if any."""
+    values = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (tuple, list)) \
+        else [inputs]
+    for t in values:
+        if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point():
+            return int(t.shape[1])
+    return None
+
+
+def _parser():
+    from planner.cli import ArgParser
+    p = ArgParser(prog="plan export", description=(
+        "Write a plan.json as a trainer's own configuration: torchtitan (job TOML keys), megatron (Megatron-LM "
+        "flags as a bash array), deepspeed (config JSON) or accelerate (accelerate launch YAML with FSDP2). What "
+        "the trainer cannot express is written as comments (or printed as notes); when the difference would make "
+        "the run use more memory, more compute or another layout than the plan, export refuses (exit 2)."),
+        epilog="example: plan export plan.json --to megatron -o megatron_args.sh")
+    p.add_argument("plan", help="plan.json written by `plan ... -o`")
+    p.add_argument("--to", required=True, choices=TARGETS, help="the trainer to write for")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of to stdout")
+    p.add_argument("--model", metavar="MODEL.py",
+                   help="the model file (default: the one the plan names, if it exists); gives the sequence "
+                        "length, the block class and the Linears a tp layout must split")
+    p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`plan export`; returns the exit status (user errors raise PlanError / ModelError for the CLI to print)."""
+    import os
+
+    from planner.errors import ModelError
+    from planner.plan import write_atomic
+    args = _parser().parse_args(argv)
+    plan = Plan.load(args.plan)
+    facts, path = None, plan.model.get("path")
+    if args.model:
+        facts = model_facts(args.model)
+    elif path and os.path.exists(path):
+        try:
+            facts = model_facts(path)
+        except ModelError as e:  # the plan's own reference: export without it, and say so
+            print(f"note: the plan's model file was not read ({e}); pass --model to use it", file=sys.stderr)
+    out = export(plan, args.to, facts)
+    if args.output:
+        write_atomic(args.output, out.text)
+    else:
+        sys.stdout.write(out.text)
+    if args.output or not out.commented:  # on stdout the comments already say it
+        for note in out.notes:
+            print(f"note: {note}", file=sys.stderr)
+    if args.output:
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0

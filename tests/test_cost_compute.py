@@ -1,0 +1,272 @@
+"""The shape-aware compute model: GEMM tile/wave quantization, skinny GEMMs, causal attention, copies vs views,
+the kernel floor and host overlap, measured shape tables, and the trace facts they rest on."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cost_model import kernels
+from cost_model.compute import ComputeModel, op_work
+from cost_model.model import CostModel
+from hardware_profiles.load import load_cluster
+from hardware_profiles.schema import ProfileError, cluster_from_dict, cluster_to_dict
+from planner.defaults import default_plan
+from planner.model_file import ModelFile, default_loss
+from planner.trace import trace_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A100 = load_cluster("dgx-a100-80gb").device
+
+
+def _model_file(make, shape: tuple[int, ...]) -> ModelFile:
+    """A ModelFile for a small module (built by `make()`) taking one float tensor and returning a tensor."""
+    return ModelFile(path=os.path.join(ROOT, "tests", "inline_model.py"), build_model=make,
+                     sample_batch=lambda b: (torch.randn(b, *shape), torch.randn(b, *shape)),
+                     loss_fn=lambda out, tgt: F.mse_loss(out, tgt))
+
+
+# ---- GEMMs --------------------------------------------------------------------------------------------------------
+
+def test_gemm_efficiency_drops_for_shapes_that_waste_tiles_and_waves():
+    aligned = kernels.gemm_efficiency(A100, (1, 4096, 4096, 4096))
+    ragged = kernels.gemm_efficiency(A100, (1, 4097, 4097, 4097))
+    assert ragged < 0.93 * aligned
+    per_flop = lambda n: kernels.gemm_time(A100, (1, n, n, n), "bf16") / (2.0 * n ** 3)  # noqa: E731
+    assert per_flop(4097) > 1.05 * per_flop(4096)
+    # one wave of 108 SMs holding 64 tiles of 128x128 is ~60 % idle
+    assert kernels.gemm_efficiency(A100, (1, 1024, 1024, 8192)) < 0.6 * A100.matmul.best_efficiency
+
+
+def test_skinny_gemm_is_memory_bound():
+    g = (1, 8, 8192, 8192)
+    nbytes = (8 * 8192 + 8192 * 8192 + 8 * 8192) * 2
+    assert kernels.gemm_time(A100, g, "bf16") == pytest.approx(kernels.memory_time(A100, nbytes))
+    square = (1, 4096, 4096, 4096)
+    assert kernels.gemm_time(A100, square, "bf16") > kernels.memory_time(A100, 3 * 4096 * 4096 * 2)
+
+
+def test_linear_gemm_shape_follows_tp_sharding():
+    make = lambda: nn.Sequential(nn.Linear(1024, 4096), nn.Linear(4096, 1024))  # noqa: E731
+    g = trace_model(_model_file(make, (256, 1024)), 2, progress=False)
+    op = next(o for o in g.ops if o.kind == "linear")
+    from planner.plan import OpPlacement
+    col = OpPlacement(strategy="colwise", inputs=("R",), output="S(2)", params=("S(0)", "S(0)"))
+    row = OpPlacement(strategy="rowwise", inputs=("S(2)",), output="P", params=("S(1)", "R"))
+    assert op_work(op, None, 1, 1.0, "bf16").gemms == ((1, 512, 4096, 1024),)
+    assert op_work(op, col, 4, 1.0, "bf16").gemms == ((1, 512, 1024, 1024),)
+    assert op_work(op, row, 4, 1.0, "bf16").gemms == ((1, 512, 4096, 256),)
+    assert op_work(op, None, 1, 4.0, "bf16").gemms == ((1, 2048, 4096, 1024),)
+
+
+# ---- attention ----------------------------------------------------------------------------------------------------
+
+class _Attn(nn.Module):
+    def __init__(self, causal: bool, explicit: bool = False):
+        super().__init__()
+        self.causal, self.explicit = causal, explicit
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.explicit:  # Megatron-LM 2021: scores materialised, softmax and dropout over s x s
+            att = F.dropout((q @ k.transpose(-2, -1) / 4.0).softmax(-1), 0.1) @ v
+        else:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return att.transpose(1, 2).reshape(b, s, 64)
+
+
+def test_trace_records_causal_attention():
+    for causal in (True, False):
+        g = trace_model(_model_file(lambda: _Attn(causal), (32, 64)), 1, progress=False)
+        (op,) = [o for o in g.ops if o.kind == "attention"]
+        assert op.causal is causal
+
+
+def test_causal_attention_costs_about_half_of_dense_at_long_sequence():
+    dense = kernels.attention_time(A100, (64, 8192, 8192, 128, False), 4.0 * 64 * 8192 ** 2 * 128, "bf16", False)
+    causal = kernels.attention_time(A100, (64, 8192, 8192, 128, True), 4.0 * 64 * 8192 ** 2 * 128, "bf16", False)
+    assert causal / dense == pytest.approx(0.5, abs=0.01)
+    assert kernels.causal_fraction(8192, 8192, 1) == pytest.approx((8192 + 1) / (2 * 8192))
+    # PyTorch's CPU flash kernel: 256-query x 512-key blocks at s = 1024 compute 6 of 8 blocks
+    assert kernels.causal_fraction(1024, 1024, kernels.cpu_flash_q_split(1024), kernels.CPU_FLASH_KV_SPLIT) == 0.75
+    # fused attention is priced at its own efficiency, not the GEMM's
+    assert dense == pytest.approx(4.0 * 64 * 8192 ** 2 * 128 / (312e12 * 0.73), rel=0.02)
+
+
+def test_explicit_matmul_attention_is_priced_by_its_parts():
+    g = trace_model(_model_file(lambda: _Attn(False, explicit=True), (256, 64)), 2, progress=False)
+    bmm = [o for o in g.ops if o.kind == "matmul"]
+    assert [op_work(o, None, 1, 1.0, "bf16").gemms for o in bmm] == [((8, 256, 256, 16),), ((8, 256, 16, 256),)]
+    cm = ComputeModel(A100)
+    soft = next(o for o in g.ops if o.kind == "softmax")
+    f, _ = cm.op_times("softmax", op_work(soft, None, 1, 64.0, "bf16"), "bf16")
+    assert f >= kernels.memory_time(A100, 2 * 64 * 8 * 256 * 256 * 2) * 0.99  # reads and writes the scores
+
+
+# ---- copies, views, floor, host -----------------------------------------------------------------------------------
+
+class _Reshapes(nn.Module):
+    def forward(self, x):
+        t = x.transpose(1, 2)
+        a = t.contiguous()                                     # copy
+        b = torch.cat([x, x], dim=1)                           # copy
+        c = x[:, None].expand(-1, 2, -1, -1).reshape(x.shape[0], -1, x.shape[2])  # expand + reshape: copy
+        d = x.repeat_interleave(2, dim=1)                      # GQA-style key/value expansion: copy
+        e = x.view(x.shape[0], -1)                             # view
+        return a.sum() + b.sum() + c.sum() + d.sum() + e.sum() + t.sum()
+
+
+def test_copies_cost_bytes_and_views_are_free():
+    g = trace_model(_model_file(_Reshapes, (128, 64)), 1, progress=False)
+    by_target = {o.name: o for o in g.ops if o.kind == "reshape"}
+    copies = {n for n, o in by_target.items() if o.copies}
+    assert {"contiguous", "cat", "reshape", "repeat_interleave"} <= copies
+    assert {"transpose", "view", "expand"}.isdisjoint(copies)
+    cm = ComputeModel(A100)
+    for name, op in by_target.items():
+        f, b, _, _ = cm.op_parts(op.kind, op_work(op, None, 1, 256.0, "bf16"), "bf16")
+        if name in copies:
+            assert f >= A100.kernel_floor and b > 0
+        else:
+            assert f == b == 0.0
+
+
+def test_host_dispatch_overlaps_kernels_on_gpus_and_adds_on_cpus():
+    cpu = dataclasses.replace(A100, async_host=False)
+    assert ComputeModel(A100).combine(3.0, 2.0) == 3.0
+    assert ComputeModel(cpu).combine(3.0, 2.0) == 5.0
+
+
+def test_launch_floor_separates_micro_batch_sizes_of_a_small_gpt():
+    """The issue's symptom: micro-batches of 1 and 8 of a small GPT on 8 A100 came out within 1 % per sample."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import GPT, GPTConfig, sample_batch
+    cfg = GPTConfig(n_layer=2, n_embd=768, n_head=12, vocab_size=8192, block_size=512)
+    mf = ModelFile(path=os.path.join(ROOT, "examples", "gpt.py"), build_model=lambda: GPT(cfg),
+                   sample_batch=lambda b: sample_batch(b, cfg), loss_fn=default_loss)
+    graph = trace_model(mf, 1, progress=False)
+    cluster = load_cluster("dgx-a100-80gb")
+    step = {}
+    for mbs in (1, 8):
+        plan = default_plan(graph, cluster, 64, "bf16", {"dp": 8, "tp": 1, "pp": 1, "zero": 0, "mbs": mbs,
+                                                          "recompute": "none", "sp": 0}, "examples/gpt.py")
+        step[mbs] = CostModel(cluster).predict(graph, plan).breakdown["compute_s"]
+    assert step[1] > 1.2 * step[8]
+
+
+# ---- profiles -----------------------------------------------------------------------------------------------------
+
+def test_profiles_without_the_new_fields_still_load():
+    d = cluster_to_dict(load_cluster("dgx-a100-80gb"))
+    for k in ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes"):
+        d["device"].pop(k, None)
+    dev = cluster_from_dict(d).device
+    assert dev.matmul is None and dev.attention is None and dev.kernel_floor == 0 and not dev.async_host
+    assert ComputeModel(dev).gemm_time((1, 4096, 4096, 4096), "bf16") > 0
+
+
+def test_new_fields_round_trip_and_bad_values_name_the_field():
+    d = cluster_to_dict(load_cluster("dgx-h100"))
+    d["device"]["matmul_shapes"] = [[1, 2048, 4096, 4096, "bf16", 1.0e-4]]
+    d["device"]["attention_shapes"] = [[32, 2048, 2048, 128, True, "bf16", 3.0e-4, 8.0e-4]]
+    c = cluster_from_dict(d)
+    assert cluster_from_dict(cluster_to_dict(c)) == c
+    d["device"]["attention_shapes"] = [[32, 2048, 2048, 128, "yes", "bf16", 3.0e-4, 8.0e-4]]
+    with pytest.raises(ProfileError, match=r"device.attention_shapes\[0\]"):
+        cluster_from_dict(d)
+    d["device"]["attention_shapes"] = []
+    d["device"]["matmul"] = {"tiles": [[256, 128]], "best_efficiency": 1.5}
+    with pytest.raises(ProfileError, match="device.matmul.best_efficiency"):
+        cluster_from_dict(d)
+
+
+def test_measured_shape_tables_take_precedence():
+    g = (1, 2048, 4096, 4096)
+    dev = dataclasses.replace(A100, matmul_shapes=((*g, "bf16", 1.0e-3),),
+                              attention_shapes=((32, 2048, 2048, 128, True, "bf16", 2.0e-3, 5.0e-3),))
+    cm = ComputeModel(dev)
+    assert cm.gemm_time(g, "bf16") == pytest.approx(1.0e-3)
+    # one dimension away: the measurement scaled by the shape model's ratio
+    g2 = (1, 4096, 4096, 4096)
+    ratio = kernels.gemm_time(dev, g2, "bf16") / kernels.gemm_time(dev, g, "bf16")
+    assert cm.gemm_time(g2, "bf16") == pytest.approx(1.0e-3 * ratio)
+    assert cm.gemm_time((1, 4096, 8192, 4096), "bf16") == pytest.approx(kernels.gemm_time(dev, (1, 4096, 8192,
+                                                                                            4096), "bf16"))
+    flops = 4.0 * 32 * 2048 ** 2 * 128
+    assert cm.attention_time((32, 2048, 2048, 128, True), flops, "bf16", False) == pytest.approx(2.0e-3)
+    assert cm.attention_time((32, 2048, 2048, 128, True), 2.5 * flops, "bf16", True) == pytest.approx(5.0e-3)
+    assert cm.attention_time((64, 2048, 2048, 128, True), 2 * flops, "bf16", False) == pytest.approx(4.0e-3,
+                                                                                                     rel=0.02)
+
+
+# ---- plan profile --model (CPU path, in process) ------------------------------------------------------------------
+
+def test_profile_model_shapes_are_timed_and_preferred_on_cpu():
+    from hardware_profiles import shapes as S
+    from hardware_profiles.measure import plan_for
+    from planner.cli import _model_shapes
+    shapes = _model_shapes(os.path.join(ROOT, "examples", "gpt.py"), quick=True)
+    assert len(shapes["gemms"]) == 6 and shapes["attentions"] == [(4, 64, 64, 32, True)]
+    plan = plan_for(True, False)
+    cpu = torch.device("cpu")
+    rows = S.gemm_seconds(shapes["gemms"][:2], "fp32", cpu, lambda: None, plan)
+    att = S.attention_seconds(shapes["attentions"], "fp32", cpu, lambda: None, plan)
+    assert all(r[5] > 0 for r in rows) and att[0][6] > 0 and att[0][7] > 0
+    dev = dataclasses.replace(load_cluster("cpu-local").device, matmul_shapes=tuple(rows),
+                              attention_shapes=tuple(att))
+    assert ComputeModel(dev).gemm_time(rows[0][:4], "fp32") == pytest.approx(rows[0][5])
+    flops = 4.0 * 4 * 64 * 64 * 32  # no fused-attention model on CPU: the rows still win, and scale by b*h
+    assert ComputeModel(dev).attention_time(att[0][:5], flops, "fp32", False) == pytest.approx(att[0][6])
+    assert ComputeModel(dev).attention_time((8, *att[0][1:5]), 2 * flops, "fp32", True) == \
+        pytest.approx(2 * att[0][7], rel=0.3)
+    # the graph's own linear is priced from its measured forward GEMM (plus the profile's host overhead)
+    mf = ModelFile(path=os.path.join(ROOT, "examples", "gpt.py"), build_model=lambda: _gpt(),
+                   sample_batch=lambda b: _gpt_batch(b), loss_fn=default_loss)
+    graph = trace_model(mf, 1, progress=False)
+    lin = next(o for o in graph.ops if o.kind == "linear" and op_work(o, None, 1, 1.0, "fp32").gemms[0] ==
+               rows[0][:4])
+    kf, _, _, _ = ComputeModel(dev).op_parts("linear", op_work(lin, None, 1, 1.0, "fp32"), "fp32")
+    assert kf == pytest.approx(rows[0][5])
+
+
+def test_profile_model_flag_needs_the_planner():
+    from hardware_profiles.probe import main as probe_main
+    with pytest.raises(ProfileError, match="--model needs the planner"):
+        probe_main(["--model", "x.py"])
+
+
+def _gpt():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import GPT, GPTConfig
+    return GPT(GPTConfig())
+
+
+def _gpt_batch(b):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from gpt import sample_batch
+    return sample_batch(b)
+
+
+def test_conv_is_an_implicit_gemm_and_addmm_weights_skip_the_bias():
+    class _Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.w, self.b = nn.Parameter(torch.randn(16, 8)), nn.Parameter(torch.randn(8))
+
+        def forward(self, x):  # x: (b, 3, 8, 8) -> conv -> (b*64, 16) @ (16, 8) + bias, as HF's Conv1D does
+            y = self.conv(x).permute(0, 2, 3, 1).reshape(-1, 16)
+            return torch.addmm(self.b, y, self.w).reshape(x.shape[0], 8, 8, 8).permute(0, 3, 1, 2)[:, :3]
+
+    g = trace_model(_model_file(_Net, (3, 8, 8)), 2, progress=False)
+    conv = next(o for o in g.ops if o.kind == "conv")
+    assert op_work(conv, None, 1, 1.0, "bf16").gemms == ((1, 2 * 64, 16, 27),)  # M positions, N out, K = 3*3*3
+    addmm = next(o for o in g.ops if o.kind == "linear")
+    assert op_work(addmm, None, 1, 1.0, "bf16").gemms == ((1, 128, 8, 16),)
