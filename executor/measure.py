@@ -1,10 +1,10 @@
 """Measuring a running plan: step times (warm-up excluded, median and spread), memory, and predicted vs measured.
 
 Memory comes from an allocator-level view of this rank's tensors, never from the memory model's own sums: the
-second and third steps run under torch's `MemTracker` (torch.distributed._tools.mem_tracker, a TorchDispatchMode that
-follows every tensor storage an op creates or touches until it is freed, DTensor local shards and FSDP2's resized
-buffers included, and sorts them into parameters, buffers, gradients, activations, temporaries and optimizer
-state). The first tracked step finds the storages made before tracking began; the second is measured: its peak
+second and third steps run under torch's `MemTracker` (torch.distributed._tools.mem_tracker, a TorchDispatchMode
+that follows every tensor storage an op creates or touches until it is freed, DTensor local shards and FSDP2's
+resized buffers included, and sorts them into parameters, buffers, gradients, activations, temporaries and
+optimizer state). The first tracked step finds the storages made before tracking began; the second is measured: its peak
 total and the categories at that moment. Both are left out of the median step time (the tracker's Python dispatch
 slows them). On GPU the peak is `torch.cuda.max_memory_allocated`, with the tracker's categories. The activations
 autograd saves in the first step are still counted (`saved_tensors_hooks`) as an extra figure, `saved_activations`.
@@ -205,14 +205,14 @@ class Timings:
         self.optimizer.append(opt)
 
 
-
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
 def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
     """The `measured` block of measured.json for this rank: step_time_s (median after warm-up, memory steps left
-    out), step_times_s (all), memory_steps (their indices), step_time_spread_s (max - min after warm-up), per-phase medians, and memory."""
+    out), step_times_s (all), memory_steps (their indices), step_time_spread_s (max - min after warm-up),
+    per-phase medians, and memory (`Runner.memory_bytes`)."""
     t = runner.timings
     kept = t.kept(t.step, warmup)
     mem = runner.memory_bytes()

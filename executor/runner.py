@@ -286,8 +286,8 @@ class Runner:
 
     # ---- reporting ---------------------------------------------------------------------------------------------
     def track_memory_next_step(self) -> None:
-        """Measure memory again on the next two steps (done automatically on the second and third): they run under torch's
-        MemTracker and are left out of the median step time (executor.measure.StepMemory)."""
+        """Measure memory again on the next two steps (done automatically on the second and third): they run under
+        torch's MemTracker and are left out of the median step time (executor.measure.StepMemory)."""
         self.memory.track_next()
 
     def memory_bytes(self) -> dict[str, int | None]:
