@@ -130,7 +130,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     grads_step = psi * FP32 / (n if fsdp else 1)
     blocks = [l for ch in w.layers for l in ch if l.block]
     biggest_block = max((l.param_elems for l in blocks), default=0.0)
-    root = sum(l.param_elems for ch in w.layers for l in ch if not l.block)
+    root = psi - sum(l.param_elems for l in blocks)  # outside the blocks; a tied weight once
     gathered = 0.0  # unsharded parameters held in forward and backward
     gather_buffer = 0.0  # ZeRO-3: the next block's all-gather output
     if z in (1, 2) or (z == 3 and w.pipelined):  # pipelined ZeRO-3 keeps them whole after the first backward
@@ -168,7 +168,9 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
 
 def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded,
                      z) -> list[dict[str, float]]:
-    """One phase per layer of each chunk's first backward (see `peak_memory`)."""
+    """Two phases per layer of each chunk's first backward (see `peak_memory`): while it runs (its full working
+    set and its fresh gradient) and while its gradients are reduced (its activations freed; FSDP2's foreach_reduce
+    copies the unsharded gradients into an fp32 reduce-scatter input, replicate into an all-reduce buffer)."""
     n = max(1, w.dp)
     out = []
     for c, layers in enumerate(w.layers):
@@ -176,20 +178,24 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
             continue
         others = held - acts_mb[c]
         below = acts_mb[c]
-        fresh = 0.0
+        fresh = 0.0  # gradients held once the layers after this one are done
+        # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole
+        # gradients (DDP, replicate) or unsharded ones until the last micro-batch
         per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
+        reduces = z >= 1 or (n > 1 and not w.ddp)
         for l in reversed(layers):
             below -= l.act_bytes
-            if per_layer:
-                # reduce-scattered layer by layer in every micro-batch: the earlier layers' shards, this layer's
-                # unsharded gradient and its fp32 reduce-scatter input; its shard exists once that is done
-                grads, tmp = fresh, l.param_elems * (unsharded + FP32)
-                fresh += l.param_elems * FP32 / n
-            else:  # whole gradients (DDP, replicate), or unsharded until the last micro-batch, then reduced
-                fresh += l.param_elems * (FP32 if z == 0 else unsharded)
-                # FSDP2 (and replicate, per block) reduces through an fp32 buffer of the unit's gradients
-                grads, tmp = fresh, l.param_elems * FP32 if z >= 1 or (n > 1 and not w.ddp) else 0.0
-            grads = accumulated if w.microbatches > 1 else min(grads, accumulated)
-            out.append(_phase(**static, gradients=grads, activations=others + below + l.act_full_bytes
-                              + cast_weights, temporaries=tmp + gather_buffer))
+            own = l.param_elems * (FP32 if z == 0 else unsharded)
+            rs_input = l.param_elems * FP32 if reduces else 0.0
+            if w.microbatches > 1:
+                during, after = accumulated, accumulated
+            elif per_layer:
+                during, after = fresh + own, fresh
+            else:
+                during = after = min(fresh + own, accumulated)
+            out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
+                              + cast_weights, temporaries=gather_buffer))
+            out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
+                              temporaries=gather_buffer + rs_input + (own if per_layer else 0.0)))
+            fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
