@@ -1,9 +1,13 @@
-"""Memory per device: model states under ZeRO, activations in flight per pipeline schedule, buffers, headroom.
+"""Memory per device: model states under ZeRO, activations in flight per pipeline schedule, buffers, transients.
 
-Model states (Rajbhandari et al., ZeRO, Fig. 1; formulas.csv zero_*): with mixed precision each parameter costs
-2 (16-bit weight) + 2 (16-bit gradient) + K = 12 (fp32 master weight, Adam m and v) bytes, so per device
-16 Psi (stage 0), 4 Psi + 12 Psi/N (stage 1), 2 Psi + 14 Psi/N (stage 2), 16 Psi/N (stage 3) for N data-parallel
-ranks. In fp32 the weight and gradient take 4 bytes each and K = 8 (Adam m and v).
+`peak_memory` is what the step predictor uses: the bytes the executor allocates (torch.autocast, FSDP2, DDP,
+torch.distributed.pipelining, torch.optim.AdamW, read from their sources), at the worst phase of a step.
+`model_state_bytes` is the ZeRO paper's accounting (Rajbhandari et al., ZeRO, Fig. 1; formulas.csv zero_*), kept
+as the reference it is checked against: with mixed precision each parameter costs 2 (16-bit weight) + 2 (16-bit
+gradient) + K = 12 (fp32 master weight, Adam m and v) bytes, so per device 16 Psi (stage 0), 4 Psi + 12 Psi/N
+(stage 1), 2 Psi + 14 Psi/N (stage 2), 16 Psi/N (stage 3) for N data-parallel ranks; in fp32 the weight and
+gradient take 4 bytes each and K = 8. The executor keeps fp32 weights and gradients under autocast (4 + 4 + 8, the
+same 16 Psi at stage 0) and FSDP2 gathers 16-bit copies.
 
 Activations: `in_flight` counts the micro-batches (of each chunk) whose activations one pipeline rank holds at its
 peak, read off the schedule itself: GPipe holds all m, 1F1B min(p - r, m) on rank r (p on the first stage), the
