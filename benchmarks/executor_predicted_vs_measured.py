@@ -1,10 +1,12 @@
-"""Predicted vs measured step time for a matrix of plans of a small GPT on the cpu-local profile (2 ranks), and the
-plan-applied DDP step next to a hand-written DDP step.
+"""Predicted vs measured step time and peak memory for a matrix of plans of a small GPT on 2 CPU ranks, against a
+profile measured first (`plan profile`), and the plan-applied DDP step next to a hand-written DDP step.
 
-    python benchmarks/executor_predicted_vs_measured.py [--steps 12] [--quick]
+    python benchmarks/executor_predicted_vs_measured.py [--steps 12] [--quick-profile] [--cluster NAME_OR_YAML]
 
-Plans come from the planner CLI (`plan MODEL --cluster cpu-local --force ...`, i.e. the cost model's prediction is
-what the plan carries); each is run with `plan measure`. The DDP comparison runs both loops in one 2-rank job,
+Each plan is written by the planner CLI (`plan MODEL --cluster PROFILE --force ...`: the prediction is what the
+plan carries) and run with `plan measure`, which measures the peak memory with torch's MemTracker. Every run
+prints the load average (os.getloadavg, 1 minute) before and after it: step times are only meaningful when the
+machine is quiet; memory does not depend on load. The DDP comparison runs both loops in one 2-rank job,
 alternating blocks of steps so machine load hits both alike, and prints the median step of each and their ratio.
 """
 from __future__ import annotations
@@ -19,6 +21,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+PLAN = [sys.executable, "-m", "planner.cli"]  # this checkout's code, whatever `plan` is installed
 MODEL = f"""
 import sys
 sys.path.insert(0, {os.path.join(ROOT, "examples")!r})
@@ -30,15 +34,18 @@ def sample_batch(b):
     return _sample(b, CFG)
 """
 # Every key that shapes the step is forced (zero, mbs, recompute, sp): a key left out is chosen by the search,
-# and "dp2" without zero=0 once ran the search's pick, ZeRO-3.
+# and "dp2" without zero=0 once ran the search's pick, ZeRO-3. 2 ranks only: the profile measures 2 (a 4-rank
+# job on a 2-core machine measures contention, not the plan).
 MATRIX = [
     ("dp2", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=none"),
     ("dp2 zero1", "dp=2,tp=1,pp=1,zero=1,mbs=4,recompute=none"),
     ("dp2 zero3", "dp=2,tp=1,pp=1,zero=3,mbs=4,recompute=none"),
+    ("dp2 zero3 2mb", "dp=2,tp=1,pp=1,zero=3,mbs=2,recompute=none"),
     ("tp2", "dp=1,tp=2,pp=1,mbs=8,recompute=none,sp=0"),
     ("tp2 sp", "dp=1,tp=2,pp=1,mbs=8,recompute=none,sp=1"),
     ("pp2 1f1b mbs2", "dp=1,tp=1,pp=2,mbs=2,recompute=none,schedule=1f1b"),
     ("dp2 recompute", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full"),
+    ("dp2 selective", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=selective"),
 ]
 BATCH = 8
 
@@ -47,11 +54,27 @@ def pct(x) -> str:
     return "-" if x is None else f"{x * 100:+.0f}%"
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+def load() -> float:
+    return os.getloadavg()[0]
 
 
-def matrix(tmp: str, steps: int, names: list[str] | None) -> list[dict]:
+def run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV)
+
+
+def profile(tmp: str, quick: bool) -> str:
+    """A fresh CPU profile of 2 gloo ranks; returns its path."""
+    out = os.path.join(tmp, "cluster.yaml")
+    t0, l0 = time.perf_counter(), load()
+    p = run(PLAN + ["profile", "--nproc", "2", "-o", out] + (["--quick"] if quick else []))
+    if p.returncode:
+        raise SystemExit(f"plan profile failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+    print(f"profile: {'quick' if quick else 'full'} in {time.perf_counter() - t0:.0f} s, load {l0:.2f} -> "
+          f"{load():.2f}", flush=True)
+    return out
+
+
+def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None) -> list[dict]:
     model = os.path.join(tmp, "gpt_small.py")
     with open(model, "w") as f:
         f.write(MODEL)
@@ -60,24 +83,50 @@ def matrix(tmp: str, steps: int, names: list[str] | None) -> list[dict]:
         if names and name not in names:
             continue
         plan = os.path.join(tmp, name.replace(" ", "_") + ".json")
-        p = run(["plan", model, "--cluster", "cpu-local", "--batch-size", str(BATCH), "--precision", "fp32",
-                 "--force", force, "-o", plan])
+        p = run(PLAN + [model, "--cluster", cluster, "--batch-size", str(BATCH), "--precision", "fp32",
+                        "--force", force, "-o", plan])
         if p.returncode:
             rows.append({"plan": name, "error": p.stderr.strip().splitlines()[-1]})
             continue
         out = plan.replace(".json", ".measured.json")
-        p = run(["plan", "measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", out])
+        before = load()
+        p = run(PLAN + ["measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", out])
+        after = load()
         if p.returncode:
             rows.append({"plan": name, "error": p.stderr.strip().splitlines()[-1]})
             continue
         d = json.load(open(out))
         rows.append({"plan": name, "predicted_s": d["predicted"].get("step_time_s"),
                      "measured_s": d["measured"]["step_time_s"], "error": d["error"]["step_time"],
-                     "spread_s": d["measured"]["step_time_spread_s"],
-                     "pred_mem": d["predicted"].get("peak_memory_bytes"),
-                     "meas_mem": d["measured"]["peak_memory_bytes"], "mem_error": d["error"]["peak_memory"]})
+                     "spread_s": d["measured"]["step_time_spread_s"], "memory": d["memory"],
+                     "mem_error": d["error"]["peak_memory"], "load": (before, after)})
         print(f"  measured {name}", flush=True)
     return rows
+
+
+def report(rows: list[dict]) -> None:
+    print(f"{'plan':15} {'predicted':>9} {'measured':>9} {'error':>6} {'spread':>8} {'mem pred':>9} "
+          f"{'mem meas':>9} {'mem err':>7}  {'load before/after':>17}  memory by category (predicted/measured MiB)")
+    errs, mem_errs = [], []
+    mib = lambda v: "-" if v is None else f"{v / 2**20:.2f}"
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
+    for r in rows:
+        if "predicted_s" not in r:
+            print(f"{r['plan']:15} failed: {r['error']}")
+            continue
+        if r["error"] is not None:
+            errs.append(abs(r["error"]))
+        if r["mem_error"] is not None:
+            mem_errs.append(abs(r["mem_error"]))
+        m = r["memory"]
+        cats = "  ".join(f"{k[:5]} {mib(v['predicted'])}/{mib(v['measured'])}" for k, v in m.items() if k != "peak")
+        print(f"{r['plan']:15} {ms(r['predicted_s']):>6} ms {ms(r['measured_s']):>6} ms {pct(r['error']):>6} "
+              f"{ms(r['spread_s']):>5} ms {mib(m['peak']['predicted']):>5} MiB {mib(m['peak']['measured']):>5} MiB "
+              f"{pct(r['mem_error']):>7}  {r['load'][0]:8.2f}/{r['load'][1]:<8.2f}  {cats}")
+    if errs:
+        print(f"median |step-time error| over {len(errs)} plans: {statistics.median(errs) * 100:.0f}%")
+    if mem_errs:
+        print(f"median |peak-memory error| over {len(mem_errs)} plans: {statistics.median(mem_errs) * 100:.1f}%")
 
 
 def ddp_rank(steps: int) -> None:
@@ -133,7 +182,7 @@ def ddp_rank(steps: int) -> None:
 
 
 def ddp_compare(steps: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(ENV, OMP_NUM_THREADS="1")
     p = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
              os.path.abspath(__file__), "--ddp-rank", "--steps", str(steps)], env=env)
     if p.returncode:
@@ -145,34 +194,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--only", nargs="*", help="plan names from the matrix")
+    ap.add_argument("--cluster", help="use this profile instead of measuring a fresh one")
+    ap.add_argument("--quick-profile", action="store_true", help="plan profile --quick (fewer sizes)")
     ap.add_argument("--ddp-rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-matrix", action="store_true")
+    ap.add_argument("--skip-ddp", action="store_true", help="leave out the hand-written DDP comparison")
     args = ap.parse_args()
     if args.ddp_rank:
         return ddp_rank(max(args.steps, 8) * 2)
-    print(f"small GPT (4 layers, h=128, V=512, s=64), batch {BATCH}, fp32, cpu-local profile, 2 ranks x 1 thread")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: small GPT (4 layers, h=128, V=512, s=64), "
+          f"batch {BATCH}, fp32, 2 CPU ranks x 1 thread")
     if not args.skip_matrix:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = matrix(tmp, args.steps, args.only)
-        print(f"{'plan':16} {'predicted':>10} {'measured':>10} {'error':>8} {'spread':>9} {'mem pred':>9} "
-              f"{'mem meas':>9} {'mem err':>8}")
-        errs = []
-        for r in rows:
-            if "predicted_s" not in r:
-                print(f"{r['plan']:16} failed: {r['error']}")
-                continue
-            e = r["error"]
-            errs.append(abs(e)) if e is not None else None
-            fmt = lambda v, s=1e3, u="ms": "-" if v is None else f"{v * s:.1f} {u}"
-            print(f"{r['plan']:16} {fmt(r['predicted_s']):>10} {fmt(r['measured_s']):>10} "
-                  f"{pct(e):>8} {fmt(r['spread_s']):>9} "
-                  f"{fmt(r['pred_mem'], 2**-20, 'MiB'):>9} {fmt(r['meas_mem'], 2**-20, 'MiB'):>9} "
-                  f"{pct(r['mem_error']):>8}")
-        if errs:
-            print(f"median |step-time error| over {len(errs)} plans: {statistics.median(errs) * 100:.0f}%")
-    d = ddp_compare(args.steps)
-    print(f"DDP step: hand-written {d['hand_s'] * 1e3:.2f} ms, plan-applied {d['plan_s'] * 1e3:.2f} ms, "
-          f"ratio {d['plan_s'] / d['hand_s']:.3f} (target <= 1.05)")
+            cluster = args.cluster or profile(tmp, args.quick_profile)
+            rows = matrix(tmp, cluster, args.steps, args.only)
+        report(rows)
+    if not args.skip_ddp:
+        before = load()
+        d = ddp_compare(args.steps)
+        print(f"DDP step: hand-written {d['hand_s'] * 1e3:.2f} ms, plan-applied {d['plan_s'] * 1e3:.2f} ms, "
+              f"ratio {d['plan_s'] / d['hand_s']:.3f} (target <= 1.05), load {before:.2f} -> {load():.2f}")
 
 
 if __name__ == "__main__":

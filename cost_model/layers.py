@@ -27,7 +27,7 @@ logit; torch.distributed.tensor.parallel.loss) run in forward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost_model.compute import DTENSOR_STRATEGIES, FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import roles
@@ -121,6 +121,8 @@ class LayerCoster:
         if key is not None and key in self._cache:
             return self._cache[key]
         c = self._compute(layer)
+        if self.plan.recompute == "selective" and layer.block_type is not None:
+            c = replace(c, act_bytes=min(c.act_full_bytes, self._sac_kept_bytes(layer)))
         if key is not None:
             self._cache[key] = c
         return c
@@ -251,6 +253,25 @@ class LayerCoster:
         one = self.model.comm.time("all_reduce", rows * dtype_bytes("float32"), self.tp_group)
         return LOSS_PARALLEL_ALL_REDUCES * one
 
+    def _sac_kept_bytes(self, layer: Layer) -> float:
+        """Activation bytes a block keeps from forward to backward under the executor's selective recomputation
+        (torchtitan's op-level SAC, executor.parallel.apply_ac): its input (torch.utils.checkpoint saves the
+        checkpointed function's inputs) and the outputs its policy caches — the attention kernel's (SDPA) and every
+        other linear's (the 1st, 3rd, ...: one mm/addmm each). Everything else is rematerialised in backward."""
+        g, tp = self.graph, self.tp
+        names = {g.ops[i].name for i in layer.ops}
+        keep = self._block_input_bytes(layer, names, sharded=self.plan.sequence_parallel and tp > 1)
+        linears = 0
+        for i in layer.ops:
+            op = g.ops[i]
+            linears += op.kind == "linear"
+            kept = linears % 2 == 1 if op.kind == "linear" else op.kind == "attention"
+            if kept and op.output_meta:
+                pl = self.plan.ops.get(op.name)
+                div = tp if pl is not None and pl.output.startswith("S") else 1
+                keep += tensor_bytes(op.output_meta[0], self.prec) * self.mbs / g.batch_size / div
+        return keep
+
     def _kept_by_core_op(self, op, pl, sources, core) -> float:
         """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core
         (q, k, v)."""
@@ -267,8 +288,9 @@ class LayerCoster:
             keep += tensor_bytes(t, self.prec) * self.mbs / self.graph.batch_size / div
         return keep
 
-    def _block_input_bytes(self, layer: Layer, names: set[str]) -> float:
-        """Bytes of the block's input, the one tensor full recomputation keeps (sharded with SP)."""
+    def _block_input_bytes(self, layer: Layer, names: set[str], sharded: bool = False) -> float:
+        """Bytes of the block's input, the one tensor full recomputation keeps (sharded with SP; `sharded`: also
+        when its producer is replicated, as the first block's input, which the executor shards on entry)."""
         g = self.graph
         for i in layer.ops:
             op = g.ops[i]
@@ -276,7 +298,7 @@ class LayerCoster:
                 if src in g.index and src not in names and g.op(src).output_meta:
                     meta = g.op(src).output_meta[0]
                     pl = self.plan.ops.get(src)
-                    div = self.tp if pl is not None and pl.output.startswith("S") else 1
+                    div = self.tp if sharded or (pl is not None and pl.output.startswith("S")) else 1
                     return tensor_bytes(meta, self.prec) * self.mbs / g.batch_size / div
         return 0.0
 

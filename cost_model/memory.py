@@ -1,9 +1,13 @@
-"""Memory per device: model states under ZeRO, activations in flight per pipeline schedule, buffers, headroom.
+"""Memory per device: model states under ZeRO, activations in flight per pipeline schedule, buffers, transients.
 
-Model states (Rajbhandari et al., ZeRO, Fig. 1; formulas.csv zero_*): with mixed precision each parameter costs
-2 (16-bit weight) + 2 (16-bit gradient) + K = 12 (fp32 master weight, Adam m and v) bytes, so per device
-16 Psi (stage 0), 4 Psi + 12 Psi/N (stage 1), 2 Psi + 14 Psi/N (stage 2), 16 Psi/N (stage 3) for N data-parallel
-ranks. In fp32 the weight and gradient take 4 bytes each and K = 8 (Adam m and v).
+`peak_memory` is what the step predictor uses: the bytes the executor allocates (torch.autocast, FSDP2, DDP,
+torch.distributed.pipelining, torch.optim.AdamW, read from their sources), at the worst phase of a step.
+`model_state_bytes` is the ZeRO paper's accounting (Rajbhandari et al., ZeRO, Fig. 1; formulas.csv zero_*), kept
+as the reference it is checked against: with mixed precision each parameter costs 2 (16-bit weight) + 2 (16-bit
+gradient) + K = 12 (fp32 master weight, Adam m and v) bytes, so per device 16 Psi (stage 0), 4 Psi + 12 Psi/N
+(stage 1), 2 Psi + 14 Psi/N (stage 2), 16 Psi/N (stage 3) for N data-parallel ranks; in fp32 the weight and
+gradient take 4 bytes each and K = 8. The executor keeps fp32 weights and gradients under autocast (4 + 4 + 8, the
+same 16 Psi at stage 0) and FSDP2 gathers 16-bit copies.
 
 Activations: `in_flight` counts the micro-batches (of each chunk) whose activations one pipeline rank holds at its
 peak, read off the schedule itself: GPipe holds all m, 1F1B min(p - r, m) on rank r (p on the first stage), the
@@ -13,6 +17,7 @@ first stage (Korthikanti et al. 2022 Sec 4.2.3; formulas.csv activation_memory_t
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25, torch.nn.parallel.DistributedDataParallel docs)."""
@@ -49,3 +54,152 @@ def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> Counter:
             break
         held[chunk] += 1
     return held
+
+
+ADAM_STATE_BYTES = 8.0
+"""fp32 exp_avg and exp_avg_sq per local parameter element (torch.optim.AdamW's state; the parameters themselves
+stay fp32 under autocast and FSDP2 keeps fp32 shards)."""
+FP32 = 4.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceWork:
+    """What one device of a pipeline rank holds and runs, as the executor applies the plan (executor.parallel)."""
+
+    params: float
+    """Local parameter elements (after tp; a tied weight once)."""
+    layers: tuple
+    """Per chunk, the `LayerCost`s of its layers in model order."""
+    held: Counter
+    """Micro-batches of each chunk whose activations the device holds at its peak (`in_flight`)."""
+    microbatches: int
+    """Micro-batches per step."""
+    dp: int
+    """Data-parallel degree."""
+    zero_stage: int
+    """ZeRO stage (0 with dp = 1)."""
+    precision: str
+    """Plan precision; bf16/fp16 train under autocast with fp32 parameters."""
+    pipelined: bool
+    """pp > 1 (torch.distributed.pipelining stages)."""
+    ddp: bool
+    """Plain DP through torch DDP (its flat gradient buckets); False for FSDP2 `replicate` (per-block
+    all-reduce buffers)."""
+    logits: float
+    """Elements of the loss's input (the logits, this device's share) when the device holds the loss, else 0."""
+    boundary: tuple = ()
+    """Bytes of one micro-batch's activation received (forward) and gradient received (backward) per chunk."""
+    largest_tensor: float = 0.0
+    """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
+    foreach: bool = True
+    """Whether AdamW takes torch's foreach path (default on GPUs; CPU tensors take the single-tensor path)."""
+
+
+def _phase(**parts: float) -> dict[str, float]:
+    out = {k: parts.get(k, 0.0) for k in ("parameters", "gradients", "optimizer", "activations", "buffers",
+                                          "temporaries")}
+    out["total"] = sum(out.values())
+    return out
+
+
+def peak_memory(w: DeviceWork) -> dict[str, float]:
+    """Peak bytes on one device by part — parameters, gradients, optimizer, activations, buffers (persistent:
+    DDP's buckets, pipeline receive buffers) and temporaries — at the worst of three phases, not a sum of maxima:
+
+    - backward start (forward end): activations of every in-flight micro-batch, plus the fp32 logits' gradient
+      and the log-softmax input's gradient (2 x logits x 4 bytes: cross-entropy runs in fp32 under autocast;
+      aten::_log_softmax_backward_data reads the output gradient nll_loss_backward wrote); the first backward has
+      no gradients yet (zero_grad(set_to_none=True)), a later one (gradient accumulation, pipeline steady state)
+      has all of them and one micro-batch fewer held under GPipe;
+    - each layer's backward, last to first: that layer's full working set (recomputed activations), the earlier
+      layers' activations, the gradients produced so far, and under ZeRO-2/3 its unsharded gradient and the fp32
+      reduce-scatter input (FSDP2 foreach_reduce);
+    - the optimizer step: gradients and AdamW's temporaries (`_multi_tensor_adam`: `_foreach_sqrt(exp_avg_sqs)`,
+      one fp32 copy of every parameter of the group; `_single_tensor_adam`: `exp_avg_sq.sqrt() / bias_correction`
+      while the previous tensor's denominator is alive, ~3 x the largest tensor).
+
+    Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
+    gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
+    (reshard_after_forward=False), ZeRO-3 the root module's (FSDP2 never reshards the root after forward) and a
+    block being computed plus the next one's all-gather output. Without FSDP2, autocast keeps a bf16 copy of the
+    weights per forward, saved for backward (counted with the activations).
+    """
+    n = max(1, w.dp)
+    z = w.zero_stage if n > 1 else 0
+    fsdp, amp = z >= 1, w.precision != "fp32"
+    unsharded = 2.0 if amp else FP32  # bytes of a gathered (FSDP2 param_dtype) parameter
+    psi = w.params
+    resident = psi * FP32 / (n if fsdp else 1)
+    opt = psi * ADAM_STATE_BYTES / (n if fsdp else 1)
+    grads_step = psi * FP32 / (n if fsdp else 1)
+    blocks = [l for ch in w.layers for l in ch if l.block]
+    biggest_block = max((l.param_elems for l in blocks), default=0.0)
+    root = psi - sum(l.param_elems for l in blocks)  # outside the blocks; a tied weight once
+    gathered = 0.0  # unsharded parameters held in forward and backward
+    gather_buffer = 0.0  # ZeRO-3: the next block's all-gather output
+    if z in (1, 2) or (z == 3 and w.pipelined):  # pipelined ZeRO-3 keeps them whole after the first backward
+        gathered = psi * unsharded
+    elif z == 3:
+        gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
+    cast_weights = psi * 2.0 if amp and not fsdp else 0.0
+    buffers = psi * FP32 if w.ddp and n > 1 and z == 0 else 0.0
+    buffers += w.microbatches * sum(w.boundary)
+    # gradients accumulated over micro-batches: whole fp32 (DDP, no dp), unsharded until the last micro-batch
+    # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward; FSDP2
+    # accumulates them in the fp32 reduce dtype, FSDPParam.to_accumulated_grad_if_needed), or shards
+    if z == 0 or z == 1 or w.pipelined:
+        accumulated = psi * FP32
+    else:
+        accumulated = grads_step
+    static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
+    acts_mb = [sum(l.act_bytes for l in ch) for ch in w.layers]
+    held = sum(k * acts_mb[c] for c, k in w.held.items())
+    loss_tmp = 2 * w.logits * FP32
+    phases = [_phase(**static, activations=held + cast_weights, temporaries=loss_tmp + gather_buffer)]
+    if w.microbatches > 1:
+        # a later backward: one micro-batch at a time without pipelining, or the 1F1B steady state, holds as
+        # much as the first; GPipe has released one micro-batch
+        steady = not w.pipelined or w.microbatches > sum(w.held.values())
+        later = held if steady else held - max(acts_mb, default=0.0)
+        phases.append(_phase(**static, gradients=accumulated, activations=later + cast_weights,
+                             temporaries=loss_tmp + gather_buffer))
+    phases += _backward_phases(w, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
+    opt_tmp = psi / (n if fsdp else 1) * FP32 if w.foreach else 3 * w.largest_tensor * FP32
+    phases.append(_phase(parameters=resident, optimizer=opt, buffers=buffers, gradients=grads_step,
+                         temporaries=opt_tmp))
+    return max(phases, key=lambda p: p["total"])
+
+
+def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded,
+                     z) -> list[dict[str, float]]:
+    """Two phases per layer of each chunk's first backward (see `peak_memory`): while it runs (its full working
+    set and its fresh gradient) and while its gradients are reduced (its activations freed; FSDP2's foreach_reduce
+    copies the unsharded gradients into an fp32 reduce-scatter input, replicate into an all-reduce buffer)."""
+    n = max(1, w.dp)
+    out = []
+    for c, layers in enumerate(w.layers):
+        if not w.held.get(c):
+            continue
+        others = held - acts_mb[c]
+        below = acts_mb[c]
+        fresh = 0.0  # gradients held once the layers after this one are done
+        # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole
+        # gradients (DDP, replicate) or unsharded ones until the last micro-batch
+        per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
+        reduces = z >= 1 or (n > 1 and not w.ddp)
+        for l in reversed(layers):
+            below -= l.act_bytes
+            own = l.param_elems * (FP32 if z == 0 else unsharded)
+            rs_input = l.param_elems * FP32 if reduces else 0.0
+            if w.microbatches > 1:
+                during, after = accumulated, accumulated
+            elif per_layer:
+                during, after = fresh + own, fresh
+            else:
+                during = after = min(fresh + own, accumulated)
+            out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
+                              + cast_weights, temporaries=gather_buffer))
+            out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
+                              temporaries=gather_buffer + rs_input + (own if per_layer else 0.0)))
+            fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)
+    return out

@@ -108,9 +108,11 @@ class CostModel:
 
         Parameter bytes are the weights alone at the training precision (model states with gradients and Adam
         are `cost_model.memory.model_state_bytes`). A saved tensor is divided by tp when it is sharded: when it
-        is an input whose placement — or its producer's output placement, given in `input_sources` (Megatron
-        keeps the sequence-parallel shard and re-gathers it in backward) — is S(d); when it is the output and
-        the output is S(d); otherwise (masks, internals) when the op itself is split."""
+        is an input whose placement is S(d) (an input all-gathered from a sequence-parallel shard is saved whole:
+        DTensor's PrepareModuleInput gathers it before the linear, which saves what it reads — unlike Megatron,
+        which keeps the shard and re-gathers in backward; `input_sources` is accepted for callers and not used);
+        when it is the output and the output is S(d); otherwise (masks, internals) when the op itself is
+        split."""
         bytes_per = 4 if precision == "fp32" else 2
         pls = list(placement.params) if placement is not None else []
         par = 0.0
@@ -121,18 +123,18 @@ class CostModel:
         metas = [op.input_meta[i] for i in acts]
         split = placement is not None and placement.strategy != "replicate"
         scale = microbatch_size / traced_batch_size
+        saved_at = op_precision(op.kind, precision)  # autocast runs norms, softmax and losses (and saves) in fp32
         total = 0.0
         for t in op.saved:
             k = next((k for k, m in enumerate(metas) if m.shape == t.shape), None)
             if k is not None:
                 d = placement.inputs[k] if placement is not None and k < len(placement.inputs) else "R"
-                src = input_sources[k] if input_sources and k < len(input_sources) else d
-                sharded = d.startswith("S") or src.startswith("S")
+                sharded = d.startswith("S")
             elif op.output_meta and t.shape == op.output_meta[0].shape:
                 sharded = placement is not None and placement.output.startswith("S")
             else:
                 sharded = split
-            total += tensor_bytes(t, precision) * scale / (tp if sharded and tp > 1 else 1)
+            total += tensor_bytes(t, saved_at) * scale / (tp if sharded and tp > 1 else 1)
         return par, total
 
     # ---- whole plans ----------------------------------------------------------------------------------------

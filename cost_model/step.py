@@ -33,7 +33,7 @@ import numpy as np
 
 from cost_model.communication import Group, mesh_groups
 from cost_model.layers import TENSOR_KINDS, LayerCost, LayerCoster
-from cost_model.memory import DDP_BUCKET_BYTES, in_flight, model_state_bytes
+from cost_model.memory import DDP_BUCKET_BYTES, DeviceWork, in_flight, peak_memory
 from cost_model.prediction import Prediction, TraceEvent
 from cost_model.compute import peak_flops
 from cost_model.simulator import simulate
@@ -502,30 +502,46 @@ def predict_step(cm, graph: OpGraph, plan: Plan, timeline: bool = False) -> Pred
 
 
 def memory_per_rank(sp: StepPredictor, r: int, psi: float) -> dict[str, float]:
-    """Peak bytes on one device of pipeline rank r, by part."""
-    plan, dev = sp.plan, sp.cm.cluster.device
-    states = model_state_bytes(psi, plan.zero_stage if sp.dp > 1 else 0, sp.dp, plan.precision)
-    held = in_flight(plan.schedule, sp.pp, sp.v, sp.m, r)
-    acts = sum(n * sum(l.act_bytes for l in sp.chunks[r][c].layers) for c, n in held.items())
-    if plan.recompute != "none":
-        # the layer being recomputed holds its full activations while its backward runs
-        acts += max((l.act_full_bytes - l.act_bytes for ch in sp.chunks[r] for l in ch.layers), default=0.0)
-    biggest = max((l.param_elems for ch in sp.chunks[r] for l in ch.layers), default=0.0)
-    if plan.zero_stage == 3 and sp.dp > 1:
-        buffers = 2 * biggest * sp.pbytes  # the layer computing and the one prefetched
-    elif plan.zero_stage in (1, 2) and sp.dp > 1:
-        # FSDP2 reduce-scatters one layer's unsharded gradients at a time (its reduce-scatter input)
-        buffers = biggest * sp.pbytes
-    elif sp.dp > 1:
-        # DDP copies every gradient into its flat buckets (gradient_as_bucket_view=False, the default: "the saved
-        # memory size will be equal to the total gradients size" with it on, torch DDP docs), so one more copy
-        # of the local gradients
-        buffers = states["gradients"]
-    else:
-        buffers = 0.0
-    out = dict(states)
-    out["activations"] = acts
-    out["buffers"] = buffers
-    out["total"] = sum(states.values()) + acts + buffers
-    out["headroom"] = dev.memory_bytes - dev.usable_memory_bytes
+    """Peak bytes on one device of pipeline rank r, by part (`cost_model.memory.peak_memory`)."""
+    plan, cl = sp.plan, sp.cm.cluster
+    chunks = sp.chunks[r]
+    n_stages = len(sp.stage_ranges)
+    stage = [c * sp.pp + r for c in range(len(chunks))]
+    boundary = []
+    for c, i in enumerate(stage):
+        recv_fwd = sp.chunks[(i - 1) % sp.pp][(i - 1) // sp.pp].layers[-1].out_bytes if i > 0 else 0.0
+        recv_bwd = chunks[c].layers[-1].out_bytes if i < n_stages - 1 else 0.0
+        boundary.append(recv_fwd + recv_bwd)  # torch.distributed.pipelining: one receive buffer per micro-batch
+    tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
+    tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
+    work = DeviceWork(
+        params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
+        held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
+        zero_stage=plan.zero_stage if sp.dp > 1 else 0, precision=plan.precision, pipelined=sp.pp > 1,
+        # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
+        ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
+        logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
+        boundary=tuple(boundary), largest_tensor=max(tensors, default=0.0),
+        # CPU ranks (gloo over loopback) take AdamW's single-tensor path: torch.optim.optimizer.
+        # _default_to_fused_or_foreach picks foreach only for tensors on CUDA-like devices
+        foreach=cl.intra_node.kind != "loopback")
+    out = peak_memory(work)
+    out["headroom"] = cl.device.memory_bytes - cl.device.usable_memory_bytes
     return out
+
+
+def loss_input_elems(graph: OpGraph, plan: Plan) -> float:
+    """Elements per device of the loss's input (the logits) for one micro-batch: the vocabulary shard when a
+    column-parallel head's sharded logits go to a cross-entropy on class indices (the executor's
+    `loss_parallel`), else the whole tensor; 0 when the graph has no loss op."""
+    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    if loss is None or not loss.input_meta:
+        return 0.0
+    logits = loss.input_meta[0]
+    elems = logits.numel * plan.microbatch_size / graph.batch_size
+    head = plan.ops.get(loss.inputs[0]) if loss.inputs else None
+    integer = len(loss.input_meta) > 1 and loss.input_meta[1].dtype.removeprefix("torch.").startswith(("int", "uint"))
+    if plan.mesh.tp > 1 and head is not None and head.strategy == "colwise" and head.output.startswith("S") \
+            and integer:
+        elems /= plan.mesh.tp
+    return elems

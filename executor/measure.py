@@ -1,9 +1,13 @@
 """Measuring a running plan: step times (warm-up excluded, median and spread), memory, and predicted vs measured.
 
-Memory on CPU, where no allocator reports a peak, is what the memory model predicts, counted from the tensors this
-rank holds: parameters, gradients and optimizer state (local shards of DTensors), plus the peak of the activations
-autograd saves for backward, counted with `torch.autograd.graph.saved_tensors_hooks` (each storage once, parameters
-excluded, released when autograd frees it). On GPU the peak is `torch.cuda.max_memory_allocated`.
+Memory comes from an allocator-level view of this rank's tensors, never from the memory model's own sums: the
+second and third steps run under torch's `MemTracker` (torch.distributed._tools.mem_tracker, a TorchDispatchMode
+that follows every tensor storage an op creates or touches until it is freed, DTensor local shards and FSDP2's
+resized buffers included, and sorts them into parameters, buffers, gradients, activations, temporaries and
+optimizer state). The first tracked step finds the storages made before tracking began; the second is measured: its peak
+total and the categories at that moment. Both are left out of the median step time (the tracker's Python dispatch
+slows them). On GPU the peak is `torch.cuda.max_memory_allocated`, with the tracker's categories. The activations
+autograd saves in the first step are still counted (`saved_tensors_hooks`) as an extra figure, `saved_activations`.
 """
 from __future__ import annotations
 
@@ -82,6 +86,100 @@ class SavedActivations:
             yield
 
 
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+"""Measured memory categories, as the memory model names them (`cost_model.memory`)."""
+_TRACKER_CATEGORIES = {"Parameter": "parameters", "Gradient": "gradients", "Optstate": "optimizer_state",
+                       "Activation": "activations", "Temp": "temporaries", "Buffer": "temporaries",
+                       "Other": "temporaries"}
+"""MemTracker's reference types (`_MemRefType` values) -> our categories: module buffers and untyped storages count
+with the temporaries (the model's buffers/temporaries)."""
+
+
+class StepMemory:
+    """Peak memory of one training step by category, from torch's MemTracker (see the module docstring).
+
+    The runner asks `wants_step()` at every step; its second and third steps (or the two after `track_next()`)
+    then run through `tracked_step`. Not the first: it initialises lazily (optimizer state, FSDP2, and the pipeline
+    stages' shape inference, whose `autograd.grad` the tracker's module hooks break)."""
+
+    STEPS = 2
+    """Tracked steps: one to find storages made before tracking began, one measured."""
+
+    def __init__(self):
+        self.first = 1
+        self.calls = 0
+        self.tracked = 0
+        self.result: dict[str, int | None] = dict.fromkeys(MEMORY_CATEGORIES + ("peak",))
+        """The last tracked step's peak and categories (None before one ran)."""
+        self._tracker = None
+        self._inside = False
+
+    def track_next(self) -> None:
+        """Track the next two steps."""
+        self.first = self.calls
+
+    def wants_step(self) -> bool:
+        """Whether the step about to run should run under the tracker (counts the runner's steps)."""
+        if self._inside:
+            return False
+        self.calls += 1
+        return self.first <= self.calls - 1 < self.first + self.STEPS
+
+    def tracked_step(self, runner: "Runner", inputs, targets) -> float:
+        """One `runner.step` under MemTracker, marked in the runner's timings as tracked (left out of medians).
+        `result` becomes this step's peak (the CUDA allocator's on GPU) and the categories at that peak."""
+        from torch.distributed._tools.mem_tracker import MemTracker
+        if self._tracker is None:
+            self._tracker = MemTracker()
+            self._tracker.track_external(*runner.parts, runner.optimizer)
+        mt = self._tracker
+        roots = {id(p) for p in runner.parts}
+
+        def new_micro_batch(mod, args):
+            # MemTracker refuses a root module called twice (micro-batches, pipeline stages); its per-module
+            # statistics are not used here, so forget the root's own (`memory_tracking`) when it starts another
+            # forward; its submodules' stay, for the backward hooks of micro-batches still in flight
+            if id(mod) in roots and torch._C._current_graph_task_id() == -1:
+                mt.memory_tracking.pop(mod, None)
+
+        hook = nn.modules.module.register_module_forward_pre_hook(new_micro_batch)  # runs before MemTracker's
+        self._inside = True
+        try:
+            with mt:  # entering resets the peak to what is live now
+                loss = runner.step(inputs, targets)
+        finally:
+            self._inside = False
+            hook.remove()
+            mt.reset_mod_stats()
+        runner.timings.tracked.append(len(runner.timings.step) - 1)
+        self.tracked += 1
+        self.result = self._read(mt, runner.device)
+        return loss
+
+    def _read(self, mt, device: torch.device) -> dict[str, int]:
+        """Peak and categories of the last tracked step. Storages made in a forward that outlive the step (DDP
+        rebuilds its buckets in its second forward) are buffers, not activations: moved to the temporaries."""
+        def by_category(snap):
+            dev = snap.get(device) or (next(iter(snap.values())) if snap else {})
+            out = dict.fromkeys(MEMORY_CATEGORIES, 0)
+            for k, v in dev.items():
+                name = _TRACKER_CATEGORIES.get(getattr(k, "value", k))
+                if name:
+                    out[name] += int(v)
+            return out, int(dev.get("Total", sum(out.values())))
+        out, peak = by_category(mt.get_tracker_snapshot("peak"))
+        left, _ = by_category(mt.get_tracker_snapshot("current"))
+        moved = min(left["activations"], out["activations"])
+        out["activations"] -= moved
+        out["temporaries"] += moved
+        out["peak"] = peak
+        if device.type == "cuda":
+            out["tracker_peak"] = peak
+            out["peak"] = int(torch.cuda.max_memory_allocated(device))
+        out["tracked_steps"] = self.tracked
+        return out
+
+
 @dataclass
 class Timings:
     """Per-step wall times in seconds."""
@@ -92,6 +190,13 @@ class Timings:
     """Forward and backward of all micro-batches (pipeline schedule included)."""
     optimizer: list[float] = field(default_factory=list)
     """Tied-gradient reduction and optimizer step."""
+    tracked: list[int] = field(default_factory=list)
+    """Indices of the steps run under the memory tracker (slower; left out of the medians)."""
+
+    def kept(self, series: list[float], warmup: int) -> list[float]:
+        """The entries of `series` after `warmup` steps, tracked steps left out (all of them if none remain)."""
+        out = [x for i, x in enumerate(series) if i >= warmup and i not in self.tracked]
+        return out or list(series)
 
     def add(self, step: float, fb: float, opt: float) -> None:
         """Record one step."""
@@ -105,20 +210,22 @@ def _median(xs: list[float]) -> float | None:
 
 
 def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
-    """The `measured` block of measured.json for this rank: step_time_s (median after warm-up), step_times_s
-    (all), step_time_spread_s (max - min after warm-up), per-phase medians, and memory."""
+    """The `measured` block of measured.json for this rank: step_time_s (median after warm-up, memory steps left
+    out), step_times_s (all), memory_steps (their indices), step_time_spread_s (max - min after warm-up),
+    per-phase medians, and memory (`Runner.memory_bytes`)."""
     t = runner.timings
-    kept = t.step[warmup:] or t.step
+    kept = t.kept(t.step, warmup)
     mem = runner.memory_bytes()
     return {
         "step_time_s": _median(kept),
         "step_times_s": list(t.step),
         "warmup_steps": min(warmup, len(t.step)),
         "step_time_spread_s": (max(kept) - min(kept)) if kept else None,
-        "forward_backward_s": _median(t.forward_backward[warmup:] or t.forward_backward),
-        "optimizer_s": _median(t.optimizer[warmup:] or t.optimizer),
+        "forward_backward_s": _median(t.kept(t.forward_backward, warmup)),
+        "optimizer_s": _median(t.kept(t.optimizer, warmup)),
         "peak_memory_bytes": mem["peak"],
         "memory_bytes": mem,
+        "memory_steps": list(t.tracked),
         "notes": [runner.layout_note] if getattr(runner, "layout_note", "") else [],
     }
 
@@ -137,16 +244,41 @@ def _predicted_memory(pred: Mapping[str, Any]) -> float | None:
     return None
 
 
+PREDICTED_CATEGORIES = {"parameters": ("parameters",), "gradients": ("gradients",),
+                        "optimizer_state": ("optimizer",), "activations": ("activations",),
+                        "temporaries": ("buffers", "temporaries")}
+"""Measured memory category -> the keys of the prediction's `memory_breakdown` it compares with."""
+
+
+def _rel(pred, meas) -> float | None:
+    return (meas - pred) / pred if pred and meas is not None else None
+
+
+def memory_by_category(pred: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Predicted vs measured bytes per memory category (each at its own peak), and the total peak: {category:
+    {"predicted", "measured", "error"}}."""
+    breakdown = pred.get("memory_breakdown") or {}
+    mem = measured.get("memory_bytes") or {}
+    out = {}
+    for cat, keys in PREDICTED_CATEGORIES.items():
+        p = sum(breakdown[k] for k in keys if k in breakdown) if any(k in breakdown for k in keys) else None
+        out[cat] = {"predicted": p, "measured": mem.get(cat), "error": _rel(p, mem.get(cat))}
+    p, m = _predicted_memory(pred), measured.get("peak_memory_bytes")
+    out["peak"] = {"predicted": p, "measured": m, "error": _rel(p, m)}
+    return out
+
+
 def compare(plan: Plan, measured: Mapping[str, Any]) -> dict[str, Any]:
-    """measured.json's content: `predicted` (copied from the plan), `measured`, and `error` (relative:
-    (measured - predicted) / predicted) for step time and peak memory where both exist."""
+    """measured.json's content: `predicted` (copied from the plan), `measured`, `error` (relative:
+    (measured - predicted) / predicted) for step time and peak memory where both exist, and `memory`, predicted vs
+    measured per memory category (`memory_by_category`)."""
     pred = dict(plan.predicted)
     error: dict[str, float | None] = {}
     p_t, m_t = pred.get("step_time_s"), measured.get("step_time_s")
-    error["step_time"] = (m_t - p_t) / p_t if p_t and m_t is not None else None
-    p_m, m_m = _predicted_memory(pred), measured.get("peak_memory_bytes")
-    error["peak_memory"] = (m_m - p_m) / p_m if p_m and m_m is not None else None
-    return {"predicted": pred, "measured": dict(measured), "error": error,
+    error["step_time"] = _rel(p_t, m_t)
+    memory = memory_by_category(pred, measured)
+    error["peak_memory"] = memory["peak"]["error"]
+    return {"predicted": pred, "measured": dict(measured), "error": error, "memory": memory,
             "plan": {"mesh": plan.to_dict()["mesh"], "zero_stage": plan.zero_stage,
                      "schedule": plan.schedule, "recompute": plan.recompute,
                      "num_microbatches": plan.num_microbatches, "global_batch_size": plan.global_batch_size}}
@@ -179,10 +311,10 @@ def format_report(plan: Plan, measured: Mapping[str, Any]) -> str:
     table.add_row("step time", _fmt_t(p.get("step_time_s")), _fmt_t(m.get("step_time_s")), _fmt_e(e["step_time"]))
     table.add_row("peak memory / rank", _fmt_b(_predicted_memory(p)), _fmt_b(m.get("peak_memory_bytes")),
                   _fmt_e(e["peak_memory"]))
-    mem = m.get("memory_bytes", {})
-    for k in ("parameters", "gradients", "optimizer_state", "activations"):
-        if k in mem:
-            table.add_row(f"  {k}", "", _fmt_b(mem[k]), "")
+    for k, row in c["memory"].items():
+        if k != "peak" and (row["predicted"] is not None or row["measured"] is not None):
+            table.add_row(f"  {k.replace('_', ' ')}", _fmt_b(row["predicted"]), _fmt_b(row["measured"]),
+                          _fmt_e(row["error"]))
     if m.get("step_time_spread_s") is not None:
         table.add_row("step time spread", "", _fmt_t(m["step_time_spread_s"]), "")
     return "\n".join([render(table)] + [f"note: {n}" for n in m.get("notes", ())])

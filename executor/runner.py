@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from executor import parallel, pipeline
 from executor.errors import ExecutorError
+from executor.measure import StepMemory
 from executor.measure import SavedActivations, Timings, format_report, measurement
 from executor.trace import annotate_stage, pass_name, record
 from planner.model_file import default_loss
@@ -146,6 +147,7 @@ class Runner:
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
         self.saved = SavedActivations()
         self.timings = Timings()
+        self.memory = StepMemory()  # peak memory by category, from torch's MemTracker
         self.step_count = 0
         self.amp = DTYPES[plan.precision]
         if m.pp > 1:
@@ -239,6 +241,8 @@ class Runner:
     def step(self, inputs, targets) -> float:
         """One optimizer step: forward and backward over the plan's micro-batches, then the optimizer. Returns the
         mean loss over the global batch (the same on every rank)."""
+        if self.memory.wants_step():  # the 2nd and 3rd (executor.measure.StepMemory)
+            return self.memory.tracked_step(self, inputs, targets)
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
@@ -312,22 +316,17 @@ class Runner:
 
     # ---- reporting ---------------------------------------------------------------------------------------------
     def track_memory_next_step(self) -> None:
-        """Count saved activations during the next step (done automatically on the first step)."""
-        self._track_next = True
+        """Measure memory again on the next two steps (done automatically on the second and third): they run under
+        torch's MemTracker and are left out of the median step time (executor.measure.StepMemory)."""
+        self.memory.track_next()
 
-    def memory_bytes(self) -> dict[str, int]:
-        """What this rank holds: parameters, gradients, optimizer state, peak saved activations, and the peak
-        total (CUDA allocator's peak on GPU; on CPU the sum of the four)."""
-        params = [p for part in self.parts for p in part.parameters()]
-        state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-        held = parallel.local_bytes(params)
-        if self.plan.zero_stage in (1, 2) and self.plan.mesh.dp > 1:
-            held *= self.plan.mesh.dp  # FSDP2 without reshard keeps whole parameters from forward to backward
-        out = {"parameters": held,
-               "gradients": getattr(self, "_grad_bytes", held),  # measured after the tracked step's backward
-               "optimizer_state": parallel.local_bytes(state),
-               "activations": self.saved.peak}
-        out["peak"] = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else sum(out.values())
+    def memory_bytes(self) -> dict[str, int | None]:
+        """This rank's measured memory: the tracked step's peak (`peak`; the CUDA allocator's peak on GPU) and the
+        bytes of parameters, gradients, optimizer state, activations and temporaries (buffers, gradients of
+        activations, optimizer temporaries) live at that peak, from torch's MemTracker; None before a tracked
+        step has run. `saved_activations`: the peak bytes autograd saved for backward in the first step."""
+        out = dict(self.memory.result)
+        out["saved_activations"] = self.saved.peak
         return out
 
     def measurement(self, warmup: int = 1) -> dict[str, Any]:

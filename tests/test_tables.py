@@ -23,6 +23,7 @@ def test_measure_report_is_a_plain_rich_table():
     rows = {c[0]: c[1:] for c in map(_cells, lines[2:-1])}
     assert rows["step time"] == ["40.00 ms", "50.00 ms", "+25.0 %"]
     assert rows["peak memory / rank"] == ["3.00 MiB", "3.30 MiB", "+10.0 %"]
-    assert rows["parameters"] == ["1.00 MiB"] and rows["activations"] == ["0.50 MiB"]
+    # per memory category: predicted (none in this plan), measured, error
+    assert rows["parameters"] == ["-", "1.00 MiB", "-"] and rows["activations"] == ["-", "0.50 MiB", "-"]
     assert rows["step time spread"] == ["2.00 ms"]
     assert lines[-1] == "note: tp layout derived"

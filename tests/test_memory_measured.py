@@ -1,0 +1,137 @@
+"""Memory: the model's transient terms against hand-computed bytes, and measured memory from torch's MemTracker on
+real CPU gloo ranks (world 2) — it moves with the batch, is split into categories, and `plan measure`'s report
+puts predicted and measured side by side per category."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import pytest
+
+from cost_model.layers import LayerCost
+from cost_model.memory import DeviceWork, peak_memory
+from executor.measure import format_report, memory_by_category
+from planner.plan import Mesh, Plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _layer(params=0.0, act=0.0, block=True) -> LayerCost:
+    return LayerCost(fwd_compute=0, bwd_compute=0, tp_fwd=0, tp_bwd=0, recompute=0, recompute_tp=0, act_bytes=act,
+                     act_full_bytes=act, out_bytes=0, param_elems=params, block=block)
+
+
+def _work(**kw) -> DeviceWork:
+    base = dict(params=0.0, layers=((_layer(),),), held=Counter({0: 1}), microbatches=1, dp=1, zero_stage=0,
+                precision="fp32", pipelined=False, ddp=False, logits=0.0)
+    return DeviceWork(**{**base, **kw})
+
+
+def test_fp32_logits_and_their_gradient_at_the_loss():
+    b, t, v = 4, 64, 512
+    for precision in ("fp32", "bf16"):  # the loss upcasts: fp32 either way
+        mem = peak_memory(_work(logits=b * t * v, precision=precision))
+        assert mem["temporaries"] == b * t * v * 4 * 2
+    # vocabulary-parallel loss: each tp rank holds its shard of the logits (what the step predictor passes in)
+    assert peak_memory(_work(logits=b * t * v / 2))["temporaries"] == b * t * v * 4
+
+
+def test_peak_is_the_worst_phase_not_a_sum_of_maxima():
+    psi, act = 1000.0, 50_000.0
+    w = _work(params=psi, layers=((_layer(psi / 2, act / 2), _layer(psi / 2, act / 2)),), dp=2, ddp=True)
+    mem = peak_memory(w)
+    # the last layer's backward: fp32 params + Adam (8 B) + DDP's bucket copy of the gradients + every
+    # activation (that layer's still saved) + that layer's fresh gradient; the other gradients do not exist yet
+    assert mem["total"] == psi * (4 + 8 + 4) + act + psi / 2 * 4
+    assert mem["gradients"] == psi / 2 * 4
+    assert mem["total"] < psi * (4 + 8 + 4 + 4 + 4) + act  # a sum of maxima would add all gradients + AdamW's
+    # the optimizer step holds gradients (and AdamW's foreach sqrt copy) but no activations
+    small = peak_memory(_work(params=psi, layers=((_layer(psi, 10.0),),), dp=2, ddp=True))
+    assert small["activations"] == 0 and small["gradients"] == psi * 4 and small["temporaries"] == psi * 4
+    assert small["total"] == psi * (4 + 8 + 4 + 4 + 4)
+
+
+def test_zero3_holds_the_root_and_two_blocks_gathered():
+    blocks = tuple(_layer(100.0) for _ in range(4))
+    w = _work(params=4 * 100.0 + 30.0, layers=((_layer(30.0, block=False),) + blocks,), dp=2, zero_stage=3)
+    mem = peak_memory(w)
+    shard = (430.0 * 4) / 2
+    assert mem["parameters"] == shard + (30.0 + 100.0) * 4  # the root's and the computing block's copies
+    assert mem["temporaries"] >= 100.0 * 4  # the next block's all-gather output
+
+
+RANK_PROGRAM = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {examples!r})
+    import torch, torch.distributed as dist
+    from gpt import GPT, GPTConfig, sample_batch
+    from executor import apply_plan
+    from planner.plan import Mesh, Plan
+    torch.set_num_threads(1)
+    cfg = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=256, block_size=32)
+    specs = {{"dp_b4": dict(dp=2, batch=4), "dp_b8": dict(dp=2, batch=8), "zero3_2mb": dict(dp=2, zero=3, batch=8,
+             nmb=2), "pp_1f1b": dict(pp=2, batch=8, nmb=2)}}
+    out = {{}}
+    for name, s in specs.items():
+        dp, pp, nmb = s.get("dp", 1), s.get("pp", 1), s.get("nmb", 1)
+        plan = Plan(mesh=Mesh(dp=dp, pp=pp), zero_stage=s.get("zero", 0), global_batch_size=s["batch"],
+                    microbatch_size=s["batch"] // (dp * nmb), num_microbatches=nmb, precision="fp32")
+        torch.manual_seed(0)
+        runner = apply_plan(GPT(cfg), plan, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+        for _ in range(4):
+            runner.step(*sample_batch(s["batch"], cfg))
+        m = runner.measurement(warmup=1)
+        m["param_bytes"] = sum(p.numel() * 4 for p in GPT(cfg).parameters())
+        per = [None] * dist.get_world_size()
+        dist.all_gather_object(per, m)
+        out[name] = per
+    if dist.get_rank() == 0:
+        json.dump(out, open(sys.argv[1], "w"))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("memory")
+    prog, out = tmp / "ranks.py", tmp / "out.json"
+    prog.write_text(RANK_PROGRAM.format(examples=os.path.join(ROOT, "examples")))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(prog), str(out)], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_measured_peak_comes_from_the_tracker(measured):
+    cats = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+    for name, ranks in measured.items():
+        for m in ranks:
+            mem = m["memory_bytes"]
+            assert mem["peak"] > 0 and mem["tracked_steps"] == 2, name
+            assert sum(mem[c] for c in cats) == mem["peak"], name  # categories at the CPU peak add up to it
+            assert m["memory_steps"] == [1, 2] and len(m["step_times_s"]) == 4, name
+    b4, b8 = measured["dp_b4"][0]["memory_bytes"], measured["dp_b8"][0]["memory_bytes"]
+    assert b8["peak"] > b4["peak"]
+    assert b8["activations"] == pytest.approx(2 * b4["activations"], rel=0.1)  # twice the samples per rank
+    whole = measured["dp_b4"][0]["param_bytes"]
+    assert b4["parameters"] == whole and b4["optimizer_state"] >= 2 * whole  # fp32 params; AdamW m and v
+    z3 = measured["zero3_2mb"][0]["memory_bytes"]
+    assert z3["optimizer_state"] < 1.1 * whole  # AdamW over half the parameters
+
+
+def test_report_gives_predicted_and_measured_per_category(measured):
+    m = measured["dp_b4"][0]
+    breakdown = {"parameters": 100_000, "gradients": 0, "optimizer": 200_000, "activations": 300_000,
+                 "buffers": 100_000, "temporaries": 50_000}
+    plan = Plan(mesh=Mesh(dp=2), global_batch_size=4, microbatch_size=2, precision="fp32",
+                predicted={"step_time_s": 0.01, "peak_memory_bytes": 750_000, "memory_breakdown": breakdown})
+    rows = memory_by_category(plan.predicted, m)
+    assert rows["temporaries"]["predicted"] == 150_000  # buffers + temporaries
+    assert rows["activations"]["measured"] == m["memory_bytes"]["activations"]
+    assert rows["peak"]["error"] == pytest.approx(m["peak_memory_bytes"] / 750_000 - 1)
+    report = format_report(plan, m)
+    for label in ("peak memory", "parameters", "gradients", "optimizer state", "activations", "temporaries"):
+        assert label in report
