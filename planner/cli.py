@@ -71,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `plan ... | head`: the reader left; say nothing (Python docs, "Note on SIGPIPE")
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
