@@ -21,19 +21,19 @@ plan runs as written and was chosen because it fits: the export refuses when the
    or a tensor-parallel layout other than the plan's (Megatron and torchtitan split every Linear of a block, the
    vocabulary embedding and the LM head; a plan that replicates one of them is refused);
 2. more memory per device than the plan predicts because of the strategy: less sharding of model states (ZeRO-2/3
-   through Megatron-FSDP together with pp, which its guide does not cover) or less recomputation;
+   through Megatron-FSDP together with pp, which its guide does not cover) or less recomputation (Megatron-LM's
+   `--recompute-granularity selective` re-runs only the attention core and keeps every linear's output, where the
+   plan's selective recomputation is torchtitan's op-level policy, which keeps only every other one);
 3. more compute than planned: selective recomputation where the target only recomputes whole blocks (DeepSpeed,
-   Accelerate) or recomputes every second matmul (torchtitan's per-op policy), where the plan priced recomputing
-   the attention core (Korthikanti et al.), as Megatron-LM's `--recompute-granularity selective` does;
+   Accelerate);
 4. other training math: a precision the target lacks (fp16 in torchtitan).
 
 It exports with a note when the target runs the same mesh, stages, tp layout, precision and recomputation, holds
 no more memory, and differs only in how or when the same collectives run: ZeRO-1 run with ZeRO-2's gradient
 sharding (torchtitan, Accelerate: FSDP has no ZeRO-1), plain DP run as FSDP where torchtitan has no DDP beside
 tp/pp, GPipe run as 1F1B (Megatron: same bubble, fewer activations held), sequence parallelism always on
-(torchtitan), a vocabulary-parallel loss (Megatron), and recomputation the DeepSpeed JSON cannot switch on.
-Framework constants beyond the strategy are stated, not refused: Megatron-LM keeps an fp32 gradient buffer under
-bf16/fp16 (the plan counts 2-byte gradients, as the ZeRO paper does).
+(torchtitan), and recomputation the DeepSpeed JSON cannot switch on. Both shardwise's executor and these trainers
+accumulate and reduce gradients in fp32 and compute a tp plan's loss vocabulary-parallel.
 
 The model file the plan names (or `--model`) is read when it exists, on the meta device: it tells blocks from other
 modules, gives the block class (Accelerate's wrap policy), the sequence length and the Linears a tp layout must
@@ -182,17 +182,11 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     if plan.precision == "fp16":
         raise PlanError("cannot export to torchtitan: it trains in bfloat16 or float32 only "
                         "(training.mixed_precision_param); re-plan with --precision bf16")
-    if plan.recompute == "selective":
-        raise PlanError("cannot export to torchtitan: its selective recomputation (\"op\") re-runs every second "
-                        "matmul, more compute than the attention-core recomputation the plan priced; re-plan with "
-                        "--force recompute=full (or none) or export to megatron")
     _check_stage_ranks(plan, "torchtitan")
     par = _torchtitan_data_parallel(plan, notes)
     par.update(tensor_parallel_degree=m.tp, enable_async_tensor_parallel=False)
     if m.tp > 1:
-        par["disable_loss_parallel"] = True
-        notes.append("disable_loss_parallel = true gathers the logits as the plan does; false (a "
-                     "vocabulary-parallel loss) would use less memory than planned")
+        par["disable_loss_parallel"] = False  # the executor's loss is vocabulary-parallel too (loss_parallel)
         if not plan.sequence_parallel:
             notes.append("torchtitan always runs sequence parallelism with tp: norms run on sequence shards "
                          "(less activation memory; reduce-scatter + all-gather instead of all-reduce, same bytes)")
@@ -218,6 +212,8 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
                  mixed_precision_reduce="float32")
     ac: dict[str, object] = {"mode": plan.recompute}
+    if plan.recompute == "selective":
+        ac["selective_ac_option"] = "op"  # torchtitan's op-level policy: the executor's selective recomputation
     head = [f"torchtitan job config for a shardwise plan: {describe(plan)}",
             "keys of torchtitan/config/job_config.py (v0.2); merge into your job TOML",
             f"launch {m.world_size} ranks (e.g. NGPU={m.world_size} ./run_train.sh)"]
@@ -266,22 +262,19 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
     flags += _megatron_pipeline(plan, facts, notes)
     if plan.sequence_parallel and m.tp > 1:
         flags.append(("--sequence-parallel", None))
-    if m.tp > 1:
-        notes.append("Megatron-LM computes the loss vocabulary-parallel; the plan gathers the logits (Megatron "
-                     "holds less memory and moves fewer bytes than planned)")
     flags += [("--micro-batch-size", plan.microbatch_size), ("--global-batch-size", plan.global_batch_size)]
     flags += _megatron_zero(plan)
     if m.dp > 1:
         flags.append(("--overlap-grad-reduce", None))
     if plan.recompute == "selective":
-        flags.append(("--recompute-granularity", "selective"))
-    elif plan.recompute == "full":
+        raise PlanError("cannot export to Megatron-LM: its selective recomputation re-runs only the attention core "
+                        "and keeps every linear's output, more memory than the plan's op-level policy (every other "
+                        "linear kept); re-plan with --force recompute=full (or none) or export to torchtitan")
+    if plan.recompute == "full":
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", 1)]
     if plan.precision != "fp32":
         flags.append((f"--{plan.precision}", None))
-        notes.append("Megatron-LM accumulates gradients in an fp32 buffer (4 bytes per parameter; the plan counts "
-                     "2): add --grad-reduce-in-bf16 to hold what the plan predicts")
     if facts is not None and facts.seq_len is not None:
         flags.append(("--seq-length", facts.seq_len))
     head = [f"Megatron-LM flags for a shardwise plan: {describe(plan)}",

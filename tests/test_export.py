@@ -138,7 +138,7 @@ def test_torchtitan_says_what_it_changes():
 
 
 @pytest.mark.parametrize("p", [plan(), plan(zero=0, recompute="full", precision="fp16"),
-                               plan(dp=2, tp=2, pp=2, v=2, zero=1, recompute="selective", sequence_parallel=True),
+                               plan(dp=2, tp=2, pp=2, v=2, zero=1, recompute="full", sequence_parallel=True),
                                plan(dp=8, zero=3), plan(dp=8, zero=2), plan(dp=1, tp=2, pp=4, zero=0, mbs=1)])
 def test_megatron_flags(p):
     a = megatron_args(export(p, "megatron", FACTS).text)
@@ -159,10 +159,15 @@ def test_megatron_flags(p):
     assert (a.bf16, a.fp16) == (p.precision == "bf16", p.precision == "fp16")
 
 
-def test_megatron_states_its_gradient_buffer_and_loss():
-    notes = export(plan(dp=4, tp=2), "megatron", FACTS).notes
-    assert any("--grad-reduce-in-bf16" in n for n in notes) and any("vocabulary-parallel" in n for n in notes)
+def test_megatron_needs_no_note_for_gradients_or_loss():
+    # fp32 gradient reduction and a vocabulary-parallel loss: what shardwise's executor does too
+    assert not export(plan(dp=4, tp=2), "megatron", FACTS).notes
     assert not export(plan(precision="fp32"), "megatron", FACTS).notes
+
+
+def test_torchtitan_selective_is_the_executors_op_policy():
+    ac = tomllib.loads(export(plan(recompute="selective"), "torchtitan", FACTS).text)["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "op"}
 
 
 def test_megatron_unequal_stages_get_a_layout():
@@ -228,7 +233,7 @@ def test_accelerate_reads_its_own_config(tmp_path):
     ("accelerate", plan(dp=4, pp=2, stages=stages([2, 2])), "pp=2"),
     ("accelerate", plan(recompute="selective"), "selective"),
     ("torchtitan", plan(precision="fp16"), "bfloat16 or float32"),
-    ("torchtitan", plan(recompute="selective"), "every second matmul"),
+    ("megatron", plan(recompute="selective"), "attention core"),
     ("torchtitan", plan(dp=4, pp=2, stages=tuple(StageSpec(start_layer=s.start_layer, end_layer=s.end_layer,
                                                            modules=s.modules, rank=1 - s.rank)
                                                  for s in stages([2, 2]))), "rank k % pp"),
