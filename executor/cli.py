@@ -88,6 +88,24 @@ def check_tp_function(plan, model_file, strategies) -> None:
                             "re-plan with `plan` (it keeps such modules replicated)")
 
 
+def failure_reason(err: str, rc: int) -> str:
+    """One line saying why a launched job failed: a rank's own `shardwise rank R: ...` line, else torchrun's root
+    cause (the rank and its exit code or signal: a crash below Python), else stderr's last line."""
+    lines = err.splitlines()
+    own = [l for l in lines if l.startswith("shardwise rank")]
+    if own:
+        return own[0]
+    fields = {}
+    for l in lines[next((i for i, l in enumerate(lines) if "Root Cause" in l), len(lines)):]:
+        key, _, value = l.strip().partition(":")
+        if key.strip() in ("rank", "exitcode", "traceback") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    if fields:
+        return "rank " + "; ".join(f"{v}" if k == "rank" else f"{k} {v}" for k, v in fields.items())
+    tail = [l for l in lines if l.strip() and not set(l.strip()) <= set("=-")]
+    return tail[-1] if tail else f"exit status {rc}"
+
+
 def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int, threads: int,
            result: str, timeout: float | None = None, trace: str | None = None) -> tuple[int, str]:
     """Run executor.worker on `world` ranks under torchrun; returns (exit status, captured stderr)."""
@@ -198,8 +216,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         rc, err = launch(args.plan, args.model, plan.world_size, args.steps, args.warmup, args.threads, result,
                          args.timeout, args.trace)
         if rc != 0 or not os.path.exists(result):
-            lines = [l for l in err.splitlines() if l.startswith("shardwise rank")]
-            why = lines[0] if lines else (err.strip().splitlines()[-1] if err.strip() else f"exit status {rc}")
+            why = failure_reason(err, rc)
             print(f"plan measure: the job failed after {time.perf_counter() - t0:.1f} s: {why}", file=sys.stderr)
             if args.debug:
                 print(err, file=sys.stderr)
