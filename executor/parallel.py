@@ -306,8 +306,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False) -> nn.Module:
     """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
-    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward)."""
-    if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
+    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward), or the
+    parameters are FakeTensors (the dry run: DDP's C++ reducer needs real storage)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    if pipelined or any(isinstance(p, (DTensor, FakeTensor)) for p in model.parameters()):
         from torch.distributed._composable.replicate_with_fsdp import replicate
         return replicate(model, mesh=dp_mesh)
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -1,0 +1,298 @@
+"""Dry run: apply a plan with the executor's own `apply_plan` and run one micro-batch's forward, backward and
+optimizer step on fake tensors, in this process, under a fake process group at the plan's world size.
+
+    problems = dry_run(plan, "model.py")      # [] when the plan runs; else one line naming module, op, placement
+
+Nothing real is allocated or communicated: the model is built under `FakeTensorMode` (tensors carry shape, dtype
+and device, no storage) and `torch.distributed` runs on the `fake` backend (every collective completes at once
+without moving data), so a 1.5B-parameter plan at tp=8 is checked in seconds. What runs is what one rank runs under
+torchrun: `executor.apply_plan` builds the (pp, dp, tp) DeviceMesh, cuts the pipeline stages and applies TP/SP,
+activation checkpointing and FSDP2/DDP; then the runner's own micro-batch loop (`Runner._forward_backward`:
+gradient-sync context, autocast, loss), the tied-weight gradient exchange and the optimizer step run once. DDP's
+C++ reducer cannot hold fake tensors, so a DDP plan runs under FSDP2's `replicate` (the same gradient all-reduce).
+
+Which ranks run. Rank 0 of each pipeline stage (global rank `pp_rank * dp * tp`): within a stage every dp and tp
+rank runs the same program on tensors of the same shapes (equal tp shards, FSDP2 shards padded to one size), so
+one rank per stage meets every op and every placement. When tp does not divide a sharded parameter's dim, DTensor
+gives the last tp rank smaller shards, so that rank runs too.
+
+Pipelines. The schedules exchange activations point to point, which the fake backend cannot deliver (a received
+tensor would carry no shape). Each stage module therefore runs on its own, in stage order: the first stage gets the
+micro-batch; each later stage gets fresh tensors of the shapes and dtypes the previous stage's forward returned
+(what the schedule would send); a non-last stage's backward gets gradients shaped like its outputs; the last
+stage computes the loss. Checked: every stage's forward and backward as parallelized, the boundary shapes, the
+tied-weight gradient exchange, the optimizer. Not checked: the schedule's P2P ordering and micro-batch splitting.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import traceback
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from executor.errors import ExecutorError
+from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
+from planner.plan import Plan
+
+ENV_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+"""torchrun's variables `apply_plan` reads; set for the dry run and restored afterwards."""
+
+
+@dataclasses.dataclass
+class _Where:
+    """Where the dry run is, for the failure line."""
+
+    rank: int
+    """Global rank being run."""
+    stage: int | None = None
+    """Pipeline stage being run (None without pipelining)."""
+    phase: str = "apply_plan"
+    """apply_plan, forward, backward or optimizer step."""
+    modules: list[str] = dataclasses.field(default_factory=list)
+    """Stack of running modules by path (forward hooks); on an exception the top is the innermost."""
+    ops: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """Stack of running aten ops and their arguments' shapes; on an exception the top is the op that raised."""
+    strategies: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Module path -> tp strategy the runner applies."""
+    uneven: bool = False
+    """Set when some tp-sharded parameter dim is not divisible by tp."""
+
+
+def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: str | None = None) -> list[str]:
+    """Apply `plan` to the model file's model on fake tensors under a fake process group and run one micro-batch's
+    forward, backward and optimizer step on each representative rank (see the module docstring).
+
+    Returns [] when all of it ran, else one line naming the rank, the module and its tp placement, the aten op
+    and the model-file line, e.g. `dry run of plan.json at world 2 (rank 0: pp 0 dp 0 tp 0): forward of module
+    h.0.attn (q_proj, k_proj, v_proj colwise; o_proj rowwise): aten.view.default on local [4, 32, 32]:
+    RuntimeError: shape '[4, 32, 4, 16]' is invalid for input of size 4096 at model.py:11`. Leaves no process
+    group, environment variable or tensor mode behind; raises ExecutorError when a process group is running.
+    """
+    import torch.distributed as dist
+
+    from executor.runner import load_plan
+    label = label or ("the plan" if isinstance(plan, Plan) else os.path.basename(str(plan)))
+    plan = load_plan(plan)
+    mf = load_model_file(model) if isinstance(model, str) else model
+    if dist.is_available() and dist.is_initialized():
+        raise ExecutorError("dry run: a process group is already running in this process; run it before "
+                            "init_process_group (it starts and destroys its own fake one)")
+    m = plan.mesh
+    boundary: tuple | None = None
+    for stage in range(m.pp * plan.virtual_stages) if m.pp > 1 else [None]:
+        pp_rank = 0 if stage is None else stage % m.pp
+        tp_ranks = [0]
+        while tp_ranks:
+            tp_rank = tp_ranks.pop(0)
+            where = _Where(rank=pp_rank * m.dp * m.tp + tp_rank, stage=stage)
+            try:
+                out = _run_rank(plan, mf, where, boundary)
+            except Exception as e:  # noqa: BLE001 — every failure becomes one line
+                if os.environ.get("SHARDWISE_DEBUG"):
+                    traceback.print_exc()
+                st = "" if stage is None else f", stage {stage}"
+                return [f"dry run of {label} at world {plan.world_size} (rank {where.rank}: pp {pp_rank} dp 0 tp "
+                        f"{tp_rank}{st}): {_describe(e, where, mf)}"]
+            if tp_rank == 0:
+                boundary = out
+                if where.uneven and m.tp > 1:
+                    tp_ranks.append(m.tp - 1)
+    return []
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int) -> Iterator[None]:
+    """This process as rank `rank` of `world_size` on the `fake` backend (collectives complete without moving
+    data), with torchrun's environment variables set; the group is destroyed and the variables restored on exit."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK="0")
+    try:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) -> tuple | None:
+    """Build the model on fake tensors, apply the plan as rank `where.rank` and run one micro-batch; returns a
+    pipeline stage's output (shape, dtype) pairs for the next stage (None without pipelining)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from executor.runner import build_mesh, init_distributed
+    # one micro-batch: without pipelining the runner's loop then runs once, as the plan's last micro-batch
+    run_plan = plan if plan.mesh.pp > 1 else dataclasses.replace(
+        plan, num_microbatches=1, global_batch_size=plan.microbatch_size * plan.mesh.dp)
+    with fake_world(plan.world_size, where.rank), torch.random.fork_rng(devices=[]):
+        device = init_distributed(where.rank, plan.world_size)
+        mesh = build_mesh(run_plan, device)  # its rank grid is real: built before fake mode starts
+        with FakeTensorMode(allow_non_fake_inputs=True), _OpRecorder(where):
+            model = build(mf, device)
+            hooks = _track_modules(model, where)
+            try:
+                return _apply_and_run(plan, run_plan, mf, mesh, model, where, boundary)
+            finally:
+                for h in hooks:
+                    h.remove()
+
+
+def _apply_and_run(plan: Plan, run_plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Where,
+                   boundary: tuple | None) -> tuple | None:
+    """`apply_plan`, then forward, backward, tied-gradient sum and optimizer step of one micro-batch."""
+    from executor.pipeline import sum_tied_grads
+    from executor.runner import apply_plan, tp_strategies
+    with contextlib.suppress(ExecutorError):  # apply_plan raises the same error below
+        where.strategies = tp_strategies(plan, model)[0]
+    runner = apply_plan(model, run_plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh)
+    where.uneven = _uneven(runner)
+    inputs, targets = batch(mf, plan.microbatch_size)
+    out = None
+    if plan.mesh.pp == 1:
+        where.phase = "forward"  # until the model's forward returns (`_track_modules`)
+        runner._forward_backward(inputs, targets)
+    else:
+        out = _run_stage(runner, where, inputs, targets, boundary)
+    where.phase = "optimizer step"
+    if runner.tied:
+        sum_tied_grads(runner.tied, runner.tied_groups)
+    runner.optimizer.step()
+    return out
+
+
+def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -> tuple | None:
+    """Forward and backward of pipeline stage `where.stage` alone (see the module docstring)."""
+    from executor.runner import _as_args
+    plan = runner.plan
+    part = runner.parts[runner.stage_ids.index(where.stage)]
+    last = where.stage == plan.mesh.pp * plan.virtual_stages - 1
+    args = _as_args(inputs) if boundary is None else tuple(
+        torch.empty(s, dtype=d, device=runner.device, requires_grad=d.is_floating_point) for s, d in boundary)
+    where.phase = "forward"
+    with runner._autocast():
+        out = part(*args)
+        loss = runner._loss(out, targets) if last else None
+    where.phase = "backward"
+    if loss is not None:
+        loss.backward()
+        return None
+    outs = out if isinstance(out, tuple) else (out,)
+    need = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    torch.autograd.backward(need, [torch.empty_like(o) for o in need])
+    return tuple((tuple(o.shape), o.dtype) for o in outs)
+
+
+def _uneven(runner) -> bool:
+    """Whether some parameter is sharded over tp along a dim tp does not divide."""
+    from torch.distributed.tensor import DTensor, Shard
+    tp = runner.plan.mesh.tp
+    for part in runner.parts:
+        for p in part.parameters():
+            if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ()):
+                pl = p.placements[p.device_mesh.mesh_dim_names.index("tp")]
+                if isinstance(pl, Shard) and p.shape[pl.dim] % tp:
+                    return True
+    return False
+
+
+def _track_modules(model: nn.Module, where: _Where) -> list:
+    """Forward hooks keeping `where.modules` as the stack of running modules (a forward that raises leaves its
+    module on top). Registered before `apply_plan`; parallelizing keeps module objects, so the hooks stay."""
+    def enter(path: str) -> None:
+        where.modules.append(path)
+
+    def leave() -> None:
+        if where.modules and where.modules.pop() == "" and where.phase == "forward":
+            where.phase = "loss/backward"  # the whole model's forward returned
+
+    hooks = []
+    for path, mod in model.named_modules():
+        hooks.append(mod.register_forward_pre_hook(lambda *_, p=path: enter(p)))
+        hooks.append(mod.register_forward_hook(lambda *_: leave()))
+    return hooks
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Keeps `where.ops` as the stack of aten ops being run (the model's ops on DTensors or local tensors): on an
+    exception the top is the op that raised. Sits above FakeTensorMode; an op whose tensor arguments are all real
+    (the DeviceMesh's rank grid, a constant of the model file) runs for real, as it would on the rank: such tensors
+    exist already and are small."""
+
+    def __init__(self, where: _Where):
+        super().__init__()
+        self.where = where
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        kwargs = kwargs or {}
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if tensors and all(type(t) is torch.Tensor and not isinstance(t, FakeTensor) for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        self.where.ops.append((str(func), _args_text(args)))
+        out = func(*args, **kwargs)
+        self.where.ops.pop()
+        return out
+
+
+def _args_text(args) -> str:
+    """The tensor arguments of an op: `local [4, 32, 32]` for a plain tensor (this rank's), `[4, 64, 128] S(2)` for
+    a DTensor (global shape, placement per mesh axis)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    parts = []
+    for a in args:
+        if isinstance(a, DTensor):
+            pl = "".join(f"S({p.dim})" if isinstance(p, Shard) else "R" if isinstance(p, Replicate) else "P"
+                         for p in a.placements)
+            parts.append(f"{list(a.shape)} {pl}")
+        elif isinstance(a, torch.Tensor):
+            parts.append(f"local {list(a.shape)}")
+    return ", ".join(parts)
+
+
+def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
+    """`forward of module P (placements): op on shapes: Error: message at model.py:L`, parts known only."""
+    parts = []
+    if where.phase == "apply_plan":
+        parts.append("apply_plan")
+    elif where.modules:
+        path = where.modules[-1]
+        parts.append(f"{where.phase} of module {path or '(the model)'}{_placement_text(path, where.strategies)}")
+    else:
+        parts.append(where.phase)
+    if where.ops and where.phase != "apply_plan":
+        op, shapes = where.ops[-1]
+        parts.append(op + (f" on {shapes}" if shapes else ""))
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = f"{type(e).__name__}: {msg}"
+    found = frame_in_file(e, mf.path)
+    if found:
+        text += f" at {os.path.basename(mf.path)}:{found[0]}"
+    return ": ".join(parts + [text])
+
+
+def _placement_text(path: str, strategies: dict[str, str]) -> str:
+    """` (q_proj, k_proj colwise; o_proj rowwise)`: the tp strategies of the module and its direct children,
+    ` (replicated over tp)` when none of them is sharded, `` without tp."""
+    if not strategies:
+        return ""
+    if path in strategies:
+        return f" ({strategies[path]})"
+    by: dict[str, list[str]] = {}
+    for p, s in strategies.items():
+        parent, _, name = p.rpartition(".")
+        if parent == path:
+            by.setdefault(s, []).append(name)
+    if not by:
+        return " (replicated over tp)"
+    return " (" + "; ".join(f"{', '.join(names)} {s}" for s, names in by.items()) + ")"
