@@ -29,10 +29,12 @@ import contextlib
 import dataclasses
 import os
 import traceback
+import warnings
 from typing import Iterator
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from executor.errors import ExecutorError
 from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
@@ -40,6 +42,10 @@ from planner.plan import Plan
 
 ENV_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 """torchrun's variables `apply_plan` reads; set for the dry run and restored afterwards."""
+MAX_DP = 8
+"""The dry run's largest dp degree. Every dp replica runs the same program on a micro-batch of the plan's size
+whatever dp is, but FSDP2 cuts each parameter into dp views when it wraps, which costs ~25 µs per view on fake
+tensors: GPT-3 175B at dp=256 would spend ~25 s there. Above it the dry run runs dp = MAX_DP and says so."""
 
 
 @dataclasses.dataclass
@@ -62,7 +68,8 @@ class _Where:
     """Set when some tp-sharded parameter dim is not divisible by tp."""
 
 
-def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: str | None = None) -> list[str]:
+def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: str | None = None,
+            debug: bool = False) -> list[str]:
     """Apply `plan` to the model file's model on fake tensors under a fake process group and run one micro-batch's
     forward, backward and optimizer step on each representative rank (see the module docstring).
 
@@ -71,6 +78,7 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     h.0.attn (q_proj, k_proj, v_proj colwise; o_proj rowwise): aten.view.default on local [4, 32, 32]:
     RuntimeError: shape '[4, 32, 4, 16]' is invalid for input of size 4096 at model.py:11`. Leaves no process
     group, environment variable or tensor mode behind; raises ExecutorError when a process group is running.
+    `debug` (or SHARDWISE_DEBUG set): also print the failure's traceback.
     """
     import torch.distributed as dist
 
@@ -81,27 +89,63 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     if dist.is_available() and dist.is_initialized():
         raise ExecutorError("dry run: a process group is already running in this process; run it before "
                             "init_process_group (it starts and destroys its own fake one)")
+    run = run_plan(plan)
     m = plan.mesh
+    head = f"dry run of {label} at world {plan.world_size}"
+    if run.mesh.dp != m.dp:
+        head += f" (dp {m.dp} run as dp {run.mesh.dp})"
     boundary: tuple | None = None
-    for stage in range(m.pp * plan.virtual_stages) if m.pp > 1 else [None]:
+    done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
+    try:
+        stages = _stages(plan, mf)
+    except Exception as e:  # noqa: BLE001 — stage_modules refusing the model: what apply_plan would say
+        return [f"{head} (rank 0): {_describe(e, _Where(rank=0), mf)}"]
+    for stage, signature in stages:
+        if (signature, boundary) in done:  # a middle stage like one already run, on the same inputs
+            boundary = done[(signature, boundary)]
+            continue
         pp_rank = 0 if stage is None else stage % m.pp
         tp_ranks = [0]
         while tp_ranks:
             tp_rank = tp_ranks.pop(0)
-            where = _Where(rank=pp_rank * m.dp * m.tp + tp_rank, stage=stage)
+            where = _Where(rank=pp_rank * run.mesh.dp * m.tp + tp_rank, stage=stage)
             try:
-                out = _run_rank(plan, mf, where, boundary)
+                out = _run_rank(run, mf, where, boundary)
             except Exception as e:  # noqa: BLE001 — every failure becomes one line
-                if os.environ.get("SHARDWISE_DEBUG"):
+                if debug or os.environ.get("SHARDWISE_DEBUG"):
                     traceback.print_exc()
                 st = "" if stage is None else f", stage {stage}"
-                return [f"dry run of {label} at world {plan.world_size} (rank {where.rank}: pp {pp_rank} dp 0 tp "
-                        f"{tp_rank}{st}): {_describe(e, where, mf)}"]
+                return [f"{head} (rank {pp_rank * m.dp * m.tp + tp_rank}: pp {pp_rank} dp 0 tp {tp_rank}{st}): "
+                        f"{_describe(e, where, mf)}"]
             if tp_rank == 0:
+                done[(signature, boundary)] = out
                 boundary = out
                 if where.uneven and m.tp > 1:
                     tp_ranks.append(m.tp - 1)
     return []
+
+
+def run_plan(plan: Plan) -> Plan:
+    """The plan as the dry run applies it: one micro-batch without pipelining (the runner's loop then runs once,
+    as the plan's last micro-batch), and dp at most `MAX_DP`."""
+    dp = min(plan.mesh.dp, MAX_DP)
+    nmb = plan.num_microbatches if plan.mesh.pp > 1 else 1  # the schedules need their micro-batch count
+    return dataclasses.replace(plan, mesh=dataclasses.replace(plan.mesh, dp=dp), num_microbatches=nmb,
+                               global_batch_size=dp * plan.microbatch_size * nmb)
+
+
+def _stages(plan: Plan, mf: ModelFile) -> list[tuple[int | None, tuple]]:
+    """(stage, signature) to run in order: [(None, ())] without pipelining. A signature is the stage's module
+    types, plus its index when it is the first or last stage (they hold the embedding, head and tied weights), so
+    middle stages of the same blocks share one."""
+    if plan.mesh.pp == 1:
+        return [(None, ())]
+    from executor.pipeline import stage_modules
+    model = build(mf, "meta")
+    mods = stage_modules(model, plan)
+    last = len(mods) - 1
+    return [(i, (tuple(type(model.get_submodule(p)).__qualname__ for p in paths),) + ((i,) if i in (0, last) else ()))
+            for i, paths in enumerate(mods)]
 
 
 @contextlib.contextmanager
@@ -116,6 +160,7 @@ def fake_world(world_size: int, rank: int) -> Iterator[None]:
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         yield
     finally:
+        _clear_dtensor_caches()
         if dist.is_initialized():
             dist.destroy_process_group()
         for k, v in saved.items():
@@ -125,36 +170,44 @@ def fake_world(world_size: int, rank: int) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) -> tuple | None:
-    """Build the model on fake tensors, apply the plan as rank `where.rank` and run one micro-batch; returns a
-    pipeline stage's output (shape, dtype) pairs for the next stage (None without pipelining)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding decisions: they hold the meshes (and so the process-group names) of this
+    fake world, which a later one (the next stage, or a real run in this process) would otherwise reuse, since
+    meshes of equal shape compare equal."""
+    from torch.distributed.tensor import debug
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+    debug._clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
 
+
+def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) -> tuple | None:
+    """Build the model on fake tensors, apply `plan` (a `run_plan`) as rank `where.rank` and run one micro-batch;
+    returns a pipeline stage's output (shape, dtype) pairs for the next stage (None without pipelining)."""
     from executor.runner import build_mesh, init_distributed
-    # one micro-batch: without pipelining the runner's loop then runs once, as the plan's last micro-batch
-    run_plan = plan if plan.mesh.pp > 1 else dataclasses.replace(
-        plan, num_microbatches=1, global_batch_size=plan.microbatch_size * plan.mesh.dp)
-    with fake_world(plan.world_size, where.rank), torch.random.fork_rng(devices=[]):
+    with fake_world(plan.world_size, where.rank), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the run's own warnings belong to the real run, not to `plan`
         device = init_distributed(where.rank, plan.world_size)
-        mesh = build_mesh(run_plan, device)  # its rank grid is real: built before fake mode starts
+        mesh = build_mesh(plan, device)  # its rank grid is real: built before fake mode starts
         with FakeTensorMode(allow_non_fake_inputs=True), _OpRecorder(where):
             model = build(mf, device)
             hooks = _track_modules(model, where)
             try:
-                return _apply_and_run(plan, run_plan, mf, mesh, model, where, boundary)
+                return _apply_and_run(plan, mf, mesh, model, where, boundary)
             finally:
                 for h in hooks:
                     h.remove()
 
 
-def _apply_and_run(plan: Plan, run_plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Where,
+def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Where,
                    boundary: tuple | None) -> tuple | None:
     """`apply_plan`, then forward, backward, tied-gradient sum and optimizer step of one micro-batch."""
     from executor.pipeline import sum_tied_grads
     from executor.runner import apply_plan, tp_strategies
     with contextlib.suppress(ExecutorError):  # apply_plan raises the same error below
         where.strategies = tp_strategies(plan, model)[0]
-    runner = apply_plan(model, run_plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh)
+    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh)  # default AdamW
     where.uneven = _uneven(runner)
     inputs, targets = batch(mf, plan.microbatch_size)
     out = None
@@ -233,16 +286,26 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.where = where
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
         kwargs = kwargs or {}
-        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if tensors and all(type(t) is torch.Tensor and not isinstance(t, FakeTensor) for t in tensors):
+        if _all_real(args, kwargs):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
-        self.where.ops.append((str(func), _args_text(args)))
+        self.where.ops.append((func, args))
         out = func(*args, **kwargs)
         self.where.ops.pop()
         return out
+
+
+def _all_real(args, kwargs) -> bool:
+    """Whether an op has tensor arguments and all of them are plain real tensors (lists looked into once)."""
+    seen = False
+    for a in (*args, *kwargs.values()):
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, torch.Tensor):
+                if type(t) is not torch.Tensor:  # FakeTensor, DTensor, other subclasses
+                    return False
+                seen = True
+    return seen
 
 
 def _args_text(args) -> str:
@@ -271,10 +334,15 @@ def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
     else:
         parts.append(where.phase)
     if where.ops and where.phase != "apply_plan":
-        op, shapes = where.ops[-1]
-        parts.append(op + (f" on {shapes}" if shapes else ""))
+        op, args = where.ops[-1]
+        shapes = _args_text(args)
+        parts.append(str(op) + (f" on {shapes}" if shapes else ""))
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     text = f"{type(e).__name__}: {msg}"
+    if isinstance(e, NotImplementedError) and "sharding strategy" in msg and where.ops:
+        text = (f"NotImplementedError: DTensor has no sharding rule for {where.ops[-1][0]} (a custom kernel?); "
+                "keep this module replicated, or register a rule with "
+                "torch.distributed.tensor.experimental.register_sharding")
     found = frame_in_file(e, mf.path)
     if found:
         text += f" at {os.path.basename(mf.path)}:{found[0]}"
@@ -296,3 +364,15 @@ def _placement_text(path: str, strategies: dict[str, str]) -> str:
     if not by:
         return " (replicated over tp)"
     return " (" + "; ".join(f"{', '.join(names)} {s}" for s, names in by.items()) + ")"
+
+
+def first_that_runs(plans: list[Plan], model: ModelFile | str, label: str) -> tuple[int | None, list[str]]:
+    """Dry-run `plans` in order until one passes: (its index, or None when none does; the failure lines of the
+    plans tried before it)."""
+    failures: list[str] = []
+    for i, plan in enumerate(plans):
+        problems = dry_run(plan, model, label=label if i == 0 else f"{label} (candidate {i + 1})")
+        if not problems:
+            return i, failures
+        failures += problems
+    return None, failures
