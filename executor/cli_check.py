@@ -33,13 +33,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = Plan.load(args.plan)
     model_file = load_model_file(args.model)
     t0 = time.perf_counter()
-    problems = dry_run(plan, model_file, label=os.path.basename(args.plan), debug=args.debug)
+    notes: list[str] = []
+    problems = dry_run(plan, model_file, label=os.path.basename(args.plan), debug=args.debug, notes=notes)
     if problems:
         print(f"plan check: {problems[0]}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     m = plan.mesh
     stages = f"rank 0 of each of {m.pp * plan.virtual_stages} pipeline stages" if m.pp > 1 else "rank 0"
-    print(f"ok: {os.path.basename(args.plan)} ran on fake tensors at world {plan.world_size} (dp {m.dp} x tp {m.tp} "
+    print(f"ok{' (partly, see the note)' if notes else ''}: {os.path.basename(args.plan)} ran on fake tensors at world {plan.world_size} (dp {m.dp} x tp {m.tp} "
           f"x pp {m.pp}): one micro-batch of {plan.microbatch_size}, forward, backward and optimizer step on "
           f"{stages}, {time.perf_counter() - t0:.1f} s")
     return 0

@@ -34,12 +34,16 @@ from typing import Iterator
 
 import torch
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode,
+                                          UnsupportedOperatorException, unset_fake_temporarily)
 
 from executor.errors import ExecutorError
 from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
 from planner.plan import Plan
 
+UNCHECKABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
+"""What fake tensors cannot run (values needed, or no fake kernel): the end of what a dry run checks, not a
+failure of the plan."""
 ENV_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 """torchrun's variables `apply_plan` reads; set for the dry run and restored afterwards."""
 MAX_DP = 8
@@ -69,7 +73,7 @@ class _Where:
 
 
 def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: str | None = None,
-            debug: bool = False) -> list[str]:
+            debug: bool = False, notes: list[str] | None = None) -> list[str]:
     """Apply `plan` to the model file's model on fake tensors under a fake process group and run one micro-batch's
     forward, backward and optimizer step on each representative rank (see the module docstring).
 
@@ -78,7 +82,9 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     h.0.attn (q_proj, k_proj, v_proj colwise; o_proj rowwise): aten.view.default on local [4, 32, 32]:
     RuntimeError: shape '[4, 32, 4, 16]' is invalid for input of size 4096 at model.py:11`. Leaves no process
     group, environment variable or tensor mode behind; raises ExecutorError when a process group is running.
-    `debug` (or SHARDWISE_DEBUG set): also print the failure's traceback.
+    `debug` (or SHARDWISE_DEBUG set): also print the failure's traceback. An op fake tensors cannot run (one
+    whose result depends on tensor values, `.item()`, `nonzero`, or a kernel without a fake implementation) ends
+    the check there without a problem: a line saying what was left unchecked is appended to `notes`.
     """
     import torch.distributed as dist
 
@@ -115,8 +121,13 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
                 if debug or os.environ.get("SHARDWISE_DEBUG"):
                     traceback.print_exc()
                 st = "" if stage is None else f", stage {stage}"
-                return [f"{head} (rank {pp_rank * m.dp * m.tp + tp_rank}: pp {pp_rank} dp 0 tp {tp_rank}{st}): "
-                        f"{_describe(e, where, mf)}"]
+                line = f"{head} (rank {pp_rank * m.dp * m.tp + tp_rank}: pp {pp_rank} dp 0 tp {tp_rank}{st}): "
+                if isinstance(e, UNCHECKABLE):
+                    if notes is not None:
+                        notes.append(line + f"checked up to {_describe(e, where, mf)}; not beyond: fake tensors "
+                                     "carry no values, so this op cannot run in a dry run")
+                    return []
+                return [line + _describe(e, where, mf)]
             if tp_rank == 0:
                 done[(signature, boundary)] = out
                 boundary = out
@@ -366,12 +377,13 @@ def _placement_text(path: str, strategies: dict[str, str]) -> str:
     return " (" + "; ".join(f"{', '.join(names)} {s}" for s, names in by.items()) + ")"
 
 
-def first_that_runs(plans: list[Plan], model: ModelFile | str, label: str) -> tuple[int | None, list[str]]:
+def first_that_runs(plans: list[Plan], model: ModelFile | str, label: str,
+                    notes: list[str] | None = None) -> tuple[int | None, list[str]]:
     """Dry-run `plans` in order until one passes: (its index, or None when none does; the failure lines of the
-    plans tried before it)."""
+    plans tried before it). `notes` as in `dry_run`."""
     failures: list[str] = []
     for i, plan in enumerate(plans):
-        problems = dry_run(plan, model, label=label if i == 0 else f"{label} (candidate {i + 1})")
+        problems = dry_run(plan, model, label=label if i == 0 else f"{label} (candidate {i + 1})", notes=notes)
         if not problems:
             return i, failures
         failures += problems

@@ -103,19 +103,23 @@ def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
     from executor.dry_run import first_that_runs
     t0 = time.perf_counter()
     plans = [result.best] + [plan for plan, _ in result.candidates[1:]]
-    i, failures = first_that_runs(plans, model_file, os.path.basename(output))
+    unchecked: list[str] = []
+    i, failures = first_that_runs(plans, model_file, os.path.basename(output), notes=unchecked)
     took = time.perf_counter() - t0
     if i is None:
         more = f" (the other {len(plans) - 1} candidates failed too)" if len(plans) > 1 else ""
         raise PlanError(f"{failures[0]}{more}; {output} not written (`--no-check` writes it without the dry run)")
+    if unchecked:
+        result = replace(result, notes=[*result.notes, unchecked[-1]])
+    ok = "ok, partly (see the note)" if unchecked else "ok"
     if i == 0:
-        return result, f"dry run: ok ({took:.1f} s)"
+        return result, f"dry run: {ok} ({took:.1f} s)"
     plan, pred = result.candidates[i]
     note = (f"the best plan failed the dry run, so candidate {i + 1} of the top {len(plans)} (the best that passes) "
             f"is the plan: {failures[0]}")
     result = replace(result, best=replace(plan, predicted=pred.to_dict()), best_prediction=pred,
                      notes=[*result.notes, note])
-    return result, f"dry run: ok for candidate {i + 1} ({took:.1f} s; the best failed, see the note)"
+    return result, f"dry run: {ok} for candidate {i + 1} ({took:.1f} s; the best failed, see the note)"
 
 
 def build_parser() -> ArgParser:

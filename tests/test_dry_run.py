@@ -339,3 +339,26 @@ def test_no_process_group_environment_or_mode_is_left_behind(const_heads, monkey
             dry_run(dp, const_heads)
     finally:
         dist.destroy_process_group()
+
+
+def test_an_op_fake_tensors_cannot_run_ends_the_check_with_a_note(tmp_path, capsys):
+    """Boolean-mask indexing has a data-dependent shape: the dry run stops there, passes, and says so."""
+    from planner.cli import main
+    from planner.plan import Mesh, Plan
+    path = tmp_path / "masked.py"
+    path.write_text("import torch, torch.nn as nn\n"
+                    "class M(nn.Module):\n"
+                    "    def __init__(self):\n"
+                    "        super().__init__(); self.h = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))\n"
+                    "    def forward(self, x):\n"
+                    "        for l in self.h:\n"
+                    "            x = l(x); x = x + x[x > 0].sum()\n"
+                    "        return x\n"
+                    "def build_model(): return M()\n"
+                    "def sample_batch(b): return torch.randn(b, 16), torch.randn(b, 16)\n")
+    plan = tmp_path / "dp.json"
+    Plan(mesh=Mesh(dp=2), global_batch_size=4, microbatch_size=2, num_microbatches=1, precision="fp32").save(plan)
+    assert main(["check", str(plan), str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("ok (partly, see the note): dp.json")
+    assert "checked up to forward of module" in captured.err and "masked.py:7" in captured.err
