@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {note}", file=sys.stderr)
     m = plan.mesh
     stages = f"rank 0 of each of {m.pp * plan.virtual_stages} pipeline stages" if m.pp > 1 else "rank 0"
-    print(f"ok{' (partly, see the note)' if notes else ''}: {os.path.basename(args.plan)} ran on fake tensors at world {plan.world_size} (dp {m.dp} x tp {m.tp} "
-          f"x pp {m.pp}): one micro-batch of {plan.microbatch_size}, forward, backward and optimizer step on "
-          f"{stages}, {time.perf_counter() - t0:.1f} s")
+    ok = "ok (partly, see the note)" if notes else "ok"
+    print(f"{ok}: {os.path.basename(args.plan)} ran on fake tensors at world {plan.world_size} (dp {m.dp} x tp "
+          f"{m.tp} x pp {m.pp}): one micro-batch of {plan.microbatch_size}, forward, backward and optimizer step "
+          f"on {stages}, {time.perf_counter() - t0:.1f} s")
     return 0

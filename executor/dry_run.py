@@ -5,7 +5,7 @@ optimizer step on fake tensors, in this process, under a fake process group at t
 
 Nothing real is allocated or communicated: the model is built under `FakeTensorMode` (tensors carry shape, dtype
 and device, no storage) and `torch.distributed` runs on the `fake` backend (every collective completes at once
-without moving data), so a 1.5B-parameter plan at tp=8 is checked in seconds. What runs is what one rank runs under
+without moving data), so a 1.5B-parameter plan is checked in seconds. What runs is what one rank runs under
 torchrun: `executor.apply_plan` builds the (pp, dp, tp) DeviceMesh, cuts the pipeline stages and applies TP/SP,
 activation checkpointing and FSDP2/DDP; then the runner's own micro-batch loop (`Runner._forward_backward`:
 gradient-sync context, autocast, loss), the tied-weight gradient exchange and the optimizer step run once. DDP's
@@ -14,7 +14,8 @@ C++ reducer cannot hold fake tensors, so a DDP plan runs under FSDP2's `replicat
 Which ranks run. Rank 0 of each pipeline stage (global rank `pp_rank * dp * tp`): within a stage every dp and tp
 rank runs the same program on tensors of the same shapes (equal tp shards, FSDP2 shards padded to one size), so
 one rank per stage meets every op and every placement. When tp does not divide a sharded parameter's dim, DTensor
-gives the last tp rank smaller shards, so that rank runs too.
+gives the last tp rank smaller shards, so that rank runs too. Above `MAX_DP` the dry run uses dp = `MAX_DP` (see
+there), and says so.
 
 Pipelines. The schedules exchange activations point to point, which the fake backend cannot deliver (a received
 tensor would carry no shape). Each stage module therefore runs on its own, in stage order: the first stage gets the
@@ -22,6 +23,10 @@ micro-batch; each later stage gets fresh tensors of the shapes and dtypes the pr
 (what the schedule would send); a non-last stage's backward gets gradients shaped like its outputs; the last
 stage computes the loss. Checked: every stage's forward and backward as parallelized, the boundary shapes, the
 tied-weight gradient exchange, the optimizer. Not checked: the schedule's P2P ordering and micro-batch splitting.
+Middle stages made of the same module types, on the same input shapes, run the same program: the first runs.
+
+What a dry run cannot check: numerics (fake tensors have no values), real memory and time, and anything after an
+op fake tensors cannot run (`UNCHECKABLE`).
 """
 from __future__ import annotations
 
@@ -56,16 +61,18 @@ tensors: GPT-3 175B at dp=256 would spend ~25 s there. Above it the dry run runs
 class _Where:
     """Where the dry run is, for the failure line."""
 
-    rank: int
-    """Global rank being run."""
+    pp_rank: int = 0
+    """Pipeline rank being run (its dp coordinate is 0)."""
+    tp_rank: int = 0
+    """Tensor-parallel rank being run."""
     stage: int | None = None
     """Pipeline stage being run (None without pipelining)."""
     phase: str = "apply_plan"
     """apply_plan, forward, backward or optimizer step."""
     modules: list[str] = dataclasses.field(default_factory=list)
     """Stack of running modules by path (forward hooks); on an exception the top is the innermost."""
-    ops: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    """Stack of running aten ops and their arguments' shapes; on an exception the top is the op that raised."""
+    ops: list[tuple] = dataclasses.field(default_factory=list)
+    """Stack of running (aten op, its arguments); on an exception the top is the op that raised."""
     strategies: dict[str, str] = dataclasses.field(default_factory=dict)
     """Module path -> tp strategy the runner applies."""
     uneven: bool = False
@@ -100,40 +107,53 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     head = f"dry run of {label} at world {plan.world_size}"
     if run.mesh.dp != m.dp:
         head += f" (dp {m.dp} run as dp {run.mesh.dp})"
-    boundary: tuple | None = None
-    done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
     try:
         stages = _stages(plan, mf)
     except Exception as e:  # noqa: BLE001 — stage_modules refusing the model: what apply_plan would say
-        return [f"{head} (rank 0): {_describe(e, _Where(rank=0), mf)}"]
+        return [f"{head} (rank 0): {_describe(e, _Where(), mf)}"]
+    boundary: tuple | None = None
+    done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
     for stage, signature in stages:
         if (signature, boundary) in done:  # a middle stage like one already run, on the same inputs
             boundary = done[(signature, boundary)]
             continue
-        pp_rank = 0 if stage is None else stage % m.pp
-        tp_ranks = [0]
-        while tp_ranks:
-            tp_rank = tp_ranks.pop(0)
-            where = _Where(rank=pp_rank * run.mesh.dp * m.tp + tp_rank, stage=stage)
-            try:
-                out = _run_rank(run, mf, where, boundary)
-            except Exception as e:  # noqa: BLE001 — every failure becomes one line
-                if debug or os.environ.get("SHARDWISE_DEBUG"):
-                    traceback.print_exc()
-                st = "" if stage is None else f", stage {stage}"
-                line = f"{head} (rank {pp_rank * m.dp * m.tp + tp_rank}: pp {pp_rank} dp 0 tp {tp_rank}{st}): "
-                if isinstance(e, UNCHECKABLE):
-                    if notes is not None:
-                        notes.append(line + f"checked up to {_describe(e, where, mf)}; not beyond: fake tensors "
-                                     "carry no values, so this op cannot run in a dry run")
-                    return []
-                return [line + _describe(e, where, mf)]
-            if tp_rank == 0:
-                done[(signature, boundary)] = out
-                boundary = out
-                if where.uneven and m.tp > 1:
-                    tp_ranks.append(m.tp - 1)
+        out, where, error = _check_stage(run, mf, stage, boundary)
+        if error is not None:
+            if debug or os.environ.get("SHARDWISE_DEBUG"):
+                traceback.print_exception(error)
+            st = "" if stage is None else f", stage {stage}"
+            line = (f"{head} (rank {where.pp_rank * m.dp * m.tp + where.tp_rank}: pp {where.pp_rank} dp 0 tp "
+                    f"{where.tp_rank}{st}): ")
+            if not isinstance(error, UNCHECKABLE):
+                return [line + _describe(error, where, mf)]
+            if notes is not None:
+                notes.append(line + f"checked up to {_describe(error, where, mf)}; not beyond: fake tensors carry "
+                             "no values, so this op cannot run in a dry run")
+            return []
+        done[(signature, boundary)] = out
+        boundary = out
     return []
+
+
+def _check_stage(run: Plan, mf: ModelFile, stage: int | None, boundary: tuple | None):
+    """Run rank 0 of pipeline stage `stage` (the whole model when None), and its last tp rank when tp shards
+    unevenly. Returns (rank 0's stage outputs, the failing rank's _Where, the exception), the last two None when
+    it ran."""
+    m = run.mesh
+    pp_rank = 0 if stage is None else stage % m.pp
+    out, tp_ranks = None, [0]
+    while tp_ranks:
+        tp_rank = tp_ranks.pop(0)
+        where = _Where(pp_rank=pp_rank, tp_rank=tp_rank, stage=stage)
+        try:
+            got = _run_rank(run, mf, where, boundary)
+        except Exception as e:  # noqa: BLE001 — every failure becomes one line
+            return None, where, e
+        if tp_rank == 0:
+            out = got
+            if where.uneven and m.tp > 1:
+                tp_ranks.append(m.tp - 1)
+    return out, None, None
 
 
 def run_plan(plan: Plan) -> Plan:
@@ -155,8 +175,8 @@ def _stages(plan: Plan, mf: ModelFile) -> list[tuple[int | None, tuple]]:
     model = build(mf, "meta")
     mods = stage_modules(model, plan)
     last = len(mods) - 1
-    return [(i, (tuple(type(model.get_submodule(p)).__qualname__ for p in paths),) + ((i,) if i in (0, last) else ()))
-            for i, paths in enumerate(mods)]
+    kinds = [tuple(type(model.get_submodule(p)).__qualname__ for p in paths) for paths in mods]
+    return [(i, (k, i) if i in (0, last) else (k,)) for i, k in enumerate(kinds)]
 
 
 @contextlib.contextmanager
@@ -194,12 +214,13 @@ def _clear_dtensor_caches() -> None:
 
 
 def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) -> tuple | None:
-    """Build the model on fake tensors, apply `plan` (a `run_plan`) as rank `where.rank` and run one micro-batch;
+    """Build the model on fake tensors, apply `plan` (a `run_plan`) as the rank `where` names and run one micro-batch;
     returns a pipeline stage's output (shape, dtype) pairs for the next stage (None without pipelining)."""
     from executor.runner import build_mesh, init_distributed
-    with fake_world(plan.world_size, where.rank), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    rank = where.pp_rank * plan.mesh.dp * plan.mesh.tp + where.tp_rank
+    with fake_world(plan.world_size, rank), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run's own warnings belong to the real run, not to `plan`
-        device = init_distributed(where.rank, plan.world_size)
+        device = init_distributed(rank, plan.world_size)
         mesh = build_mesh(plan, device)  # its rank grid is real: built before fake mode starts
         with FakeTensorMode(allow_non_fake_inputs=True), _OpRecorder(where):
             model = build(mf, device)

@@ -313,7 +313,8 @@ def test_the_last_tp_rank_runs_too_when_shards_are_uneven(tmp_path, monkeypatch)
     path.write_text(UNEVEN)
     ranks = []
     real = dr._run_rank
-    monkeypatch.setattr(dr, "_run_rank", lambda plan, mf, where, b: (ranks.append(where.rank), real(plan, mf, where, b))[1])
+    monkeypatch.setattr(dr, "_run_rank", lambda plan, mf, where, b: (ranks.append(where.tp_rank),
+                                                                      real(plan, mf, where, b))[1])
     plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32")
     assert dr.dry_run(plan, str(path)) == []
     assert ranks == [0, 1]
