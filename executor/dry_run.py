@@ -398,12 +398,14 @@ def _placement_text(path: str, strategies: dict[str, str]) -> str:
     return " (" + "; ".join(f"{', '.join(names)} {s}" for s, names in by.items()) + ")"
 
 
-def first_that_runs(plans: list[Plan], model: ModelFile | str, label: str,
-                    notes: list[str] | None = None) -> tuple[int | None, list[str]]:
+def first_that_runs(plans: list[Plan], model: ModelFile | str, label: str, notes: list[str] | None = None,
+                    on_start=None) -> tuple[int | None, list[str]]:
     """Dry-run `plans` in order until one passes: (its index, or None when none does; the failure lines of the
-    plans tried before it). `notes` as in `dry_run`."""
+    plans tried before it). `notes` as in `dry_run`; `on_start(i, plan)` is called before each."""
     failures: list[str] = []
     for i, plan in enumerate(plans):
+        if on_start is not None:
+            on_start(i, plan)
         problems = dry_run(plan, model, label=label if i == 0 else f"{label} (candidate {i + 1})", notes=notes)
         if not problems:
             return i, failures

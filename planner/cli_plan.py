@@ -104,7 +104,14 @@ def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
     t0 = time.perf_counter()
     plans = [result.best] + [plan for plan, _ in result.candidates[1:]]
     unchecked: list[str] = []
-    i, failures = first_that_runs(plans, model_file, os.path.basename(output), notes=unchecked)
+
+    def say(i: int, plan: Any) -> None:  # the dry run of a large model takes seconds: say what is running
+        if sys.stderr.isatty():
+            print(f"\rdry run: candidate {i + 1} on fake tensors at world {plan.world_size} ...", end="",
+                  file=sys.stderr, flush=True)
+    i, failures = first_that_runs(plans, model_file, os.path.basename(output), notes=unchecked, on_start=say)
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
     took = time.perf_counter() - t0
     if i is None:
         more = f" (the other {len(plans) - 1} candidates failed too)" if len(plans) > 1 else ""
