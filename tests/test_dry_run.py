@@ -3,8 +3,11 @@ process group, one micro-batch's forward, backward and optimizer step, in this p
 
 Every bundled example and zoo model planned under `--force tp=2 / dp=2 / pp=2 / zero=3` (where the planner accepts
 it) passes, or fails with the executor limitation it really has; a plan that crashes after launch (attention with
-module-constant head counts under tp) is caught by `plan check` in one line naming module, placement and op, and
-`plan -o` does not write it; the gate falls back to the next candidate; no process group or mode is left behind.
+module-constant head counts under tp) is caught by `plan check` in one line naming module, placement and op, the
+same crash happens under torchrun, and `plan -o` does not write it; the other after-launch crashes of issue 9
+(nanoGPT's fused qkv, HF Llama under sp) are caught; the gate falls back to the next candidate; a missing DTensor
+rule is named; no process group or mode is left behind. These models are the current executor's crashes: when
+the executor learns to run one, its test here should switch to another plan that fails.
 gpt2_xl.py and gpt3_175b.py are gpt.py's code at sizes that take seconds each: `benchmarks/dry_run_time.py`
 times them.
 """
@@ -170,6 +173,42 @@ def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_p
     for part in ("forward of module h.0.attn", "q_proj, k_proj, v_proj colwise", "o_proj rowwise",
                  "aten.view.default on local [4, 32, 32]", "shape '[4, 32, 4, 16]' is invalid", "const_heads.py:11"):
         assert part in line, (part, line)
+
+
+def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
+    """The plan the dry run refuses crashes the same way under torchrun on 2 gloo ranks (the same module's view)."""
+    import subprocess
+    import sys
+
+    from executor.dry_run import dry_run
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(const_heads, out, "--no-check")) == 0
+    problems = dry_run(str(out), const_heads)
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(out), const_heads, "--steps", "1",
+                           "--warmup", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 1 and len(problems) == 1, (proc.returncode, problems)
+    crash = "shape '[4, 32, 4, 16]' is invalid for input of size 4096"
+    assert crash in proc.stderr and crash in problems[0]
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("nanogpt_fused_qkv", "module h.0.attn (c_attn colwise; c_proj rowwise): ValueError: not enough values to unpack"),
+    ("hf_llama", "module model.layers.0.self_attn (q_proj, k_proj, v_proj colwise; o_proj rowwise): ValueError: "
+                 "module inputs and input_layouts should have same length"),
+])
+def test_issue_9_crashes_after_launch_are_caught(model, expected):
+    """Hand-written mesh-only tp plans (the executor derives Megatron pairs): nanoGPT's fused qkv split, and HF
+    Llama's extra forward arguments under sequence parallelism, both crash after launch today."""
+    from executor.dry_run import dry_run
+    from planner.plan import Mesh, Plan
+    if model.startswith("hf_"):
+        pytest.importorskip("transformers")
+    plan = Plan(mesh=Mesh(tp=2), sequence_parallel=model == "hf_llama", global_batch_size=2, microbatch_size=2,
+                num_microbatches=1, precision="fp32")
+    problems = dry_run(plan, MODELS[model])
+    assert len(problems) == 1 and expected in problems[0], problems
 
 
 def test_plan_does_not_write_a_plan_that_fails_the_dry_run(const_heads, tmp_path, capsys):
