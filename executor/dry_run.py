@@ -9,7 +9,8 @@ without moving data), so a 1.5B-parameter plan is checked in seconds. What runs 
 torchrun: `executor.apply_plan` builds the (pp, dp, tp) DeviceMesh, cuts the pipeline stages and applies TP/SP,
 activation checkpointing and FSDP2/DDP; then the runner's own micro-batch loop (`Runner._forward_backward`:
 gradient-sync context, autocast, loss), the tied-weight gradient exchange and the optimizer step run once. DDP's
-C++ reducer cannot hold fake tensors, so a DDP plan runs under FSDP2's `replicate` (the same gradient all-reduce).
+C++ reducer cannot hold fake tensors, so a DDP plan runs under FSDP2's `replicate` (the same gradient all-reduce),
+and what DDP alone requires is checked after backward: every parameter got a gradient.
 
 Which ranks run. Rank 0 of each pipeline stage (global rank `pp_rank * dp * tp`): within a stage every dp and tp
 rank runs the same program on tensors of the same shapes (equal tp shards, FSDP2 shards padded to one size), so
@@ -68,7 +69,7 @@ class _Where:
     stage: int | None = None
     """Pipeline stage being run (None without pipelining)."""
     phase: str = "apply_plan"
-    """apply_plan, forward, backward or optimizer step."""
+    """apply_plan, forward, loss/backward, after backward or optimizer step."""
     modules: list[str] = dataclasses.field(default_factory=list)
     """Stack of running modules by path (forward hooks); on an exception the top is the innermost."""
     ops: list[tuple] = dataclasses.field(default_factory=list)
@@ -246,6 +247,9 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     if plan.mesh.pp == 1:
         where.phase = "forward"  # until the model's forward returns (`_track_modules`)
         runner._forward_backward(inputs, targets)
+        if getattr(runner.parts[0], "stands_for_ddp", False):
+            where.phase = "after backward"
+            _check_ddp_gradients(runner.parts[0])
     else:
         out = _run_stage(runner, where, inputs, targets, boundary)
     where.phase = "optimizer step"
@@ -275,6 +279,17 @@ def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -
     need = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
     torch.autograd.backward(need, [torch.empty_like(o) for o in need])
     return tuple((tuple(o.shape), o.dtype) for o in outs)
+
+
+def _check_ddp_gradients(model: nn.Module) -> None:
+    """DDP (find_unused_parameters=False, as `executor.parallel.apply_ddp` builds it) waits for a gradient of
+    every parameter and stops at the next step's forward when one never came: ExecutorError naming them."""
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise ExecutorError(f"parameter {unused[0]}{more} got no gradient, so DDP stops at the second step "
+                            "(\"Expected to have finished reduction in the prior iteration\"): use it in the loss, "
+                            "set requires_grad=False on it, or plan with ZeRO (--force zero=1)")
 
 
 def _uneven(runner) -> bool:

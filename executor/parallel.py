@@ -306,12 +306,17 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False) -> nn.Module:
     """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
-    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward), or the
-    parameters are FakeTensors (the dry run: DDP's C++ reducer needs real storage)."""
+    module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward). FakeTensor
+    parameters (the dry run) get `replicate` too, since DDP's C++ reducer needs real storage, marked
+    `stands_for_ddp` so the dry run can check what DDP alone requires (every parameter gets a gradient)."""
     from torch._subclasses.fake_tensor import FakeTensor
-    if pipelined or any(isinstance(p, (DTensor, FakeTensor)) for p in model.parameters()):
-        from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
         return replicate(model, mesh=dp_mesh)
+    if any(isinstance(p, FakeTensor) for p in model.parameters()):
+        model = replicate(model, mesh=dp_mesh)
+        model.stands_for_ddp = True
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     dev = next(model.parameters()).device
     return DDP(model, process_group=dp_mesh.get_group(),
