@@ -47,9 +47,13 @@ from executor.errors import ExecutorError
 from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
 from planner.plan import Plan
 
-UNCHECKABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
-"""What fake tensors cannot run (values needed, or no fake kernel): the end of what a dry run checks, not a
-failure of the plan."""
+class _Unchecked(RuntimeError):
+    """Something the dry run cannot reproduce (not a failure of the plan)."""
+
+
+UNCHECKABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException, _Unchecked)
+"""What fake tensors cannot run (values needed, or no fake kernel), or the dry run cannot rebuild: the end of what
+a dry run checks, not a failure of the plan."""
 ENV_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 """torchrun's variables `apply_plan` reads; set for the dry run and restored afterwards."""
 MAX_DP = 8
@@ -115,8 +119,9 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     boundary: tuple | None = None
     done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
     for stage, signature in stages:
-        if (signature, boundary) in done:  # a middle stage like one already run, on the same inputs
-            boundary = done[(signature, boundary)]
+        key = (signature, boundary)
+        if _hashable(key) and key in done:  # a middle stage like one already run, on the same inputs
+            boundary = done[key]
             continue
         out, where, error = _check_stage(run, mf, stage, boundary)
         if error is not None:
@@ -131,9 +136,18 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
                 notes.append(line + f"checked up to {_describe(error, where, mf)}; not beyond: fake tensors carry "
                              "no values, so this op cannot run in a dry run")
             return []
-        done[(signature, boundary)] = out
+        if _hashable(key):
+            done[key] = out
         boundary = out
     return []
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
 
 
 def _check_stage(run: Plan, mf: ModelFile, stage: int | None, boundary: tuple | None):
@@ -216,7 +230,8 @@ def _clear_dtensor_caches() -> None:
 
 def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) -> tuple | None:
     """Build the model on fake tensors, apply `plan` (a `run_plan`) as the rank `where` names and run one micro-batch;
-    returns a pipeline stage's output (shape, dtype) pairs for the next stage (None without pipelining)."""
+    returns a pipeline stage's outputs for the next stage, ("tensor", shape, dtype) or ("value", v) each (None
+    without pipelining)."""
     from executor.runner import build_mesh, init_distributed
     rank = where.pp_rank * plan.mesh.dp * plan.mesh.tp + where.tp_rank
     with fake_world(plan.world_size, rank), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -261,12 +276,15 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
 
 def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -> tuple | None:
     """Forward and backward of pipeline stage `where.stage` alone (see the module docstring)."""
+    from torch.distributed.tensor import DTensor
+
     from executor.runner import _as_args
     plan = runner.plan
     part = runner.parts[runner.stage_ids.index(where.stage)]
     last = where.stage == plan.mesh.pp * plan.virtual_stages - 1
     args = _as_args(inputs) if boundary is None else tuple(
-        torch.empty(s, dtype=d, device=runner.device, requires_grad=d.is_floating_point) for s, d in boundary)
+        torch.empty(b[1], dtype=b[2], device=runner.device, requires_grad=b[2].is_floating_point)
+        if b[0] == "tensor" else b[1] for b in boundary)
     where.phase = "forward"
     with runner._autocast():
         out = part(*args)
@@ -278,7 +296,10 @@ def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -
     outs = out if isinstance(out, tuple) else (out,)
     need = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
     torch.autograd.backward(need, [torch.empty_like(o) for o in need])
-    return tuple((tuple(o.shape), o.dtype) for o in outs)
+    if any(isinstance(o, DTensor) for o in outs):
+        raise _Unchecked(f"stage {where.stage} passes a DTensor to the next stage, which this dry run cannot rebuild "
+                         "in the next stage's fake world")
+    return tuple(("tensor", tuple(o.shape), o.dtype) if isinstance(o, torch.Tensor) else ("value", o) for o in outs)
 
 
 def _check_ddp_gradients(model: nn.Module) -> None:
