@@ -358,12 +358,19 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
     """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
     module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward). `replicate`
     wraps each repeated block, then the whole module, so each block's gradients are all-reduced as soon as its
-    backward ends (overlapping the rest of the backward, as DDP's buckets do)."""
+    backward ends (overlapping the rest of the backward, as DDP's buckets do). FakeTensor parameters (the dry run)
+    get `replicate` too, since DDP's C++ reducer needs real storage, marked `stands_for_ddp` so the dry run can
+    check what DDP alone requires (every parameter gets a gradient)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.distributed._composable.replicate_with_fsdp import replicate
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
-        from torch.distributed._composable.replicate_with_fsdp import replicate
         for block in _present(model, block_paths or []):
             replicate(block, mesh=dp_mesh)
         return replicate(model, mesh=dp_mesh)
+    if any(isinstance(p, FakeTensor) for p in model.parameters()):
+        model = replicate(model, mesh=dp_mesh)
+        model.stands_for_ddp = True
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     dev = next(model.parameters()).device
     return DDP(model, process_group=dp_mesh.get_group(),

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from executor import parallel, pipeline
 from executor.errors import ExecutorError
@@ -106,16 +106,23 @@ def init_distributed(rank: int, world: int) -> torch.device:
     return device
 
 
+def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
+    """The plan's (pp, dp, tp) DeviceMesh over the default process group."""
+    m = plan.mesh
+    return init_device_mesh(device.type, (m.pp, m.dp, m.tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
 def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
                optimizer: OptimizerFactory | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-               *, sync_init: bool = True) -> "Runner":
+               *, sync_init: bool = True, mesh: DeviceMesh | None = None) -> "Runner":
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
     Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
     one the executor applies exactly (`tp_strategies`), and the launched world size equals the plan's. Then builds
     the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
-    `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE.
+    `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
+    (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
@@ -124,18 +131,19 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
-                  device, sync_init)
+                  device, sync_init, mesh)
 
 
 class Runner:
     """Trains one rank's share of the model under a plan. Build with `apply_plan`."""
 
     def __init__(self, model: nn.Module, plan: Plan, optimizer: OptimizerFactory, loss_fn, device: torch.device,
-                 sync_init: bool = True):
+                 sync_init: bool = True, mesh: DeviceMesh | None = None):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
         m = plan.mesh
-        self.mesh = init_device_mesh(device.type, (m.pp, m.dp, m.tp), mesh_dim_names=("pp", "dp", "tp"))
-        model.to(device)
+        self.mesh = mesh or build_mesh(plan, device)
+        if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
+            model.to(device)  # only when needed: the dry run's FakeTensor parameters cannot be swapped by .to()
         if sync_init and dist.get_world_size() > 1:
             with torch.no_grad():
                 for t in list(model.parameters()) + list(model.buffers()):

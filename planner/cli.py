@@ -5,6 +5,7 @@
     plan measure plan.json MODEL.py [--steps N] [-o measured.json]
     plan schema [-o plan.schema.json]
     plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]
+    plan check plan.json MODEL.py
 
 Bad input of any kind ends with one line on stderr and exit status 2 (a traceback only with `--debug`).
 """
@@ -14,7 +15,7 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-SUBCOMMANDS = ("profile", "measure", "schema", "export")
+SUBCOMMANDS = ("profile", "measure", "schema", "export", "check")
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -60,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(argv[1:])
         if argv and argv[0] == "export":
             from planner.export import main as run
+            return run(argv[1:])
+        if argv and argv[0] == "check":
+            from executor.cli_check import main as run
             return run(argv[1:])
         from planner.cli_plan import main as run
         return run(argv)

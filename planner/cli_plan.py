@@ -93,6 +93,42 @@ def calibrate(result: Any, scale: float, source: str) -> Any:
     return replace(result, best=best, best_prediction=best_pred, candidates=cands, evaluated=evaluated)
 
 
+def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
+    """Before `-o` writes: dry-run the best plan (`executor.dry_run`: the executor's own apply_plan on fake tensors
+    under a fake process group); when it fails, the next-best candidate that passes, with a note. Returns the
+    result to report and write, and a status line; PlanError (nothing written) when no candidate passes."""
+    import time
+    from dataclasses import replace
+
+    from executor.dry_run import first_that_runs
+    t0 = time.perf_counter()
+    plans = [result.best] + [plan for plan, _ in result.candidates[1:]]
+    unchecked: list[str] = []
+
+    def say(i: int, plan: Any) -> None:  # the dry run of a large model takes seconds: say what is running
+        if sys.stderr.isatty():
+            print(f"\rdry run: candidate {i + 1} on fake tensors at world {plan.world_size} ...", end="",
+                  file=sys.stderr, flush=True)
+    i, failures = first_that_runs(plans, model_file, os.path.basename(output), notes=unchecked, on_start=say)
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    took = time.perf_counter() - t0
+    if i is None:
+        more = f" (the other {len(plans) - 1} candidates failed too)" if len(plans) > 1 else ""
+        raise PlanError(f"{failures[0]}{more}; {output} not written (`--no-check` writes it without the dry run)")
+    if unchecked:
+        result = replace(result, notes=[*result.notes, unchecked[-1]])
+    ok = "ok, partly (see the note)" if unchecked else "ok"
+    if i == 0:
+        return result, f"dry run: {ok} ({took:.1f} s)"
+    plan, pred = result.candidates[i]
+    note = (f"the best plan failed the dry run, so candidate {i + 1} of the top {len(plans)} (the best that passes) "
+            f"is the plan: {failures[0]}")
+    result = replace(result, best=replace(plan, predicted=pred.to_dict()), best_prediction=pred,
+                     notes=[*result.notes, note])
+    return result, f"dry run: {ok} for candidate {i + 1} ({took:.1f} s; the best failed, see the note)"
+
+
 def build_parser() -> ArgParser:
     """The `plan` argument parser."""
     p = ArgParser(
@@ -104,7 +140,8 @@ def build_parser() -> ArgParser:
                     "  plan measure plan.json MODEL.py [--steps N] [-o measured.json]   run a plan, compare\n"
                     "  plan schema [-o plan.schema.json]                                plan.json's JSON Schema\n"
                     "  plan export plan.json --to torchtitan|megatron|deepspeed|accelerate [-o FILE]   "
-                    "as a trainer's config",
+                    "as a trainer's config\n"
+                    "  plan check plan.json MODEL.py                                    dry-run a plan",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL.py",
                    help="model file defining build_model() and sample_batch(batch_size)")
@@ -128,6 +165,10 @@ def build_parser() -> ArgParser:
                    help="scale predicted step times by the measured/predicted ratio that `plan measure "
                         "--calibrate` recorded for this cluster profile")
     p.add_argument("-o", "--output", metavar="plan.json", help="write the chosen plan here")
+    p.add_argument("--no-check", action="store_true",
+                   help="write the plan without the dry run that -o runs first (the executor applies the plan on "
+                        "fake tensors under a fake process group and runs one micro-batch; a plan that fails is not "
+                        "written, the next-best candidate that passes is; see `plan check`)")
     p.add_argument("--timeline", metavar="trace.json",
                    help="write the simulated step as a Chrome trace (open in Perfetto or chrome://tracing)")
     p.add_argument("--plot", metavar="FILE.png",
@@ -188,6 +229,9 @@ def main(argv: Sequence[str]) -> int:
                     model_path=model_file.path)
     if scale is not None:
         result = calibrate(result, scale, args.calibration)
+    checked = ""
+    if args.output and not args.no_check:
+        result, checked = dry_run_gate(result, model_file, args.output)
     if args.json:
         from planner.report import format_json
         print(format_json(result, explain=args.explain))
@@ -196,6 +240,8 @@ def main(argv: Sequence[str]) -> int:
         print(format_result(result, explain=args.explain))
     said = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
     if args.output:
+        if checked:
+            print(checked, file=said)
         result.best.save(args.output)
         print(f"wrote {args.output}", file=said)
     if args.timeline:
