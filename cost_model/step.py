@@ -462,10 +462,7 @@ class StepPredictor:
         dp_how = f"fp32 gradients {dp_how}{gathers}" + (
             f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
         out = [
-            f"compute: per-op roofline at {plan.precision} (peak {pk / 1e12:.0f} TFLOP/s, "
-            f"{cl.device.memory_bandwidth / 1e9:.0f} GB/s) scaled by the profile's measured efficiency curves; "
-            "views launch no kernel" + ("; measured per-op overheads and elementwise kernel costs from the profile"
-                                        if cl.device.op_overhead.forward or cl.device.kernel_costs else ""),
+            _compute_assumption(cl.device, plan.precision, pk),
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
             "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
             (f"dp={self.dp}, ZeRO-{zero}: {dp_how}" + (
@@ -545,3 +542,28 @@ def loss_input_elems(graph: OpGraph, plan: Plan) -> float:
             and integer:
         elems /= plan.mesh.tp
     return elems
+
+
+def _compute_assumption(dev, precision: str, peak: float) -> str:
+    """The compute line of the printed assumptions: which of the profile's compute terms priced this plan."""
+    rate = f"{peak / 1e12:.0f} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.0f} GFLOP/s"
+    parts = [f"compute: per op at {precision} (peak {rate}, {dev.memory_bandwidth / 1e9:.0f} GB/s)"]
+    if dev.matmul is not None and dev.sms:
+        parts.append(f"GEMMs by (M, N, K) after sharding: tile and wave quantization on {dev.sms} SMs x "
+                     f"{dev.matmul.best_efficiency:.1%} best efficiency")
+    else:
+        parts.append("GEMMs by the profile's efficiency curves by size")
+    if dev.matmul_shapes or dev.attention_shapes:
+        parts.append("the model's own measured GEMM/attention shapes first")
+    if dev.attention is not None:
+        parts.append("SDPA at the profile's attention kernel efficiency on its real (causal) work")
+    parts.append("copies cost their bytes, views nothing")
+    if dev.kernel_floor:
+        parts.append(f"at least {dev.kernel_floor * 1e6:.1f} us per kernel")
+    if dev.op_overhead.forward:
+        parts.append("host dispatch per op " + ("overlapped with kernels (max per layer)" if dev.async_host
+                                                else "added to the kernels"))
+    if dev.kernel_costs:
+        parts.append("measured elementwise kernel costs")
+    return "; ".join(parts)
+
