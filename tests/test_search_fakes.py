@@ -96,6 +96,18 @@ class FakeCostModel:
         t *= microbatch_size
         return (t / 3, 2 * t / 3)
 
+    def op_parts(self, op, placement, tp, microbatch_size, precision):
+        """`op_time` as kernels, with no host dispatch (`compute.combine` adds them)."""
+        return (*self.op_time(op, placement, tp, microbatch_size, precision), 0.0, 0.0)
+
+    @property
+    def compute(self):
+        return self
+
+    @staticmethod
+    def combine(kernel, host):
+        return kernel + host
+
     def reshard_time(self, meta, src, dst, tp, microbatch_size, precision):
         if src == dst:
             return (0.0, 0.0)

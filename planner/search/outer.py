@@ -5,7 +5,8 @@ Order of work (cheap to expensive):
 
 1. Enumerate groups (`planner.search.space`): a group fixes dp, tp, pp, micro-batch size, sp, schedule and v.
 2. Lower-bound each group's step time from per-op compute alone: every op at its fastest strategy
-   (`op_time`); a GPipe or 1F1B pipeline needs at least min over stage cuts of max_r (m T_r + sum_{k<r} T_k)
+   (`op_parts`; kernels and host dispatch summed apart and combined per layer, as `predict` does); a GPipe or
+   1F1B pipeline needs at least min over stage cuts of max_r (m T_r + sum_{k<r} T_k)
    (rank r runs all m micro-batches of its stage after the first one's forward crossed the stages before it,
    and the last one's backward crosses them again: `stages.min_pipeline_bound`), and an interleaved one at
    least m * sum_k T_k / pp. Communication, bubbles and recompute only add to this.
@@ -194,10 +195,13 @@ class OuterSearch:
                 if layer.block_type is not None and layer.block_type in by_type:
                     out.append(by_type[layer.block_type])
                     continue
-                t = 0.0
+                # each of kernels and host dispatch at its fastest strategy, combined per layer as `predict`
+                # does (max on GPUs): a sum of per-op maxima would exceed the layer's max of sums
+                parts = np.zeros(4)
                 for op in self.graph.layer_ops(layer):
-                    t += min(sum(self.cm.op_time(op, None if p.strategy == "replicate" else p, tp, mbs,
-                                                 self.precision)) for p in strategies_for(op, tp))
+                    parts += np.min([self.cm.op_parts(op, None if p.strategy == "replicate" else p, tp, mbs,
+                                                      self.precision) for p in strategies_for(op, tp)], axis=0)
+                t = self.cm.compute.combine(parts[0], parts[2]) + self.cm.compute.combine(parts[1], parts[3])
                 if layer.block_type is not None:
                     by_type[layer.block_type] = t
                 out.append(t)
@@ -419,17 +423,17 @@ class OuterSearch:
     def _layer_row(self, layer, placement: PlacementResult, args: tuple) -> tuple[float, ...]:
         """One layer's (compute + re-sharding, parameter bytes, activation bytes, compute, re-sharding, forward
         compute)."""
-        t = p = a = c = r = f = 0.0
+        p = a = r = 0.0
+        parts = np.zeros(4)  # kernels and host dispatch, forward and backward, combined per layer as `predict` does
         for op in self.graph.layer_ops(layer):
             pl = placement.ops.get(op.name)
-            fwd_bwd = self.cm.op_time(op, pl, *args)
-            ct = sum(fwd_bwd)
-            t, c, f = t + ct, c + ct, f + fwd_bwd[0]
+            parts += self.cm.op_parts(op, pl, *args)
             pb, ab = self.cm.op_memory(op, pl, *args)
             p, a = p + pb, a + ab
-            rt = self._reshard_in(op, pl, placement, args)
-            t, r = t + rt, r + rt
-        return t, p, a, c, r, f
+            r += self._reshard_in(op, pl, placement, args)
+        f = self.cm.compute.combine(parts[0], parts[2])
+        c = f + self.cm.compute.combine(parts[1], parts[3])
+        return c + r, p, a, c, r, f
 
     def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
         total = 0.0
