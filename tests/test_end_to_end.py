@@ -11,26 +11,16 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
-from single_process import reference_losses
+from shared import SMALL_GPT, reference_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
 STEPS = 3
 BATCH = 8
 
-MODEL = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {examples!r})
-    from gpt import GPT, GPTConfig, sample_batch as _sample
-    CFG = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16)
-    def build_model():
-        return GPT(CFG)
-    def sample_batch(b):
-        return _sample(b, CFG)
-""")
+MODEL = SMALL_GPT
 
 
 def _cli(*args, timeout=120):

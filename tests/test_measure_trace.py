@@ -7,25 +7,16 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from executor import trace
+from shared import SMALL_GPT
 from test_cli_plan_predict import validate_chrome_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b"\x89PNG\r\n\x1a\n"
-MODEL = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {examples!r})
-    from gpt import GPT, GPTConfig, sample_batch as _sample
-    CFG = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16)
-    def build_model():
-        return GPT(CFG)
-    def sample_batch(b):
-        return _sample(b, CFG)
-""")
+MODEL = SMALL_GPT
 
 
 def _tracks(doc):

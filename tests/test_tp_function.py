@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from single_process import reference_losses
+from shared import reference_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "zoo")

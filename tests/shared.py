@@ -1,5 +1,20 @@
-"""What `plan measure`'s worker computes, on one process: the reference the distributed runs must equal."""
+"""What several test files share: a small GPT model file, and what `plan measure`'s worker computes on one process
+(the reference the distributed runs must equal)."""
+import textwrap
+
 import torch
+
+SMALL_GPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {examples!r})
+    from gpt import GPT, GPTConfig, sample_batch as _sample
+    CFG = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16)
+    def build_model():
+        return GPT(CFG)
+    def sample_batch(b):
+        return _sample(b, CFG)
+""")
+"""A 2-layer h=32 GPT from examples/gpt.py, as a model file's text (format `examples` with the examples folder)."""
 
 
 def reference_losses(model_path, steps: int, batch_size: int) -> list[float]:
