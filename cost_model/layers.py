@@ -138,7 +138,7 @@ class LayerCoster:
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
         selective = plan.recompute == "selective" and layer.block_type is not None
-        stop = _recompute_stop(g, layer) if full or selective else -1
+        stop = recompute_stop(g, layer) if full or selective else -1
         linears = 0
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
         for pos, i in enumerate(layer.ops):
@@ -311,7 +311,7 @@ class LayerCoster:
         return tensor_bytes(last.output_meta[0], self.prec) * self.mbs / self.graph.batch_size / div
 
 
-def _recompute_stop(graph: OpGraph, layer: Layer) -> int:
+def recompute_stop(graph: OpGraph, layer: Layer) -> int:
     """Position in `layer.ops` of the last op a checkpointed re-run executes (early stop): the last op that saves
     a tensor for backward, or the op before it when that op is a matmul kind, which saves only its inputs (its
     output is not needed, so the replay stops once its inputs exist)."""

@@ -62,6 +62,12 @@ class CostModel:
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
         return self.compute.op_times(op.kind, work, precision)
 
+    def recompute_stop(self, graph: OpGraph, layer) -> int:
+        """Position in `layer.ops` of the last op a checkpointed re-run of the layer executes (torch checkpoint's
+        early stop; -1: none), as the step prediction prices full recomputation."""
+        from cost_model.layers import recompute_stop
+        return recompute_stop(graph, layer)
+
     def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
                  *, traced_batch_size: int = 1, sequence_parallel: bool = False
                  ) -> tuple[float, float, float, float]:

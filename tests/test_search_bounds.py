@@ -43,3 +43,20 @@ def test_compute_bounds_at_most_the_predicted_compute_on_an_async_host_gpu(gpt, 
     assert outer.op_min_times(1, mbs).sum() <= compute * (1 + 1e-9)
     _, arrays = outer.placed(1, mbs, False)
     assert arrays.bound.sum() <= compute * (1 + 1e-9)
+
+
+def test_full_recompute_bound_stops_where_the_re_run_stops():
+    """Full recomputation's re-run stops after the last op whose output backward saved (torch checkpoint's early
+    stop, `CostModel.recompute_stop`); a bound that charged the whole forward again exceeded the prediction
+    (7 times in this search before it stopped there)."""
+    from gpt import GPT, GPTConfig
+    cfg = GPTConfig(n_layer=2, n_embd=2304, n_head=24, vocab_size=8192, block_size=2048)
+
+    def sample(b: int):
+        tokens = torch.zeros(b, 2049, dtype=torch.long)
+        return tokens[:, :-1], tokens[:, 1:]
+    graph = trace_model(ModelFile(path="gpt-2x2304", build_model=lambda: GPT(cfg), sample_batch=sample,
+                                  loss_fn=default_loss), progress=False)
+    cluster = load_cluster("dgx-a100-80gb")
+    res = search(graph, cluster, CostModel(cluster), batch_size=64, forced={"recompute": "full"})
+    assert res.stats["predictions"] > 0 and res.stats["bound_violations"] == 0

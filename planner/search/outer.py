@@ -101,8 +101,8 @@ class _Layers:
     act: np.ndarray
     """Saved activation bytes (`op_memory`)."""
     refwd: np.ndarray
-    """Forward compute (`op_time`) of block layers, 0 elsewhere: what full recomputation runs again (it
-    re-runs every block's forward in its backward; Chen et al. 2016, Korthikanti et al. 2022)."""
+    """Forward compute (`op_time`) of what full recomputation runs again in a block layer's backward (its forward
+    up to the cost model's `recompute_stop`: torch checkpoint's early stop), 0 elsewhere."""
     bound: np.ndarray
     """What `placed_bound` sums: like `time`, but a block's re-sharding into its first op is the smaller of its
     first and second copy's (the first copy's inputs come from the ops before the blocks, the others' from the
@@ -425,15 +425,22 @@ class OuterSearch:
         compute)."""
         p = a = r = 0.0
         parts = np.zeros(4)  # kernels and host dispatch, forward and backward, combined per layer as `predict` does
-        for op in self.graph.layer_ops(layer):
+        rerun = np.zeros(4)  # the same for the ops a full-recompute re-run executes (up to the early stop)
+        stop_of = getattr(self.cm, "recompute_stop", None)
+        stop = stop_of(self.graph, layer) if stop_of is not None else len(layer.ops) - 1
+        for pos, op in enumerate(self.graph.layer_ops(layer)):
             pl = placement.ops.get(op.name)
-            parts += self.cm.op_parts(op, pl, *args)
+            op_parts = np.asarray(self.cm.op_parts(op, pl, *args))
+            parts += op_parts
+            if pos <= stop:
+                rerun += op_parts
             pb, ab = self.cm.op_memory(op, pl, *args)
             p, a = p + pb, a + ab
             r += self._reshard_in(op, pl, placement, args)
         f = self.cm.compute.combine(parts[0], parts[2])
         c = f + self.cm.compute.combine(parts[1], parts[3])
-        return c + r, p, a, c, r, f
+        # predict sums the re-run per op; combining the sums is never more (max is subadditive): a sound bound
+        return c + r, p, a, c, r, self.cm.compute.combine(rerun[0], rerun[2])
 
     def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
         total = 0.0
