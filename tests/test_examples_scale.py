@@ -1,5 +1,5 @@
 """The large GPT examples trace on the meta device and have the parameter count of Narayanan et al.'s closed form
-P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (SC21 eq. 2; /work/shared/reference/formulas.csv parameter_count)."""
+P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (Narayanan et al. SC21, eq. 2)."""
 import os
 
 import pytest
