@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         t0 = time.perf_counter()
         rc, err = launch(args.plan, args.model, plan.world_size, args.steps, args.warmup, args.threads, result,
                          args.timeout, args.trace)
-        if rc != 0 or not os.path.exists(result):
+        if not os.path.exists(result):
             why = failure_reason(err, rc)
             print(f"plan measure: the job failed after {time.perf_counter() - t0:.1f} s: {why}", file=sys.stderr)
             if args.debug:
@@ -223,6 +223,11 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
             return 1
         with open(result) as f:
             measured = json.load(f)
+        if rc != 0:  # rank 0 writes the result only after every rank's measurement arrived: the run is complete
+            note = (f"a rank exited abnormally after the measurement was complete (during shutdown): "
+                    f"{failure_reason(err, rc)}")
+            print(f"note: {note}", file=sys.stderr)
+            measured.setdefault("notes", []).append(note)
     if args.trace:
         measured.setdefault("notes", []).append("--trace: the steps after warm-up ran under torch.profiler, which "
                                                 "adds time to each step")

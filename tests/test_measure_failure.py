@@ -31,3 +31,45 @@ def test_a_crash_below_python_names_rank_and_signal():
 def test_otherwise_the_last_meaningful_line():
     assert failure_reason("first\nsecond\n=====\n", 1) == "second"
     assert failure_reason("", 3) == "exit status 3"
+
+
+def _a_plan(tmp_path):
+    import os
+    from planner.cli import main as plan_main
+    gpt = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gpt.py")
+    out = tmp_path / "plan.json"
+    assert plan_main([gpt, "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force",
+                      "dp=2,zero=0,mbs=2", "--no-check", "-o", str(out)]) == 0
+    return gpt, out
+
+
+def _fake_launch(write: bool, rc: int):
+    import json
+
+    def launch(plan_path, model_path, world, steps, warmup, threads, result, timeout=None, trace=None):
+        if write:
+            with open(result, "w") as f:
+                json.dump({"step_time_s": 0.01, "peak_memory_bytes": 1, "memory_bytes": {"peak": 1},
+                           "losses": [1.0] * steps, "step_times_s": [0.01] * steps, "notes": []}, f)
+        return rc, TORCHRUN_SIGSEGV
+    return launch
+
+
+def test_a_rank_dying_after_the_result_was_written_is_a_note_not_a_failure(tmp_path, monkeypatch, capsys):
+    """Rank 0 writes the result only after every rank's measurement arrived; a crash in shutdown loses nothing."""
+    import executor.cli as cli
+    gpt, plan = _a_plan(tmp_path)
+    capsys.readouterr()
+    monkeypatch.setattr(cli, "launch", _fake_launch(write=True, rc=-11))
+    assert cli.main([str(plan), gpt, "--steps", "2", "--warmup", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "exited abnormally after the measurement was complete" in err and "SIGSEGV" in err
+
+
+def test_no_result_is_a_failure(tmp_path, monkeypatch, capsys):
+    import executor.cli as cli
+    gpt, plan = _a_plan(tmp_path)
+    capsys.readouterr()
+    monkeypatch.setattr(cli, "launch", _fake_launch(write=False, rc=-11))
+    assert cli.main([str(plan), gpt, "--steps", "2", "--warmup", "1"]) == 1
+    assert "the job failed" in capsys.readouterr().err
