@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from cost_model.compute import DTENSOR_STRATEGIES, FREE_KINDS, split_inputs, tensor_bytes
+from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import roles
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
@@ -84,13 +84,15 @@ TENSOR_KINDS = ("plain", "dtensor", "partial")
 
 def _tensor_kind(pl, tp: int, sequence_parallel: bool) -> str:
     """The `TENSOR_KINDS` entry of the parameters of an op with placement `pl`."""
-    if tp <= 1 or pl is None:
+    if tp <= 1:
         return "plain"
+    if pl is None:
+        return "dtensor"
     if pl.strategy == "sequence" and sequence_parallel:
         # SequenceParallel keeps the norm's weights replicated while its input is sharded over the sequence, so
         # their gradients stay Partial until an op reads them (torch.distributed.tensor.parallel.SequenceParallel)
         return "partial"
-    return "dtensor" if pl.strategy in DTENSOR_STRATEGIES else "plain"
+    return "dtensor"  # executor.tp makes every parameter a DTensor on the tp mesh (unlisted ones Replicate)
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:

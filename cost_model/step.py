@@ -21,6 +21,10 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   all-reduce; executor.pipeline.sum_tied_grads).
 - Contention: compute that overlaps a data-parallel collective runs slower by the comm model's
   `overlap_slowdown` (NCCL's CTAs take SMs and HBM bandwidth) for the overlapped time.
+- Shared cores (`DeviceSpec.comm_shares_compute`: gloo on CPU ranks): a collective's copies, reductions and
+  send/receive loop run on the rank's own cores, so nothing overlaps: ZeRO gathers and reduce-scatters add to the
+  passes, each gradient all-reduce or reduce-scatter delays the backward still running by its whole time, and a
+  stage's send of activations or gradients keeps its rank busy for the transfer.
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
   the gradient and writes weight, m, v and the 16-bit copy (30 bytes in mixed precision, 28 in fp32; first-principles
   byte count of torch.optim.AdamW's fused update).
@@ -132,6 +136,7 @@ class StepPredictor:
         self.zero = plan.zero_stage if self.dp > 1 else 0
         self.deferred = self.pp > 1 and self.dp > 1  # the pipelining stage defers dp reductions to the flush
         self.slow = cm.comm.overlap_slowdown(self.groups["dp"])
+        self.serial = cm.comm.shares_compute(self.groups["dp"])
         coster = LayerCoster(cm, graph, plan, self.groups["tp"])
         costs = [coster.cost(layer) for layer in self.layers]
         self.chunks = [[None] * self.v for _ in range(self.pp)]
@@ -139,6 +144,18 @@ class StepPredictor:
             self.chunks[i % self.pp][i // self.pp] = self._chunk(costs[s:e])
         bound = max((costs[e - 1].out_bytes for _, e in self.stage_ranges[:-1]), default=0.0)
         self.p2p_s = cm.comm.time("send_recv", bound, self.groups["pp"]) if self.pp > 1 else 0.0
+        if self.pp > 1 and cm.comm.shares_compute(self.groups["pp"]):
+            self._sender_busy()
+
+    def _sender_busy(self) -> None:
+        """Shared cores: every pass that sends its output to a neighbouring stage (each forward but the last
+        stage's, each backward but the first stage's) keeps its rank busy for the transfer."""
+        last = self.pp * self.v - 1
+        for r in range(self.pp):
+            for c, ch in enumerate(self.chunks[r]):
+                stage = c * self.pp + r
+                ch.fwd_s += self.p2p_s if stage < last else 0.0
+                ch.bwd_s += self.p2p_s if stage > 0 else 0.0
 
     def _coll(self, name: str, nbytes: float) -> float:
         return self.cm.comm.time(name, nbytes, self.groups["dp"])
@@ -154,7 +171,14 @@ class StepPredictor:
         reduces = [0.0] * n if self.deferred else \
             [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
         ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
-        if zero == 3:
+        if self.serial and zero >= 1:  # shared cores: every ZeRO collective adds to its pass
+            bwd_g = [0.0] * n if self.deferred else gathers
+            if zero == 3:
+                ch.fwd_s, ch.bwd_s = ch.fwd_s + sum(gathers), ch.bwd_s + sum(bwd_g) + sum(reduces)
+                ch.zero_comm_s = sum(gathers) + sum(bwd_g) + sum(reduces)
+            elif zero == 2 and not self.deferred:
+                ch.bwd_s, ch.zero_comm_s = ch.bwd_s + sum(reduces), sum(reduces)
+        elif zero == 3:
             # under pipelining parameters stay whole after a backward (the stage's reshard_after_backward=False)
             # and are resharded after a forward: one gather per micro-batch, counted in its forward
             bwd_g = [0.0] * n if self.deferred else gathers
@@ -170,7 +194,7 @@ class StepPredictor:
                 ch.bwd_s - _with_reduce(bwd_c[::-1], [0.0] * n, reduces[::-1])
         if zero in (1, 2):
             ch.gather_once_s = sum(gathers)
-            ch.first_gather_s = _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
+            ch.first_gather_s = sum(gathers) if self.serial else _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
         # FSDP2's hooks and copies run on the compute stream; the profile measures forward + backward together,
         # charged here half to each pass
         fsdp = self.fsdp_overhead(layers)
@@ -300,12 +324,17 @@ class StepPredictor:
             else:
                 ready += [(done[i] if i >= 0 else end, b) for i, b in self._units(ch)]
         ready.sort()
-        free = 0.0
+        free = delay = 0.0
+        last_end = max(b for _, b in windows)
         for k, (t, b) in enumerate(ready):
-            s = max(free, t)
+            s = max(free, t + delay)
             d = self._coll(coll, b)
             spans.append((s, d, f"{label} grads {'bucket' if ddp else 'unit'} {k}"))
             free = s + d
+            if self.serial and t < last_end:  # shared cores: the backward still to run waits for it
+                delay += d
+        if self.serial:
+            return free, spans, delay
         slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
         return free, spans, slowed
 
@@ -460,7 +489,8 @@ class StepPredictor:
                    3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
                       "(prefetched one block ahead)"}[zero]
         dp_how = f"fp32 gradients {dp_how}{gathers}" + (
-            f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
+            "; collectives share the ranks' cores with compute (gloo on CPU): serialised, none hidden"
+            if self.serial else f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
         out = [
             _compute_assumption(cl.device, plan.precision, pk),
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "

@@ -39,20 +39,33 @@ def test_overhead_adds_exactly_per_op_and_per_backward_node():
     assert p1.breakdown["optimizer_s"] - p0.breakdown["optimizer_s"] == pytest.approx(tensors * OPT)
 
 
-def test_tensor_parallel_modules_pay_the_dtensor_overhead():
+def test_every_op_of_a_tensor_parallel_plan_pays_the_dtensor_overhead():
     g = megatron_gpt()
     over = _with(cluster(per_node=2), op_overhead=OpOverhead(forward=FWD, dtensor_forward=7 * FWD))
     cm = CostModel(over)
     ops = default_plan(g, cluster(per_node=2), 2, "bf16", {"tp": 2, "dp": 1}, "m").ops
     base = CostModel(cluster(per_node=2))
-    lin = g.op("h0_fc1")
     assert ops["h0_fc1"].strategy == "colwise"
-    f1, _ = cm.op_time(lin, ops["h0_fc1"], 2, 1, "bf16")
-    f0, _ = base.op_time(lin, ops["h0_fc1"], 2, 1, "bf16")
-    assert f1 - f0 == pytest.approx(7 * FWD)
-    f1, _ = cm.op_time(lin, None, 1, 1, "bf16")  # replicated: a plain tensor
-    f0, _ = base.op_time(lin, None, 1, 1, "bf16")
-    assert f1 - f0 == pytest.approx(FWD)
+    # the executor runs every op on DTensors with tp > 1: sharded modules, replicated ops and views alike
+    for name in ("h0_fc1", "h0_add1", next(op.name for op in g.ops if op.kind == "reshape")):
+        op = g.op(name)
+        f1, _ = cm.op_time(op, ops.get(name), 2, 1, "bf16")
+        f0, _ = base.op_time(op, ops.get(name), 2, 1, "bf16")
+        assert f1 - f0 == pytest.approx(7 * FWD), name
+        f1, _ = cm.op_time(op, None, 1, 1, "bf16")  # tp = 1: plain tensors
+        f0, _ = base.op_time(op, None, 1, 1, "bf16")
+        assert f1 - f0 == pytest.approx(FWD), name
+
+
+def test_matmuls_pay_their_measured_dispatch():
+    g = megatron_gpt()
+    mm = next(op for op in g.ops if op.kind == "matmul")
+    ov = OpOverhead(forward=FWD, backward=BWD, matmul_forward=3 * FWD, matmul_backward=5 * BWD,
+                    dtensor_forward=7 * FWD, dtensor_matmul_forward=11 * FWD, dtensor_matmul_backward=13 * BWD)
+    cm, base = CostModel(_with(cluster(per_node=2), op_overhead=ov)), CostModel(cluster(per_node=2))
+    for tp, f_want, b_want in ((1, 3 * FWD, 5 * BWD), (2, 11 * FWD, 13 * BWD)):
+        (f1, b1), (f0, b0) = cm.op_time(mm, None, tp, 1, "bf16"), base.op_time(mm, None, tp, 1, "bf16")
+        assert (f1 - f0, b1 - b0) == (pytest.approx(f_want), pytest.approx(b_want))
 
 
 def test_kernel_cost_prices_compute_bound_elementwise_ops():
