@@ -13,10 +13,10 @@
 - Every kernel costs at least `DeviceSpec.kernel_floor`.
 
 Host side: `op_overhead` gives seconds per op in forward, per autograd node in backward, plus one node per
-parameter read (gradient accumulation). With tp > 1 every op runs on DTensors (the executor makes parameters and
-activations DTensors on the tp mesh, views and residual adds included) and pays the DTensor figures. A linear, several
+parameter read (gradient accumulation). With tp > 1 ops run on DTensors (the executor makes parameters and
+activations DTensors on the tp mesh, views and residual adds included) and pay the DTensor figures. A linear, several
 dispatches, pays the measured overhead of a whole tiny F.linear call where the profile has it, a matmul that of a
-tiny 2-D matmul.
+tiny 2-D matmul. (Modules the plan leaves wholly replicated run on plain tensors: `cost_model.layers`.)
 On CPU ranks host and kernel time add up; where `DeviceSpec.async_host` (GPUs) the host dispatches run ahead of
 the kernels, so a sequence of ops costs max(sum of kernels, sum of host) (`combine`; the layer sums both).
 
@@ -197,12 +197,13 @@ def _divisor(placement: str, tp: int) -> int:
     return tp if placement.startswith("S") else 1
 
 
-def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequence_parallel: bool = False) -> OpWork:
+def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtensor: bool | None = None) -> OpWork:
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
     `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with any sharded
-    or partial placement does 1/tp of the FLOPs; each tensor's bytes are divided by tp where it is sharded. With
-    tp > 1 every op runs on DTensors, whatever its placement (`sequence_parallel` no longer changes that).
+    or partial placement does 1/tp of the FLOPs; each tensor's bytes are divided by tp where it is sharded.
+    `dtensor` says whether the op runs on DTensors (`cost_model.layers.runs_on_dtensors`); None: where tp > 1 and
+    the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
     """
     acts, par = split_inputs(op)
     sharded = placement is not None and placement.strategy != "replicate" and tp > 1
@@ -224,7 +225,8 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequen
         act_bytes += out_bytes
     div = tp if sharded else 1
     fwd_bytes = act_bytes + par_bytes + out_bytes
-    dtensor = tp > 1  # executor.tp: parameters, buffers and activations are DTensors on the tp mesh
+    if dtensor is None:
+        dtensor = tp > 1 and placement is not None and placement.strategy != "replicate"
     elem_div = tp if sharded or (placement is not None and out_pl.startswith("S") and tp > 1) else 1
     copy = op.kind in FREE_KINDS and op.copies
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,

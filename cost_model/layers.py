@@ -20,6 +20,9 @@ fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 1
 first: read both, write the sum; none after the first under ZeRO-2/3, which reduce every micro-batch). Priced as
 memory-bound kernels on the compute stream.
 
+Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
+the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors).
+
 Loss: when the LM head is column-parallel (logits sharded over the vocabulary) and the loss reads class indices
 (cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
 works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
@@ -28,6 +31,7 @@ logit; torch.distributed.tensor.parallel.loss) run in forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import roles
@@ -82,17 +86,29 @@ TENSOR_KINDS = ("plain", "dtensor", "partial")
 """What a parameter tensor is at the optimizer, in increasing cost (see `LayerCost.tensors`)."""
 
 
-def _tensor_kind(pl, tp: int, sequence_parallel: bool) -> str:
-    """The `TENSOR_KINDS` entry of the parameters of an op with placement `pl`."""
-    if tp <= 1:
+def _tensor_kind(pl, on_dtensors: bool, sequence_parallel: bool) -> str:
+    """The `TENSOR_KINDS` entry of the parameters of an op with placement `pl` that runs on DTensors or not."""
+    if not on_dtensors:
         return "plain"
-    if pl is None:
-        return "dtensor"
-    if pl.strategy == "sequence" and sequence_parallel:
-        # SequenceParallel keeps the norm's weights replicated while its input is sharded over the sequence, so
-        # their gradients stay Partial until an op reads them (torch.distributed.tensor.parallel.SequenceParallel)
+    if pl is not None and pl.strategy == "sequence" and sequence_parallel:
+        # a replicated norm weight read by a sequence-sharded input gets a Partial gradient, reduced when an
+        # optimizer op reads it
         return "partial"
-    return "dtensor"  # executor.tp makes every parameter a DTensor on the tp mesh (unlisted ones Replicate)
+    return "dtensor"  # executor.tp makes such a module's parameters DTensors (unlisted ones Replicate)
+
+
+def runs_on_dtensors(plan: Plan) -> Callable[[str], bool]:
+    """Whether an op of the given module path runs on DTensors under `plan` (executor.tp): with tp > 1 everything
+    does except the modules the plan leaves wholly replicated (no op in them placed other than `replicate`, no
+    parameter of theirs sharded), which run on plain local tensors; the root module's own ops never are."""
+    if plan.mesh.tp <= 1:
+        return lambda path: False
+    placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
+    placed |= {name.rpartition(".")[0] for name in getattr(plan, "parameters", {})}
+
+    def on(path: str) -> bool:
+        return not path or any(q == path or q.startswith(path + ".") for q in placed)
+    return on
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:
@@ -113,6 +129,7 @@ class LayerCoster:
         self.tp = plan.mesh.tp
         self.mbs, self.prec = plan.microbatch_size, plan.precision
         self.roles = roles(graph)
+        self.on_dtensors = runs_on_dtensors(plan)
         self._cache: dict = {}
 
     def cost(self, layer: Layer) -> LayerCost:
@@ -150,8 +167,8 @@ class LayerCoster:
             if vocab_loss is not None:
                 pl = vocab_loss
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
-            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
-                                        sequence_parallel=plan.sequence_parallel)
+            dt = self.on_dtensors(op.module_path)
+            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt)
             cf, cb = self._autocast_copies(op, pl)
             kf, kb = kf + cf, kb + cb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
@@ -175,7 +192,7 @@ class LayerCoster:
                 a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
-            kind = _tensor_kind(pl, tp, plan.sequence_parallel)
+            kind = _tensor_kind(pl, dt, plan.sequence_parallel)
             for p in op.params:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
