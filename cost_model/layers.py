@@ -104,7 +104,7 @@ def runs_on_dtensors(plan: Plan) -> Callable[[str], bool]:
     if plan.mesh.tp <= 1:
         return lambda path: False
     placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
-    placed |= {name.rpartition(".")[0] for name in getattr(plan, "parameters", {})}
+    placed |= {name.rpartition(".")[0] for name in plan.parameters}
 
     def on(path: str) -> bool:
         return not path or any(q == path or q.startswith(path + ".") for q in placed)
