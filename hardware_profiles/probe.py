@@ -411,7 +411,8 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "
-             "[bytes, seconds] medians."]
+             "[bytes, seconds] medians (on CPU ranks each of one call issued alone after a barrier, as training "
+             "issues them between ops; on GPUs of back-to-back loops for small messages, as nccl-tests)."]
     if raw["backend"] == "gloo":
         lines.append("CPU ranks: `threads` compute threads each; gloo talks TCP over the loopback interface (kind "
                      "loopback) from threads on the same cores (comm_shares_compute: no overlap with compute).")
