@@ -366,19 +366,28 @@ def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Ca
 
 def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
                     mesh: object) -> float:
-    """Seconds of the collectives one `_fsdp_step_time` module issues, on their own: its all-gather of the `n`
-    parameters (twice when resharding after forward) and its gradients' reduce-scatter, at the stack's sizes."""
+    """Seconds of the collectives one `_fsdp_step_time` module issues, each timed on its own after a barrier (as
+    FSDP2 issues them, between other work): its all-gather of the `n` parameters (twice when resharding after
+    forward) and its gradients' reduce-scatter, at the stack's sizes."""
     group, world = mesh.get_group(), mesh.size()
     full = torch.ones(n * 4 * world, device=device)
     shard = torch.ones(n * 4, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-    def module():
-        for _ in range(2 if reshard else 1):
-            gather(full, shard, group=group)
-        scatter(shard, full, group=group)
-    return _fixed_times(module, sync, plan)
+    def alone(fn: Callable[[], object]) -> float:
+        for _ in range(plan.warmup):
+            fn()
+        samples = []
+        for _ in range(plan.repeats):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+    return (2 if reshard else 1) * alone(lambda: gather(full, shard, group=group)) + \
+        alone(lambda: scatter(shard, full, group=group))
 
 
 def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
