@@ -12,7 +12,8 @@ PARAM_BYTES = 4 * (32 * 16 + 4 * (16 + 64 * 16 + 64 + 16 * 64) + 32 * 16)
 def run(nodes=1, dpn=8, memory=2 ** 40, batch=16, forced=None, inter_bw=25e9, budget=60.0, op_time=1e-3,
         reshard_scale=1.0, **kw):
     cluster = fake_cluster(nodes=nodes, devices_per_node=dpn, memory_bytes=memory, inter_bw=inter_bw)
-    cm = FakeCostModel(cluster=cluster, default_time=op_time, reshard={k: v * reshard_scale for k, v in RESHARD.items()})
+    reshard = {k: v * reshard_scale for k, v in RESHARD.items()}
+    cm = FakeCostModel(cluster=cluster, default_time=op_time, reshard=reshard)
     search = OuterSearch(tiny_gpt(4), cluster, cm, batch_size=batch, forced=forced, time_budget_s=budget, **kw)
     return search.run(), cm
 

@@ -134,7 +134,8 @@ def test_ilp_failure_and_layout_problems_skip_the_tp_with_one_note(monkeypatch):
     monkeypatch.setattr(OuterSearch, "tp_problems", lambda self, ops, tp: ["module h.0.mlp.fc: a made-up problem"])
     with pytest.raises(PlanError, match="the placement ILP's layout cannot be a plan .module h.0.mlp.fc: a made-up"):
         _search({"tp": 2, "sp": 0}, reshard_scale=1e-4)
-    _, res = _search({"dp": 1}, reshard_scale=1e-4)  # tp not forced: the tp=1 plans remain, one note per (tp, sp) says why
+    # tp not forced: the tp=1 plans remain, one note per (tp, sp) says why tp=2 is gone
+    _, res = _search({"dp": 1}, reshard_scale=1e-4)
     assert res.ranked and all(s.plan.mesh.tp == 1 for s in res.ranked)
     assert sum("a made-up problem" in n for n in res.notes) == 2
 

@@ -335,12 +335,12 @@ class OuterSearch:
             if res is not None and _shards_nothing(res):
                 if "tp" not in self.forced:
                     self._note(("idle", tp, sp), f"{at}: the placement ILP found no op worth sharding at tp={tp} on "
-                                                 f"this cluster (micro-batch size {mbs}); skipped")
+                                                 f"this cluster (first seen at micro-batch size {mbs}); skipped")
                     return None
-                self._note(("forced", tp, sp), f"{at}: the placement ILP found no op worth sharding (micro-batch "
-                                               f"size {mbs}), but tp={tp} is forced: solved again with every Linear "
-                                               "that can be sharded sharded (the ILP still picks colwise or rowwise "
-                                               "and the layout between)")
+                self._note(("forced", tp, sp), f"{at}: the placement ILP found no op worth sharding (first seen "
+                                               f"at micro-batch size {mbs}), but tp={tp} is forced: solved again "
+                                               "with every Linear that can be sharded sharded (the ILP still picks "
+                                               "colwise or rowwise and the layout between)")
                 res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_linears=True)
                 if res is not None and _shards_nothing(res):
                     self._note(("none", tp, sp), f"{at}: no Linear of this model can be sharded over tp={tp}; "
