@@ -319,7 +319,7 @@ class OuterSearch:
     def solve_placement(self, tp: int, mbs: int, sp: bool, budget_scale: float | None = None
                         ) -> PlacementResult | None:
         """The placement ILP's answer for (tp, mbs, sp), which the plan carries as it is, or None when this tp is
-        skipped here (one note per tp and reason says why):
+        skipped here (one note per tp and reason says why, naming the first group it happened in):
 
         - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
         - at tp > 1 it shards no op beyond what sequence parallelism forces (tp ranks would duplicate the work):
@@ -329,32 +329,32 @@ class OuterSearch:
         if tp <= 1:
             return self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
         self._refused_note(tp)
-        at = f"tp={tp}{' with sequence parallelism' if sp else ''}"
+        at = f"micro-batch size {mbs}{', sequence parallel' if sp else ''}"
         try:
             res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
             if res is not None and _shards_nothing(res):
                 if "tp" not in self.forced:
-                    self._note(("idle", tp, sp), f"{at}: the placement ILP found no op worth sharding at tp={tp} on "
-                                                 f"this cluster (first seen at micro-batch size {mbs}); skipped")
+                    self._note(("idle", tp), f"tp={tp}: the placement ILP found no op worth sharding at tp={tp} on "
+                                             f"this cluster (first seen at {at}); skipped")
                     return None
-                self._note(("forced", tp, sp), f"{at}: the placement ILP found no op worth sharding (first seen "
-                                               f"at micro-batch size {mbs}), but tp={tp} is forced: solved again "
-                                               "with every Linear that can be sharded sharded (the ILP still picks "
-                                               "colwise or rowwise and the layout between)")
+                self._note(("forced", tp), f"tp={tp}: the placement ILP found no op worth sharding (first seen at "
+                                           f"{at}), but tp={tp} is forced: solved again with every Linear that can "
+                                           "be sharded sharded (the ILP still picks colwise or rowwise and the "
+                                           "layout between)")
                 res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_linears=True)
                 if res is not None and _shards_nothing(res):
-                    self._note(("none", tp, sp), f"{at}: no Linear of this model can be sharded over tp={tp}; "
-                                                 "skipped")
+                    self._note(("none", tp), f"tp={tp}: no Linear of this model can be sharded over tp={tp}; "
+                                             "skipped")
                     return None
         except ILPError as e:
-            self._note(("failed", tp, sp), f"{at}: the placement ILP failed ({e}); skipped")
+            self._note(("failed", tp), f"tp={tp}: the placement ILP failed ({e}; {at}); skipped")
             return None
         if res is None:
             return None
         problems = self.tp_problems(res.ops, tp)
         if problems:
-            self._note(("problem", tp, sp), f"{at}: the placement ILP's layout cannot be a plan ({problems[0]}); "
-                                            "skipped")
+            self._note(("problem", tp), f"tp={tp}: the placement ILP's layout cannot be a plan ({problems[0]}; "
+                                        f"{at}); skipped")
             return None
         return res
 
