@@ -106,17 +106,17 @@ def test_colwise_refusals_are_per_linear_not_per_pair():
 
 # ---- what the planner and `plan measure` do with it ---------------------------------------------------------------
 
-def _plan(tmp_path, model, name, force, *extra):
+def _plan(tmp_path, model, name, force):
     from planner.cli import main as plan_main
     out = tmp_path / f"{name}.json"
     code = plan_main([str(model), "--cluster", "cpu-local", "--batch-size", str(BATCH), "--precision", "fp32",
-                      "--force", force, "-o", str(out), *extra])
+                      "--force", force, "-o", str(out)])
     return code, out
 
 
 def test_plan_keeps_the_fused_gate_up_off_colwise_and_says_so(tmp_path, capsys):
     from planner.plan import Plan
-    code, out = _plan(tmp_path, os.path.join(ZOO, "swiglu_fused.py"), "tp", "tp=2", "--no-check")
+    code, out = _plan(tmp_path, os.path.join(ZOO, "swiglu_fused.py"), "tp", "tp=2")
     assert code == 0
     printed = capsys.readouterr().out
     assert "kept from column-parallel" in printed and "h.0.mlp.gate_up" in printed and "chunk" in printed
@@ -144,7 +144,7 @@ def test_plan_problems_name_the_module_and_the_op():
 def test_plan_measure_refuses_a_tp_plan_without_placements(tmp_path, capsys):
     """A hand-written mesh-only tp plan: the executor never derives a layout of its own; one line names the fix."""
     from planner.cli import main as plan_main
-    code, out = _plan(tmp_path, os.path.join(ZOO, "swiglu_fused.py"), "tp", "tp=2", "--no-check")
+    code, out = _plan(tmp_path, os.path.join(ZOO, "swiglu_fused.py"), "tp", "tp=2")
     assert code == 0
     d = json.loads(out.read_text())
     d["ops"], d["parameters"] = {}, {}
