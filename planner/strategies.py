@@ -270,8 +270,6 @@ def placement_name(p: OpPlacement | None) -> str:
 
 PARAM_STRATEGIES = ("colwise", "rowwise", "vocab", "sequence")
 """Strategies that say how a module's parameters are laid out (the others describe activations only)."""
-WEIGHT_LAYOUT = {"colwise": "S(0)", "rowwise": "S(1)", "vocab": "S(0)", "sequence": "R", "replicate": "R"}
-"""How each module strategy lays out the module's weight over tp (tied weights must agree)."""
 
 
 @dataclass(frozen=True)
@@ -284,8 +282,6 @@ class TPModule:
     """`linear` or `embedding` (the kind of the op that calls it), `norm` (another module holding parameters whose
     ops all run in it, e.g. a hand-written RMSNorm) or `other` (a module with children that also holds parameters
     directly)."""
-    params: tuple[str, ...] = ()
-    """Canonical names of the parameters it holds (a tied weight has one name for all its holders)."""
 
 
 def module_strategies(ops: Mapping[str, OpPlacement], modules: Sequence[TPModule]) -> tuple[dict[str, str], list[str]]:
@@ -305,20 +301,21 @@ def module_strategies(ops: Mapping[str, OpPlacement], modules: Sequence[TPModule
     return out, problems
 
 
-def tp_layout_problems(modules: Sequence[TPModule], strategies: Mapping[str, str]) -> list[str]:
-    """Tied weights laid out differently by their holders (rule 2 above): empty when every tied weight agrees."""
-    holders: dict[str, list[TPModule]] = {}
-    for m in modules:
-        for p in m.params:
-            holders.setdefault(p, []).append(m)
+def tied_problems(graph, ops: Mapping[str, OpPlacement]) -> list[str]:
+    """Parameters read by several ops (a tied weight: one name) that the ops lay out differently, a replicated op
+    counting as `R` (rule 2 above)."""
+    layouts: dict[str, dict[str, str]] = {}  # parameter -> op -> its placement of it
+    for op in graph.ops:
+        p = ops.get(op.name)
+        for k, prm in enumerate(op.params):
+            layouts.setdefault(prm.name, {})[op.name] = p.params[k] if p is not None and k < len(p.params) else "R"
     out = []
-    for param, ms in holders.items():
-        lay = {m.path: WEIGHT_LAYOUT[strategies.get(m.path, "replicate")] for m in ms}
-        if len(ms) > 1 and len(set(lay.values())) > 1:
-            named = [(p, strategies.get(p, "replicate")) for p in lay]
-            out.append(f"tied parameter {param} is laid out differently by "
-                       f"{', '.join(f'{p} ({s})' for p, s in named)}; place the embedding "
-                       "vocab and the head colwise (both shard dim 0), or replicate both")
+    for param, by_op in layouts.items():
+        if len(set(by_op.values())) > 1:
+            named = ", ".join(f"{graph.op(n).module_path or n} ({(ops[n].strategy if n in ops else 'replicate')}: "
+                              f"{where})" for n, where in by_op.items())
+            out.append(f"tied parameter {param} is laid out differently by {named}; place the embedding vocab and "
+                       "the head colwise (both shard the weight's vocabulary dim), or replicate both")
     return out
 
 
@@ -332,16 +329,12 @@ def graph_tp_modules(graph) -> list[TPModule]:
     found: dict[str, TPModule] = {}
     for op in graph.ops:
         for p in op.params:
-            owner = p.name.rpartition(".")[0]
             if op.kind in ("linear", "embedding"):
-                kind, owner = op.kind, op.module_path
+                owner, kind = op.module_path, op.kind
             else:
+                owner = p.name.rpartition(".")[0]
                 kind = "other" if any(q.startswith(owner + ".") for q in paths) else "norm"
-            if owner in found:
-                if p.name not in found[owner].params:
-                    found[owner] = TPModule(path=owner, kind=found[owner].kind, params=found[owner].params + (p.name,))
-                continue
-            found[owner] = TPModule(path=owner, kind=kind, params=(p.name,))
+            found.setdefault(owner, TPModule(path=owner, kind=kind))
     return list(found.values())
 
 
@@ -352,7 +345,7 @@ def plan_tp_problems(graph, ops: Mapping[str, OpPlacement], tp: int,
     hand (it walks every op)."""
     mods = graph_tp_modules(graph) if modules is None else modules
     strategies, problems = module_strategies(ops, mods)
-    return problems + tp_layout_problems(mods, strategies) + divisibility_problems(graph, ops, tp) + \
+    return problems + tied_problems(graph, ops) + divisibility_problems(graph, ops, tp) + \
         graph_split_problems(graph, mods, strategies, tp)
 
 

@@ -6,7 +6,7 @@ from planner.plan import OpPlacement
 from planner.search.ilp import CostContext, ILPError, ILPProblem, brute_force, build_problem, solve
 from planner.search.placement import PlacementSolver
 from planner.strategies import map_dim, placement_name, strategies_for
-from test_search_fakes import FakeCostModel, make_op, mlp_block, tiny_gpt
+from test_search_fakes import FakeCostModel, make_op, mlp_block, tied_gpt, tiny_gpt
 
 
 def _p(name: str) -> OpPlacement:
@@ -175,24 +175,13 @@ def test_excluded_pairs_are_never_chosen_and_the_optimum_equals_brute_force(seed
     assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
 
 
-def _tied_gpt():
-    """tiny_gpt with the head reading the embedding's weight (one parameter name, as the tracers give it)."""
-    from dataclasses import replace as dc_replace
-    from planner.graph import OpGraph
-    g = tiny_gpt(n_blocks=2)
-    ops = [dc_replace(op, params=tuple(dc_replace(p, name="emb.weight") for p in op.params)) if op.name == "head"
-           else op for op in g.ops]
-    params = {p.name: p for op in ops for p in op.params}
-    return OpGraph(model_name="tied", ops=tuple(ops), parameters=tuple(params.values()), batch_size=1)
-
-
 def test_a_tied_embedding_and_head_lay_the_weight_out_alike():
     """Forced to shard the head (`shard_linears`), the ILP may not pick rowwise (S(1)) or colwise (S(0)) against a
     replicated embedding: the weight is one tensor. The only consistent sharded answer is vocab + colwise, though
     a rowwise head and a replicated embedding are priced cheaper here."""
     from planner.strategies import plan_tp_problems
     from test_search_fakes import RESHARD
-    g = _tied_gpt()
+    g = tied_gpt()
     cheap = {k: v / 1000 for k, v in RESHARD.items()}
     solver = PlacementSolver(g, FakeCostModel(reshard=cheap, overrides={("head", "colwise"): 5.0,
                                                                         ("emb", "vocab"): 5.0}))

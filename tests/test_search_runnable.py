@@ -9,32 +9,36 @@ from shared import SMALL_GPT
 
 from planner.defaults import megatron_placements
 from planner.errors import PlanError
-from planner.strategies import TPModule, module_strategies, plan_tp_problems, tp_layout_problems
+from planner.strategies import TPModule, module_strategies, plan_tp_problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
 def _mods():
-    m = [TPModule(path="wte", kind="embedding", params=("wte.weight",))]
-    m += [TPModule(path=f"h.0.attn.{n}", kind="linear", params=(f"h.0.attn.{n}.weight",)) for n in "qkvo"]
-    m += [TPModule(path="h.0.ln", kind="norm", params=("h.0.ln.weight",)),
-          TPModule(path="lm_head", kind="linear", params=("wte.weight",))]
-    return m
+    m = [TPModule(path="wte", kind="embedding")]
+    m += [TPModule(path=f"h.0.attn.{n}", kind="linear") for n in "qkvo"]
+    return m + [TPModule(path="h.0.ln", kind="norm"), TPModule(path="lm_head", kind="linear")]
 
 
-MEGATRON = {"h.0.attn.q": "colwise", "h.0.attn.k": "colwise", "h.0.attn.v": "colwise", "h.0.attn.o": "rowwise",
-            "wte": "vocab", "lm_head": "colwise"}
+def _placed(graph, wanted):
+    """Op name -> the candidate placement of that strategy (`planner.strategies`), for {op name: strategy}."""
+    from planner.strategies import strategies_for
+    return {n: next(p for p in strategies_for(graph.op(n), 2) if p.strategy == s) for n, s in wanted.items()}
 
 
-def test_any_module_layout_passes_but_a_tied_weight_laid_out_twice():
-    """No pair structure is required any more (a lone colwise, a colwise out-projection, sequence norms with or
-    without pairs); only a tied weight's two holders must agree."""
-    for layout in (MEGATRON, {**MEGATRON, "h.0.attn.o": "colwise"}, {**MEGATRON, "h.0.attn.k": "replicate"},
-                   {"h.0.attn.q": "colwise", "h.0.ln": "sequence"}, {}):
-        assert tp_layout_problems(_mods(), layout) == [], layout
-    problems = tp_layout_problems(_mods(), {**MEGATRON, "lm_head": "replicate"})
-    assert len(problems) == 1 and "tied parameter wte.weight" in problems[0]
+def test_any_layout_passes_but_a_tied_weight_laid_out_twice():
+    """No pair structure is required any more (a lone colwise, a lone rowwise, sequence norms without
+    pairs); a tied weight's holders must agree, a replicated holder counting as R."""
+    from test_search_fakes import tied_gpt
+    g = tied_gpt(2)
+    for wanted in ({"emb": "vocab", "head": "colwise", "h.0_fc": "colwise", "h.0_proj": "rowwise"},
+                   {"h.0_fc": "colwise"}, {"h.1_fc": "rowwise"}, {"h.0_fc": "colwise", "h.1_proj": "rowwise"},
+                   {"h.0_ln": "sequence", "h.1_fc": "colwise"}, {}):
+        assert plan_tp_problems(g, _placed(g, wanted), 2) == [], wanted
+    for wanted in ({"head": "colwise"}, {"emb": "vocab"}, {"emb": "vocab", "head": "rowwise"}):
+        problems = plan_tp_problems(g, _placed(g, wanted), 2)
+        assert len(problems) == 1 and "tied parameter emb.weight is laid out differently" in problems[0], wanted
 
 
 def test_one_strategy_per_module():
