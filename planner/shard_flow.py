@@ -228,10 +228,10 @@ def _input_shape(op, src) -> tuple[tuple[int, ...] | None, bool]:
 
 def colwise_refusals(graph, tp: int) -> dict[str, tuple[str, str]]:
     """Module path of every Linear whose colwise output an op would misread at this tp -> (the first such problem,
-    the module path of the op that misreads it). Each Linear is walked on its own (`split_problems`), so this is
-    what colwise costs each of them whatever the others do."""
+    the module path of the op that misreads it). Each Linear is walked on its own (`split_problems`), so the answer
+    for one does not depend on how the others are placed."""
     linears = {op.module_path for op in graph.ops if op.kind == "linear"}
-    users: dict[str, str] = {}
+    refused: dict[str, tuple[str, str]] = {}
     for module, problem, op in _walk(graph, linears, tp):
-        users.setdefault(module, (problem, op.module_path))
-    return users
+        refused.setdefault(module, (problem, op.module_path))
+    return refused
