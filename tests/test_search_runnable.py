@@ -119,6 +119,9 @@ def test_an_all_replicated_tp_is_skipped_unless_forced():
         assert dict(s.plan.ops) == dict(search.placer.solve(2, s.plan.microbatch_size, "bf16", False,
                                                             shard_linears=True).ops)
     assert not any("Megatron" in n for n in res.notes)
+    _, res = _search({"sp": 1})  # sequence parallelism forced: tp > 1 is what the user asked for
+    assert res.ranked and all(s.plan.mesh.tp == 2 and s.plan.sequence_parallel for s in res.ranked)
+    assert any("sp=1 is forced: solved again with every Linear" in n for n in res.notes)
 
 
 def test_ilp_failure_and_layout_problems_skip_the_tp_with_one_note(monkeypatch):

@@ -324,8 +324,8 @@ class OuterSearch:
 
         - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
         - at tp > 1 it shards no op beyond what sequence parallelism forces (tp ranks would duplicate the work):
-          skipped unless the user forced tp, in which case it is solved again with every Linear that can be
-          sharded sharded (`PlacementSolver.solve`'s `shard_linears`; the ILP still picks colwise or rowwise and
+          skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
+          every Linear that can be sharded sharded (`PlacementSolver.solve`'s `shard_linears`; the ILP still picks colwise or rowwise and
           everything between)."""
         if tp <= 1:
             return self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
@@ -334,12 +334,13 @@ class OuterSearch:
         try:
             res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
             if res is not None and _shards_nothing(res):
-                if "tp" not in self.forced:
+                forced = f"tp={tp}" if "tp" in self.forced else "sp=1" if self.forced.get("sp") else ""
+                if not forced:
                     self._note(("idle", tp), f"tp={tp}: the placement ILP found no op worth sharding at tp={tp} on "
                                              f"this cluster (first seen at {at}); skipped")
                     return None
                 self._note(("forced", tp), f"tp={tp}: the placement ILP found no op worth sharding (first seen at "
-                                           f"{at}), but tp={tp} is forced: solved again with every Linear that can "
+                                           f"{at}), but {forced} is forced: solved again with every Linear that can "
                                            "be sharded sharded (the ILP still picks colwise or rowwise and the "
                                            "layout between)")
                 res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_linears=True)
