@@ -198,3 +198,14 @@ def test_shard_linears_leaves_no_linear_replicated():
     res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_linears=True)
     linears = [op.name for op in g.ops if op.kind == "linear"]
     assert all(res.ops[n].strategy in ("colwise", "rowwise") for n in linears)
+
+
+def test_a_colwise_refusal_in_one_block_copy_holds_for_every_copy():
+    """The block ILP is solved on one copy and its answer copied by position: h.1's proj may go colwise on its own
+    (its output reaches only the head), h.0's may not (the next block's norm reduces over it), so neither does."""
+    g = tiny_gpt(n_blocks=2)
+    solver = PlacementSolver(g, FakeCostModel())
+    refused = solver.refused_colwise(2)
+    assert "h.0.mlp.proj" in refused and "h.1.mlp.proj" not in refused
+    for name in ("h.0_proj", "h.1_proj"):
+        assert "colwise" not in {p.strategy for p in solver._candidates([g.op(name)], 2, (False, False))[name]}

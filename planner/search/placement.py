@@ -52,6 +52,13 @@ class PlacementSolver:
         in_block = {i for layer in layers if layer.block_type is not None for i in layer.ops}
         self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
         self.tp_modules = graph_tp_modules(self.graph)  # the parameter-holding modules (walks every op: once)
+        # a block's answer is copied to every instance by position: an op's candidates must suit all its copies
+        self.copies: dict[str, tuple[str, ...]] = {}
+        for insts in self.instances.values():
+            for pos in range(max((len(inst.ops) for inst in insts), default=0)):
+                same = [self.graph.ops[inst.ops[pos]] for inst in insts if pos < len(inst.ops)]
+                for op in same:
+                    self.copies[op.name] = tuple(o.module_path for o in same)
         norms = {m.path for m in self.tp_modules if m.kind == "norm"}
         self.in_norm_module = {op.name for op in self.graph.ops if op.module_path in norms}
 
@@ -100,7 +107,7 @@ class PlacementSolver:
     # ---- pieces ---------------------------------------------------------------------------------------------------
     def _candidates(self, ops: list[OpNode], tp: int, choice: tuple[bool, bool]) -> dict[str, list[OpPlacement]]:
         """Strategies per op under `choice` = (sp, shard_linears) (see `solve`). A Linear whose colwise output an
-        op would misread (`refused_colwise`) is not offered colwise. Sequence parallelism off drops `sequence`; on,
+        op would misread (`refused_colwise`) in any copy of its block is not offered colwise. Sequence parallelism off drops `sequence`; on,
         norms (and the ops of a hand-written norm module, e.g. RMSNorm's pow/rsqrt/mul) must use it where they can
         (Megatron-LM's switch)."""
         sp, shard_linears = choice
@@ -108,7 +115,7 @@ class PlacementSolver:
         refused = self.refused_colwise(tp)
         for op in ops:
             strats = strategies_for(op, tp)
-            if op.kind == "linear" and op.module_path in refused:
+            if op.kind == "linear" and any(m in refused for m in self.copies.get(op.name, (op.module_path,))):
                 strats = [p for p in strats if p.strategy != "colwise"]
             if shard_linears and op.kind == "linear" and len(strats) > 1:
                 strats = strats[1:]  # replicate is always first
