@@ -235,3 +235,43 @@ def colwise_refusals(graph, tp: int) -> dict[str, tuple[str, str]]:
     for module, problem, op in _walk(graph, linears, tp):
         refused.setdefault(module, (problem, op.module_path))
     return refused
+
+
+PASS_PARTIAL = VIEWS | PERMUTES | SPLITS | frozenset({"contiguous", "clone", "alias", "detach"})
+"""Calls a rowwise Linear's partial sums pass through unreduced (linear in their input): followed by
+`partial_refusals`."""
+
+
+def partial_refusals(graph) -> dict[str, tuple[str, str]]:
+    """Module path of every Linear whose rowwise output (a partial sum over tp, `P`) reaches attention through
+    views, transposes, splits and elementwise ops only (no Linear, norm or reduction between) -> (the problem, the
+    module path of the attention op).
+
+    The plan prices the reduction where the ILP put it (on the first op that wants R); under the executor the ops
+    in between are not module calls, so DTensor decides where and how to reduce, and for attention it picks a
+    reduce-scatter onto the batch dim the plan does not price (and views after it then see local shapes). Like
+    `colwise_refusals`, a pruning filter: such a Linear is not offered rowwise (nanoGPT's fused `c_attn`)."""
+    users: dict[str, list] = {}
+    for op in graph.ops:
+        for s in op.inputs:
+            users.setdefault(s, []).append(op)
+    refused: dict[str, tuple[str, str]] = {}
+    for start in graph.ops:
+        if start.kind != "linear" or start.module_path in refused:
+            continue
+        stack, seen = [start.name], {start.name}
+        while stack:
+            for op in users.get(stack.pop(), ()):
+                if op.name in seen:
+                    continue
+                seen.add(op.name)
+                if op.kind == "attention":
+                    refused[start.module_path] = (
+                        f"op {op.name} ({op.target}) in {op.module_path or '<root>'} reads the rowwise (partial-sum) "
+                        f"output of {start.module_path} with no Linear or norm between, so DTensor would reduce it "
+                        "there by its own choice, not as the plan prices it", op.module_path)
+                    stack.clear()
+                    break
+                if callee(op.target) in PASS_PARTIAL or op.kind in ("elementwise", "dropout"):
+                    stack.append(op.name)
+    return refused

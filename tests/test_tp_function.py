@@ -104,6 +104,15 @@ def test_colwise_refusals_are_per_linear_not_per_pair():
     assert not any(m.endswith(("attn.q", "attn.k", "attn.v")) for m in r)
 
 
+def test_partial_sums_reaching_attention_are_refused_rowwise():
+    """nanoGPT's fused c_attn rowwise would feed partial sums through split/view/transpose straight into SDPA;
+    the out-projections and the MLP's down projection (residual add, then a norm) stay free to be rowwise."""
+    from planner.shard_flow import partial_refusals
+    r = partial_refusals(_graph(os.path.join(ZOO, "nanogpt_fused_qkv.py")))
+    assert set(r) == {"h.0.attn.c_attn", "h.1.attn.c_attn"}
+    assert "scaled_dot_product_attention" in r["h.0.attn.c_attn"][0] and r["h.0.attn.c_attn"][1] == "h.0.attn"
+
+
 # ---- what the planner and `plan measure` do with it ---------------------------------------------------------------
 
 def _plan(tmp_path, model, name, force):

@@ -372,7 +372,8 @@ class OuterSearch:
 
     def _refused_note(self, tp: int) -> None:
         """Once per tp: the Linears kept off colwise because their own module would misread the shards (a
-        `chunk` of a fused gate/up, a `split` of a fused qkv, a head view tp does not divide)."""
+        `chunk` of a fused gate/up, a `split` of a fused qkv, a head view tp does not divide). The rowwise filter
+        (`partial_refusals`: q/k/v projections feeding attention) is not noted: no layout wants those rowwise."""
         own = {m: problem for m, (problem, where) in self.placer.refused_colwise(tp).items()
                if where == m.rpartition(".")[0]}
         if own:

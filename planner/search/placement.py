@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from planner.graph import Layer, OpGraph, OpNode
 from planner.plan import OpPlacement
 from planner.search.ilp import CostContext, ILPError, ILPProblem, add_fixed_consumers, build_problem, solve
-from planner.shard_flow import colwise_refusals
+from planner.shard_flow import colwise_refusals, partial_refusals
 from planner.strategies import graph_tp_modules, strategies_for
 
 
@@ -52,6 +52,8 @@ class PlacementSolver:
         in_block = {i for layer in layers if layer.block_type is not None for i in layer.ops}
         self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
         self.tp_modules = graph_tp_modules(self.graph)  # the parameter-holding modules (walks every op: once)
+        self.refused_rowwise = partial_refusals(self.graph)
+        """`planner.shard_flow.partial_refusals`: Linears never offered rowwise (any tp)."""
         # a block's answer is copied to every instance by position: an op's candidates must suit all its copies
         self.copies: dict[str, tuple[str, ...]] = {}
         for insts in self.instances.values():
@@ -107,7 +109,8 @@ class PlacementSolver:
     # ---- pieces ---------------------------------------------------------------------------------------------------
     def _candidates(self, ops: list[OpNode], tp: int, choice: tuple[bool, bool]) -> dict[str, list[OpPlacement]]:
         """Strategies per op under `choice` = (sp, shard_linears) (see `solve`). A Linear whose colwise output an
-        op would misread (`refused_colwise`) in any copy of its block is not offered colwise. Sequence parallelism off drops `sequence`; on,
+        op would misread (`refused_colwise`) in any copy of its block is not offered colwise, one whose partial sums
+        reach attention unreduced (`refused_rowwise`) not rowwise. Sequence parallelism off drops `sequence`; on,
         norms (and the ops of a hand-written norm module, e.g. RMSNorm's pow/rsqrt/mul) must use it where they can
         (Megatron-LM's switch)."""
         sp, shard_linears = choice
@@ -115,8 +118,11 @@ class PlacementSolver:
         refused = self.refused_colwise(tp)
         for op in ops:
             strats = strategies_for(op, tp)
-            if op.kind == "linear" and any(m in refused for m in self.copies.get(op.name, (op.module_path,))):
+            copies = self.copies.get(op.name, (op.module_path,))
+            if op.kind == "linear" and any(m in refused for m in copies):
                 strats = [p for p in strats if p.strategy != "colwise"]
+            if op.kind == "linear" and any(m in self.refused_rowwise for m in copies):
+                strats = [p for p in strats if p.strategy != "rowwise"]
             if shard_linears and op.kind == "linear" and len(strats) > 1:
                 strats = strats[1:]  # replicate is always first
             seq = [p for p in strats if p.strategy == "sequence"]
