@@ -325,8 +325,8 @@ class OuterSearch:
         - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
         - at tp > 1 it shards no op beyond what sequence parallelism forces (tp ranks would duplicate the work):
           skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
-          every Linear that can be sharded sharded (`PlacementSolver.solve`'s `shard_linears`; the ILP still picks colwise or rowwise and
-          everything between)."""
+          every Linear that can be sharded sharded (`PlacementSolver.solve`'s `shard_linears`; the ILP still
+          picks colwise or rowwise and everything between)."""
         if tp <= 1:
             return self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
         self._refused_note(tp)
