@@ -180,35 +180,36 @@ def rank_main(plans: dict[str, str], steps: int, warmup: int, profile: str | Non
     dist.destroy_process_group()
 
 
-PROFILE_PARTS = [  # (label, file path suffix, function name): where one step's Python time goes (cumulative)
-    ("forward + backward + optimizer (the step)", "", ""),
-    ("  DTensor op dispatch (all of it)", "distributed/tensor/_dispatch.py", "dispatch"),
-    ("    sharding propagation", "distributed/tensor/_sharding_prop.py", "propagate"),
-    ("    redistribute inside dispatch", "distributed/tensor/_dispatch.py", "redistribute_local_args"),
-    ("  DTensor.redistribute (explicit)", "distributed/tensor/_api.py", "redistribute"),
-    ("  redistribute_local_tensor (all)", "distributed/tensor/_redistribute.py", "redistribute_local_tensor"),
-    ("  DTensor.from_local", "distributed/tensor/_api.py", "from_local"),
-    ("  executor/tp.py pre-hooks", "executor/tp.py", "pre"),
-    ("  executor/tp.py post-hooks", "executor/tp.py", "post"),
-    ("  tensor/parallel/style.py hooks", "distributed/tensor/parallel/style.py", ""),
-    ("  autograd backward", "torch/autograd/__init__.py", "backward"),
-    ("  optimizer.step", "torch/optim/optimizer.py", "wrapper"),
-    ("  collectives (c10d Python API)", "distributed/distributed_c10d.py", ""),
-    ("  functional collectives", "distributed/_functional_collectives.py", ""),
+PROFILE_PARTS = [  # (label, file path suffix, function name or "" for the file): Python time, cumulative
+    ("DTensor dispatch, Python slow path", "distributed/tensor/_dispatch.py", "_propagate_op_sharding_dispatch_slow_path"),
+    ("DTensor dispatch, Python tail", "distributed/tensor/_dispatch.py", "_dispatch_fast_path_python_tail"),
+    ("DTensor sharding propagation", "distributed/tensor/_sharding_prop.py", "propagate"),
+    ("DTensor redistribute inside dispatch", "distributed/tensor/_dispatch.py", "redistribute_local_args"),
+    ("DTensor.redistribute (explicit calls)", "distributed/tensor/_api.py", "redistribute"),
+    ("redistribute_local_tensor (all, with comms)", "distributed/tensor/_redistribute.py", "redistribute_local_tensor"),
+    ("DTensor.from_local", "distributed/tensor/_api.py", "from_local"),
+    ("executor/tp.py module pre-hooks", "executor/tp.py", "pre"),
+    ("executor/tp.py module post-hooks", "executor/tp.py", "post"),
+    ("tensor/parallel/style.py hooks", "distributed/tensor/parallel/style.py", ""),
+    ("autograd backward (all of it)", "torch/autograd/__init__.py", "backward"),
+    ("optimizer.step", "torch/optim/optimizer.py", "wrapper"),
+    ("functional collectives (with waits)", "distributed/_functional_collectives.py", ""),
 ]
+COLLECTIVE_KEYS = ("gloo", "c10d::", "wait_tensor")
 
 
-def profile_pair(name: str, ours, hand, batches, rank: int, top: int = 25) -> None:
-    """Both sides of one configuration under torch.profiler (ops and collectives) and then cProfile (Python time by
-    function), `len(batches)` steps each; rank 0 prints per-step figures."""
+def profile_pair(name: str, ours, hand, batches, rank: int, top: int = 20) -> None:
+    """Both sides of one configuration under torch.profiler (ops; collectives by input shape) and then cProfile
+    (Python time by function), `len(batches)` steps each; rank 0 prints per-step figures side by side."""
     import cProfile
     import pstats
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
     n = len(batches)
-    for side, fn in (("ours", ours), ("hand-written", hand)):
+    res = {}
+    for side, fn in (("ours", ours), ("hand", hand)):
         dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             for b in batches:
                 fn(*b)
         dist.barrier()
@@ -219,34 +220,110 @@ def profile_pair(name: str, ours, hand, batches, rank: int, top: int = 25) -> No
             fn(*b)
         wall = (time.perf_counter() - t0) / n
         prof_c.disable()
-        if rank:
-            continue
-        print(f"=== profile {name} {side}: {n} steps, per step (cProfile wall {wall * 1e3:.1f} ms) ===")
-        ev = prof.key_averages()
-        coll = [e for e in ev if any(k in e.key.lower() for k in ("gloo", "c10d", "all_reduce", "allreduce",
-                                                                   "all_gather", "allgather", "reduce_scatter",
-                                                                   "broadcast", "wait_tensor"))]
-        print("collectives and waits (torch.profiler): calls/step, CPU ms/step")
-        for e in sorted(coll, key=lambda e: -e.cpu_time_total):
-            print(f"  {e.key[:70]:70} {e.count / n:6.1f} {e.cpu_time_total / 1e3 / n:8.2f}")
-        print(f"top {top} ops by self CPU time (torch.profiler): calls/step, self CPU ms/step")
-        for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]:
-            print(f"  {e.key[:70]:70} {e.count / n:6.1f} {e.self_cpu_time_total / 1e3 / n:8.2f}")
-        stats = pstats.Stats(prof_c).stats  # (file, line, func) -> (cc, nc, tottime, cumtime, callers)
-        print("Python time by part (cProfile, cumulative, ms/step; parts nest as indented)")
-        for label, path, func in PROFILE_PARTS:
-            if not path:
-                ms = wall * 1e3
-            else:
-                ms = sum(v[3] for (f, _, fn_), v in stats.items()
-                         if f.endswith(path) and (not func or fn_ == func)
-                         and (func or not _called_from(stats, (f, _, fn_), path))) / n * 1e3
-            print(f"  {label:45} {ms:8.2f}")
-        print(f"top {top} Python functions by own time (cProfile): calls/step, own ms/step, cumulative ms/step")
-        for key, v in sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]:
+        ops = {e.key: (e.count / n, e.self_cpu_time_total / 1e3 / n) for e in prof.key_averages()}
+        coll = {(e.key, str(e.input_shapes)): (e.count / n, e.cpu_time_total / 1e3 / n)
+                for e in prof.key_averages(group_by_input_shape=True)
+                if e.key.startswith(("c10d::", "gloo:"))}
+        res[side] = (wall, ops, coll, pstats.Stats(prof_c).stats)
+    redist = {side: record_redistributions(fn, batches[0]) for side, fn in (("ours", ours), ("hand", hand))}
+    if rank:
+        return
+    (w_o, ops_o, coll_o, st_o), (w_h, ops_h, coll_h, st_h) = res["ours"], res["hand"]
+    print(f"=== profile {name}, rank 0, {n} steps each, figures per step; ours | hand-written ===")
+    print(f"step under cProfile: {w_o * 1e3:.1f} | {w_h * 1e3:.1f} ms")
+    print("collectives by input shape (torch.profiler): calls, CPU ms (ours | hand)")
+    for key in sorted(set(coll_o) | set(coll_h)):
+        o, h = coll_o.get(key, (0, 0)), coll_h.get(key, (0, 0))
+        print(f"  {key[0][:40]:40} {key[1][:44]:44} {o[0]:5.1f} {o[1]:7.2f} | {h[0]:5.1f} {h[1]:7.2f}")
+    print(f"ops with the largest self-CPU difference (torch.profiler): calls, self ms (ours | hand)")
+    keys = sorted(set(ops_o) | set(ops_h), key=lambda k: -abs(ops_o.get(k, (0, 0))[1] - ops_h.get(k, (0, 0))[1]))
+    for k in keys[:top]:
+        o, h = ops_o.get(k, (0, 0)), ops_h.get(k, (0, 0))
+        print(f"  {k[:60]:60} {o[0]:6.1f} {o[1]:7.2f} | {h[0]:6.1f} {h[1]:7.2f}")
+    print("Python time by part (cProfile, cumulative ms; parts overlap)")
+    for label, path, func in PROFILE_PARTS:
+        o, h = _part_ms(st_o, path, func) / n, _part_ms(st_h, path, func) / n
+        print(f"  {label:45} {o:8.2f} | {h:8.2f}")
+    for side in ("ours", "hand"):
+        rows = redist[side]
+        print(f"{side}: DTensor redistributions in one step (rank 0): count, phase, from -> to, global shape, "
+              f"where (the op DTensor dispatched, or the Python caller of DTensor.redistribute)")
+        for (phase, src, dst, shape, where), k in sorted(rows.items(), key=lambda kv: (PHASES.index(kv[0][0]), kv[0][4])):
+            print(f"  {k:3} {phase:8} {src:>4} -> {dst:<4} {shape:16} {where}")
+    for side, st in (("ours", st_o), ("hand-written", st_h)):
+        print(f"{side}: top {top} Python functions by own time (cProfile): calls, own ms, cumulative ms")
+        for key, v in sorted(st.items(), key=lambda kv: -kv[1][2])[:top]:
             where = f"{_short(key[0])}:{key[1]}({key[2]})"
-            print(f"  {where[:80]:80} {v[1] / n:7.0f} {v[2] / n * 1e3:8.2f} {v[3] / n * 1e3:8.2f}")
-        sys.stdout.flush()
+            print(f"  {where[:88]:88} {v[1] / n:6.0f} {v[2] / n * 1e3:8.2f} {v[3] / n * 1e3:8.2f}")
+    sys.stdout.flush()
+
+
+PHASES = ["forward", "backward", "optimizer"]
+
+
+def record_redistributions(step, batch) -> dict[tuple, int]:
+    """Run `step(*batch)` once recording every DTensor redistribution that changes placements:
+    (forward/backward, from, to, global shape, where) -> count."""
+    import collections
+    import traceback
+    import torch
+    from torch.distributed.tensor import _api, _dispatch, _redistribute
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    seen: collections.Counter = collections.Counter()
+    current_op: list = []
+    in_optimizer: list = []
+    orig_rlt = _redistribute.redistribute_local_tensor
+    orig_args = _dispatch.OpDispatcher.redistribute_local_args
+
+    def rlt(local, current_spec, target_spec, **kw):
+        if current_spec.placements != target_spec.placements:
+            phase = ("optimizer" if in_optimizer else
+                     "backward" if torch._C._current_graph_task_id() != -1 else "forward")
+            where = current_op[-1] if current_op else _caller()
+            seen[(phase, _pl(current_spec.placements), _pl(target_spec.placements),
+                  str(list(current_spec.shape)), where)] += 1
+        return orig_rlt(local, current_spec, target_spec, **kw)
+
+    def args(op_info, suggested, *a, **kw):
+        current_op.append(f"op {(op_info.schema or suggested).op}")
+        try:
+            return orig_args(op_info, suggested, *a, **kw)
+        finally:
+            current_op.pop()
+
+    def _caller() -> str:
+        frames = traceback.extract_stack()[:-3]
+        for f in reversed(frames):
+            if f.filename.startswith(ROOT) and not f.filename.endswith("executor_speed.py") or \
+                    "tensor/parallel/" in f.filename:
+                return f"{_short(f.filename)}:{f.lineno} {f.name}"
+        return "?"
+    mods = (_redistribute, _dispatch, _api)
+    hooks = [register_optimizer_step_pre_hook(lambda *a: in_optimizer.append(1)),
+             register_optimizer_step_post_hook(lambda *a: in_optimizer.clear())]
+    try:
+        for m in mods:
+            m.redistribute_local_tensor = rlt
+        _dispatch.OpDispatcher.redistribute_local_args = staticmethod(args)
+        step(*batch)
+    finally:
+        for m in mods:
+            m.redistribute_local_tensor = orig_rlt
+        _dispatch.OpDispatcher.redistribute_local_args = staticmethod(orig_args)
+        for h in hooks:
+            h.remove()
+    return dict(seen)
+
+
+def _pl(placements) -> str:
+    return ",".join("R" if p.is_replicate() else "P" if p.is_partial() else f"S({p.dim})" for p in placements)
+
+
+def _part_ms(stats, path: str, func: str) -> float:
+    """Cumulative ms of the functions in `path` named `func` (every function of the file when `func` is empty,
+    counting only those not called from the same file)."""
+    return 1e3 * sum(v[3] for key, v in stats.items()
+                     if key[0].endswith(path) and (key[2] == func if func else not _called_from(stats, key, path)))
 
 
 def _called_from(stats, key, path: str) -> bool:
