@@ -287,7 +287,8 @@ def record_redistributions(step, batch) -> dict[tuple, int]:
         if current_spec.placements != target_spec.placements:
             phase = ("optimizer" if in_optimizer else
                      "backward" if torch._C._current_graph_task_id() != -1 else "forward")
-            where = current_op[-1] if current_op else _caller()
+            where = current_op[-1] if current_op else \
+                "autograd: backward of a forward redistribution" if phase == "backward" else _caller()
             seen[(phase, _pl(current_spec.placements), _pl(target_spec.placements),
                   str(list(current_spec.shape)), where)] += 1
         return orig_rlt(local, current_spec, target_spec, **kw)
