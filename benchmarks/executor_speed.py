@@ -153,6 +153,8 @@ def main() -> None:
 
 # ---- one rank ----------------------------------------------------------------------------------------------------
 def rank_main(plans: dict[str, str], steps: int, warmup: int, profile: str | None) -> None:
+    """One rank: per configuration, both sides built, steps 1-2 compared (losses), the rest of the warm-up (which
+    holds the runner's two memory-tracked steps), then the timed steps alternating; rank 0 prints one JSON row."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
