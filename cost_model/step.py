@@ -6,8 +6,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 
 - Dtypes: gradients are reduced in fp32 (`GRAD_REDUCE_BYTES`: FSDP2's reduce_dtype, DDP's fp32 buckets; Megatron-LM
   does the same for bf16 models); ZeRO parameter all-gathers move the compute dtype (FSDP2's param_dtype).
-- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets of fp32 gradients during the last
-  micro-batch's backward as they fill; FSDP2 units (each block, then the root holding the rest) reduce when their
+- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets (the first: 1 MiB) of fp32 gradients
+  during the last micro-batch's backward as they fill; FSDP2 units (each block, then the root holding the rest) reduce when their
   backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last micro-batch only, ZeRO-2/3 in
   every micro-batch, on their own stream.
 - With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
@@ -47,6 +47,10 @@ from planner.plan import Plan
 
 ADAM_BYTES_PER_PARAM = {"bf16": 30.0, "fp16": 30.0, "fp32": 28.0}
 """Bytes the Adam update moves per local parameter (see the module docstring)."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""DDP's first gradient bucket (the last layers' gradients, ready first) closes at 1 MiB with the default bucket
+size (torch.nn.parallel.distributed: `first_bucket_bytes_cap = dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB in c10d),
+the later ones at DDP_BUCKET_BYTES."""
 GRAD_REDUCE_BYTES = 4.0
 """Bytes per gradient element in data-parallel reductions: the executor keeps fp32 parameters and reduces their
 gradients in fp32 (FSDP2 `MixedPrecisionPolicy(reduce_dtype=torch.float32)`; DDP buckets and `replicate` hold the
@@ -316,7 +320,7 @@ class StepPredictor:
                 acc = 0.0
                 for i in reversed(range(len(ch.layers))):
                     acc += ch.layers[i].param_elems * self.gbytes
-                    if acc >= DDP_BUCKET_BYTES:
+                    if acc >= (DDP_BUCKET_BYTES if ready else DDP_FIRST_BUCKET_BYTES):
                         ready.append((done[i], acc))
                         acc = 0.0
                 if acc > 0:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
+from cost_model.memory import DDP_BUCKET_BYTES
 from cost_model.model import CostModel
+from cost_model.simulator import simulate
+from cost_model.step import DDP_FIRST_BUCKET_BYTES, StepPredictor
 from hardware_profiles.load import cluster_from_dict, cluster_to_dict, load_cluster
 from hardware_profiles.schema import ProfileError
 from planner.defaults import default_plan
@@ -62,3 +66,20 @@ def test_fields_round_trip_and_validate():
         with pytest.raises(ProfileError) as e:
             cluster_from_dict(d)
         assert f"device.{key}" in str(e.value) and msg in str(e.value)
+
+
+
+def test_ddp_first_bucket_closes_at_one_mib():
+    g = megatron_gpt(h=256, layers=4)
+    base = cluster(per_node=2)
+    plan = default_plan(g, base, 2, "bf16", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, "m")
+    sp = StepPredictor(CostModel(base), g, plan)
+    grads = [l.param_elems * 4 for l in reversed(sp.chunks[0][0].layers)]  # fp32, in backward order
+    first = next(k for k in range(len(grads)) if sum(grads[:k + 1]) >= DDP_FIRST_BUCKET_BYTES)
+    assert first < len(grads) - 1 and sum(grads) < DDP_BUCKET_BYTES  # one bucket without the 1 MiB first
+    fwd, bwd = (np.array([[getattr(ch, k) for ch in row] for row in sp.chunks]) for k in ("fwd_s", "bwd_s"))
+    spans = sp.dp_tail(0, simulate(plan.schedule, fwd, bwd, plan.num_microbatches, 0.0))[1]
+    assert len(spans) == 2
+    comm = CostModel(base).comm
+    assert spans[0][1] == pytest.approx(comm.time("all_reduce", sum(grads[:first + 1]), sp.groups["dp"]))
+    assert spans[1][1] == pytest.approx(comm.time("all_reduce", sum(grads[first + 1:]), sp.groups["dp"]))
