@@ -80,6 +80,9 @@ class LayerCost:
     """Parameter name -> what the executor makes of it under tensor parallelism: "plain", "dtensor" (its module is
     tensor-parallel) or "partial" (a replicated DTensor whose gradient is Partial: the weights of
     sequence-parallel norms); the optimizer's per-tensor overhead counts these."""
+    partial_elems: dict = field(default_factory=dict)
+    """Parameter name -> local elements, for the "partial" tensors (their gradients are all-reduced once before
+    the optimizer, executor.tp.reduce_partial_grads)."""
 
 
 TENSOR_KINDS = ("plain", "dtensor", "partial")
@@ -154,12 +157,14 @@ class LayerCoster:
         fwd = bwd = host_f = host_b = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
         params: dict[str, float] = {}
         tensors: dict[str, bool] = {}
+        partial_elems: dict[str, float] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
         selective = plan.recompute == "selective" and layer.block_type is not None
         stop = recompute_stop(g, layer) if full or selective else -1
         linears = 0
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
+        shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
             pl = plan.ops.get(op.name)
@@ -179,7 +184,12 @@ class LayerCoster:
             rec += f if rerun else 0.0
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
             for src, s_pl, d_pl, ef, eb in edges:
-                tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
+                # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
+                # forward and one gradient reduction in backward; a recomputation re-runs each reader's own
+                once = op.kind == "linear" and (src, d_pl) in shared
+                if op.kind == "linear":
+                    shared.add((src, d_pl))
+                tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
                 # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
                 kept = selective and s_pl == "P" and d_pl.startswith("S")
                 if rerun and ef > 0 and not kept and (full or src not in regathered):
@@ -193,8 +203,11 @@ class LayerCoster:
             act += a
             params.update(_local_params(op, pl, tp))
             kind = _tensor_kind(pl, dt, plan.sequence_parallel)
+            local = _local_params(op, pl, tp)
             for p in op.params:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
+                if tensors[p.name] == "partial":
+                    partial_elems[p.name] = local[p.name]
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             act = self._block_input_bytes(layer, names)
@@ -203,7 +216,7 @@ class LayerCoster:
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
-                         tensors=tensors)
+                         tensors=tensors, partial_elems=partial_elems)
 
     def _edges(self, op, pl, vocab_loss: bool, reduced: set[str]) -> tuple[list[str], list[tuple]]:
         """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,

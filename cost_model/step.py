@@ -241,8 +241,9 @@ class StepPredictor:
 
     def optimizer_time(self, r: int, shard: float) -> float:
         """One AdamW step on rank r over `shard` local parameter elements: the profile's measured per-element
-        cost (else the bytes roofline) plus its per-tensor overhead for plain, DTensor and Partial-gradient DTensor
-        parameters (the last all-reduce their gradient in each optimizer op that reads it)."""
+        cost (else the bytes roofline) plus its per-tensor overhead for plain and DTensor parameters; a
+        Partial-gradient DTensor parameter pays the DTensor figure and one all-reduce of its gradient over tp
+        (executor.tp.reduce_partial_grads sums it once before the optimizer)."""
         dev = self.cm.cluster.device
         per_elem = dev.kernel_costs.get("adamw")
         if per_elem:
@@ -250,8 +251,13 @@ class StepPredictor:
         else:
             t = self.cm.compute.memory_time(shard * ADAM_BYTES_PER_PARAM[self.plan.precision])
         n, ov = self.rank_tensors(r), dev.op_overhead
-        partial = ov.dtensor_partial_optimizer or ov.dtensor_optimizer
-        return t + n["plain"] * ov.optimizer + n["dtensor"] * ov.dtensor_optimizer + n["partial"] * partial
+        partial: dict = {}  # a block's names are its first copy's: key them by layer too (a tied weight once)
+        for c, ch in enumerate(self.chunks[r]):
+            for i, l in enumerate(ch.layers):
+                for name, e in l.partial_elems.items():
+                    partial[(c, i, name) if l.block else name] = e
+        reduce = sum(self.cm.comm.time("all_reduce", e * self.gbytes, self.groups["tp"]) for e in partial.values())
+        return t + n["plain"] * ov.optimizer + (n["dtensor"] + n["partial"]) * ov.dtensor_optimizer + reduce
 
     def fsdp_overhead(self, layers: list[LayerCost]) -> float:
         """FSDP2's own seconds per micro-batch (forward + backward) for one chunk under ZeRO >= 1 with dp > 1: the
