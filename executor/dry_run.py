@@ -282,16 +282,17 @@ def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -
         torch.empty(b[1], dtype=b[2], device=runner.device, requires_grad=b[2].is_floating_point)
         if b[0] == "tensor" else b[1] for b in boundary)
     where.phase = "forward"
-    with runner._autocast():
-        out = part(*args)
-        loss = runner._loss(out, targets) if last else None
-    where.phase = "backward"
-    if loss is not None:
-        loss.backward()
-        return None
-    outs = out if isinstance(out, tuple) else (out,)
-    need = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
-    torch.autograd.backward(need, [torch.empty_like(o) for o in need])
+    with runner._tp_context():
+        with runner._autocast():
+            out = part(*args)
+            loss = runner._loss(out, targets) if last else None
+        where.phase = "backward"
+        if loss is not None:
+            loss.backward()
+            return None
+        outs = out if isinstance(out, tuple) else (out,)
+        need = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        torch.autograd.backward(need, [torch.empty_like(o) for o in need])
     if any(isinstance(o, DTensor) for o in outs):
         raise _Unchecked(f"stage {where.stage} passes a DTensor to the next stage, which this dry run cannot rebuild "
                          "in the next stage's fake world")

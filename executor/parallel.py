@@ -37,24 +37,12 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-NORMS = (nn.LayerNorm, nn.RMSNorm) if hasattr(nn, "RMSNorm") else (nn.LayerNorm,)
-"""Leaf module types never taken for repeated blocks."""
-
-
-def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """The model's repeated-block containers: ModuleLists (or Sequentials) of >= 2 modules of one type."""
-    out = []
-    for path, mod in model.named_modules():
-        if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) >= 2:
-            kinds = {type(m) for m in mod}
-            if len(kinds) == 1 and not isinstance(mod[0], (nn.Linear, nn.Embedding) + NORMS):
-                out.append((path, mod))
-    return out
-
-
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every repeated block (child of a block list), by module path, in model order."""
-    return [(f"{p}.{i}" if p else str(i), m) for p, lst in block_lists(model) for i, m in enumerate(lst)]
+    """Every repeated block, by module path, in model order: the planner's own detection (`planner.blocks`), so the
+    blocks the executor checkpoints, shards and cuts pipeline stages at are the graph's layers."""
+    from planner.blocks import find_blocks
+    found = find_blocks(model)
+    return [(path, mod) for path, mod in model.named_modules() if path in found]
 
 
 def _present(model: nn.Module, paths: list[str]) -> list[nn.Module]:

@@ -84,8 +84,9 @@ def local_modules(plan: Plan, model: nn.Module) -> list[str]:
             continue
         if any(q == path or q.startswith(path + ".") for q in placed_paths):
             continue
-        if isinstance(mod, (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
-            continue  # never called itself: its children are
+        if type(mod) is nn.Module or isinstance(mod, (nn.ModuleList, nn.ModuleDict, nn.ParameterList,
+                                                      nn.ParameterDict)):
+            continue  # never called itself (a container, or one fx made for a pipeline stage): its children are
         out.append(path)
     return out
 
@@ -205,8 +206,13 @@ def apply_tp(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh, canonical: Mappi
 
 
 def _run_locally(mod: nn.Module, mesh: DeviceMesh) -> None:
+    """Hooks that run `mod` on plain tensors: DTensor inputs gathered to Replicate and unwrapped, outputs wrapped
+    as Replicate DTensors (differentiable both ways, so the gradients of its plain parameters stay plain)."""
     def pre(module, args, kwargs):
-        return tree_map(_to_local, args), tree_map(_to_local, kwargs)
+        # an in-place module (ReLU(inplace=True)) must not write into the alias `to_local` returns
+        conv = (lambda t: _to_local(t).clone() if isinstance(t, DTensor) else t) if getattr(module, "inplace", False) \
+            else _to_local
+        return tree_map(conv, args), tree_map(conv, kwargs)
 
     def post(module, args, kwargs, output):
         return tree_map(lambda t: _from_local(t, mesh), output)

@@ -1,4 +1,5 @@
-"""Recognising repeated blocks: structurally identical children of a `ModuleList`/`Sequential`, at any depth.
+"""Recognising repeated blocks: structurally identical children of a `ModuleList`/`Sequential`/`ModuleDict`
+(torchtitan keeps its layers in one), at any depth.
 
 Two children are identical when they have the same class and the same parameter and buffer names, shapes and
 dtypes; only composite modules with parameters count (not a run of ReLUs or the bare Linears of an MLP). A group of two or more identical children of one container is a block type named `CONTAINER.*` (e.g.
@@ -31,7 +32,7 @@ def find_blocks(model: nn.Module) -> dict[str, str]:
     def walk(module: nn.Module, prefix: str) -> None:
         children = [(f"{prefix}.{n}" if prefix else n, c) for n, c in module.named_children()]
         marked: set[str] = set()
-        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+        if isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             groups: dict[Hashable, list[str]] = {}
             for path, child in children:
                 if _can_be_block(child):
