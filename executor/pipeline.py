@@ -56,6 +56,8 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
 
 
 class _LeafTracer(fx.Tracer):
+    proxy_buffer_attributes = True  # buffers become graph values, so `self.rope_cos[:s]` traces (as planner.trace)
+
     def __init__(self, leaves: set[str]):
         super().__init__()
         self.leaves = leaves
