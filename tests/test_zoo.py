@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,8 +45,8 @@ MODELS = {
 }
 """The zoo: model name -> model file, each unmodified (examples/gpt2_xl.py and gpt3_175b.py are gpt.py's code at
 sizes a CPU cannot train)."""
-MESHES = {"tp2": "dp=1,tp=2,pp=1", "dp2xtp2": "dp=2,tp=2,pp=1", "tp2xpp2": "dp=1,tp=2,pp=2"}
-"""Mesh name -> `plan --force` keys."""
+MESHES = {"tp2": "dp=1,tp=2,pp=1", "dp2xtp2": "dp=2,tp=2,pp=1", "tp2xpp2": "dp=1,tp=2,pp=2,mbs=1"}
+"""Mesh name -> `plan --force` keys (under pp, 4 micro-batches of 1: a schedule with several in flight)."""
 REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
 every zoo model under every mesh."""
@@ -54,6 +55,12 @@ PER_REPLICA_STATISTICS = {"resnet"}
 schedules do not synchronise them), so their reference is one process averaging the losses of those chunks of the
 batch (`_reference`); at dp=1 with one micro-batch that is `reference_losses` itself."""
 HAVE_HF = importlib.util.find_spec("transformers") is not None
+
+
+def _axes(mesh: str) -> dict[str, int]:
+    """dp, tp and pp of a mesh name."""
+    keys = dict(kv.split("=") for kv in MESHES[mesh].split(","))
+    return {axis: int(keys[axis]) for axis in ("dp", "tp", "pp")}
 
 
 def _cluster(folder, world: int) -> str:
@@ -84,16 +91,17 @@ def _launch(mesh: str, folder) -> dict[str, dict]:
     """Plan every zoo model for `mesh`, train them all in one torchrun launch; model name -> outcome: {"refused":
     line} from `plan`, {"losses": [...]} or {"error": line, "where": file:line} from the worker, plus "plan"."""
     force = MESHES[mesh]
-    world = 1
-    for kv in force.split(","):
-        world *= int(kv.split("=")[1])
+    world = math.prod(_axes(mesh).values())
     cluster = _cluster(str(folder), world)
     outcomes, jobs = {}, []
     for name, path in MODELS.items():
         if name.startswith("hf_") and not HAVE_HF:
             continue
         plan = os.path.join(folder, f"{name}.plan.json")
-        code, line = _plan(path, cluster, force, plan)
+        try:
+            code, line = _plan(path, cluster, force, plan)
+        except Exception as e:  # noqa: BLE001 - a crash of `plan` is this model's outcome, not the whole mesh's
+            code, line = None, f"plan raised {type(e).__name__}: {e}"
         if code != 0:
             outcomes[name] = {"refused": line, "code": code}
             continue
@@ -190,8 +198,22 @@ def test_zoo_model_trains_its_own_function(zoo, mesh, name):
         assert out["code"] == 2 and out["refused"], out
         return
     plan = Plan.load(out["plan"])
-    want = dict(kv.split("=") for kv in MESHES[mesh].split(","))
-    assert {k: str(getattr(plan.mesh, k)) for k in want} == want, plan.mesh
+    assert {axis: getattr(plan.mesh, axis) for axis in ("dp", "tp", "pp")} == _axes(mesh), plan.mesh
     assert "error" not in out, f"{name} under {mesh}: {out['error']} ({out['where']})"
     ref = _reference(name, plan.mesh.dp * plan.num_microbatches)
     assert _close(out["losses"], ref), (out["losses"], ref)
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_zoo_tp_plans_shard_weights(zoo, mesh):
+    """Every plan written for a tp=2 mesh shards some weight over tp: an all-replicated plan would train one
+    process's function trivially and test nothing of tensor parallelism."""
+    from planner.plan import Plan
+    replicated = []
+    for name, out in zoo(mesh).items():
+        if "plan" not in out:
+            continue
+        ops = Plan.load(out["plan"]).ops.values()
+        if not any(p.startswith("S(") for op in ops for p in op.params):
+            replicated.append(name)
+    assert not replicated, f"plans for {mesh} that replicate every weight: {', '.join(replicated)}"
