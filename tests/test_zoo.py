@@ -28,6 +28,8 @@ WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
 STEPS, BATCH, TOL = 3, 4, 1e-5
 LAUNCH_TIMEOUT_S = 900
 """One mesh's launch (12 models); a healthy one takes well under a minute here."""
+MAX_LAUNCHES = 3
+"""Launches per mesh when one dies (see `_train_all`)."""
 
 MODELS = {
     "nanogpt_fused_qkv": os.path.join(ZOO, "nanogpt_fused_qkv.py"),  # fused c_attn + split, view(B, T, C)
@@ -107,28 +109,56 @@ def _launch(mesh: str, folder) -> dict[str, dict]:
             continue
         outcomes[name] = {"plan": plan}
         jobs.append({"name": name, "model": path, "plan": plan})
-    jobs_path = os.path.join(folder, "jobs.json")
-    with open(jobs_path, "w") as f:
-        json.dump({"steps": STEPS, "jobs": jobs}, f)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    try:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               str(world), WORKER, jobs_path, str(folder)], capture_output=True, text=True,
-                              timeout=LAUNCH_TIMEOUT_S, env=env, cwd=ROOT)
-        ended = f"torchrun exited {proc.returncode}: " + (proc.stderr.strip().splitlines() or [""])[-1]
-    except subprocess.TimeoutExpired:
-        ended = f"torchrun still running after {LAUNCH_TIMEOUT_S} s"
-    for job in jobs:
-        result = os.path.join(folder, job["name"] + ".json")
-        if os.path.exists(result):
-            with open(result) as f:
-                outcomes[job["name"]].update(json.load(f))
-        else:
-            outcomes[job["name"]].update(error=f"the launch ended before this model ran ({ended})", where="")
+    for name, result in _train_all(jobs, world, str(folder)).items():
+        outcomes[name].update(result)
     with open(os.path.join(folder, "outcomes.json"), "w") as f:  # the zoo table's row for this mesh
         json.dump(outcomes, f, indent=1)
     return outcomes
+
+
+def _train_all(jobs: list[dict], world: int, folder: str) -> dict[str, dict]:
+    """Train every job in one torchrun launch of the worker; job name -> its result. When a launch dies (a rank
+    killed by a signal: no Python error to record), the job it was running gets the launch's error and a new launch
+    trains the jobs left, at most MAX_LAUNCHES in all."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    results: dict[str, dict] = {}
+    for attempt in range(MAX_LAUNCHES):
+        left = [j for j in jobs if j["name"] not in results]
+        if not left:
+            break
+        jobs_path = os.path.join(folder, f"jobs{attempt}.json")
+        with open(jobs_path, "w") as f:
+            json.dump({"steps": STEPS, "jobs": left}, f)
+        ended = None
+        try:
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                   str(world), WORKER, jobs_path, folder], capture_output=True, text=True,
+                                  timeout=LAUNCH_TIMEOUT_S, env=env, cwd=ROOT)
+            if proc.returncode:
+                ended = f"the launch died in this model: torchrun exited {proc.returncode}: {_died(proc.stderr)}"
+        except subprocess.TimeoutExpired:
+            ended = f"the launch was still in this model after {LAUNCH_TIMEOUT_S} s"
+        for job in left:
+            path = os.path.join(folder, job["name"] + ".json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results[job["name"]] = json.load(f)
+            elif ended and os.path.exists(os.path.join(folder, job["name"] + ".started")):
+                results[job["name"]] = {"error": ended, "where": ""}  # the job the launch died in
+                break
+        if ended and ended.startswith("the launch was still"):
+            break
+    for job in jobs:
+        results.setdefault(job["name"], {"error": f"not run: {MAX_LAUNCHES} launches died before it", "where": ""})
+    return results
+
+
+def _died(stderr: str) -> str:
+    """The line of torchrun's report that says how a rank died (a signal), else its last line."""
+    lines = [l.strip() for l in stderr.strip().splitlines() if l.strip()]
+    signal = [l for l in lines if "Signal" in l and "received" in l]
+    return (signal or lines or [""])[-1]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ JOBS.json: {"steps": S, "jobs": [{"name", "model", "plan"}, ...]}, every plan fo
 `plan measure`'s worker (executor/worker.py) trains it: the same build and data seeds, `executor.apply_plan`,
 `runner.step` on `sample_batch(plan.global_batch_size)`. Rank 0 writes OUT_DIR/NAME.json per job:
 {"losses": [...]} or {"error": "rank R: Type: first line", "where": "file:line in function"} (the error of the
-rank that failed first; the other ranks' follow-on errors are dropped), plus "seconds".
+rank that failed first; the other ranks' follow-on errors are dropped), plus "seconds"; and OUT_DIR/NAME.started
+when the job starts.
 
 A failing model does not stop the launch: each job gets its own process groups (the default group is destroyed
 and re-created over a fresh store prefix after every job, after a barrier on the store), so nothing of one job
@@ -99,6 +100,8 @@ def main(argv: list[str]) -> int:
     store.set_timeout(datetime.timedelta(seconds=STATUS_TIMEOUT_S))
     timeout = datetime.timedelta(seconds=PG_TIMEOUT_S)
     for i, job in enumerate(spec["jobs"]):
+        if rank == 0:  # tells the launcher which job a launch died in
+            open(os.path.join(out_dir, job["name"] + ".started"), "w").close()
         dist.init_process_group("gloo", store=dist.PrefixStore(f"zoo/{i}", store), rank=rank, world_size=world,
                                 timeout=timeout)
         status = _status(job, spec["steps"])
