@@ -56,7 +56,7 @@ def _parser():
 
 def check_inputs(plan_path: str, model_path: str):
     """Load and cross-check plan and model file before anything is launched; returns the Plan."""
-    from executor.runner import check_plan_matches_model, check_runnable, tp_strategies
+    from executor.runner import check_plan_matches_model, check_runnable, check_tp_plan
     from planner.model_file import build, load_model_file
     from planner.plan import Plan
     plan = Plan.load(plan_path)
@@ -64,28 +64,12 @@ def check_inputs(plan_path: str, model_path: str):
     model_file = load_model_file(model_path)
     model = build(model_file, "meta")
     check_plan_matches_model(plan, model)
-    strategies, _ = tp_strategies(plan, model)
-    check_tp_function(plan, model_file, strategies)
+    check_tp_plan(plan, model)
     import torch
     if torch.cuda.is_available() and plan.world_size > torch.cuda.device_count():
         raise ExecutorError(f"plan needs {plan.world_size} GPUs, this machine has {torch.cuda.device_count()}; "
                             "multi-node plans run with torchrun on each node and executor.apply_plan")
     return plan
-
-
-def check_tp_function(plan, model_file, strategies) -> None:
-    """ExecutorError when an op of the model would misread the local shards of this tp layout (a `chunk` of a fused
-    gate/up projection, a `split` of a fused qkv: `planner.shard_flow`), so the run would train another function."""
-    if plan.mesh.tp <= 1 or not strategies:
-        return
-    from planner.strategies import graph_split_problems, graph_tp_modules
-    from planner.trace import trace_model
-    graph = trace_model(model_file, batch_size=1, progress=False)
-    problems = graph_split_problems(graph, graph_tp_modules(graph), strategies, plan.mesh.tp)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ExecutorError(f"plan's tensor-parallel layout would train a different function: {problems[0]}{more}; "
-                            "re-plan with `plan` (it keeps such modules replicated)")
 
 
 def failure_reason(err: str, rc: int) -> str:

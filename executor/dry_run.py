@@ -252,9 +252,8 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
                    boundary: tuple | None) -> tuple | None:
     """`apply_plan`, then forward, backward, tied-gradient sum and optimizer step of one micro-batch."""
     from executor.pipeline import sum_tied_grads
-    from executor.runner import apply_plan, tp_strategies
-    with contextlib.suppress(ExecutorError):  # apply_plan raises the same error below
-        where.strategies = tp_strategies(plan, model)[0]
+    from executor.runner import apply_plan
+    where.strategies = {p.module: p.strategy for p in plan.ops.values() if p.module}
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh)  # default AdamW
     where.uneven = _uneven(runner)
     inputs, targets = batch(mf, plan.microbatch_size)

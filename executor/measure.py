@@ -226,7 +226,7 @@ def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
         "peak_memory_bytes": mem["peak"],
         "memory_bytes": mem,
         "memory_steps": list(t.tracked),
-        "notes": [runner.layout_note] if getattr(runner, "layout_note", "") else [],
+        "notes": list(getattr(runner, "notes", [])),
     }
 
 

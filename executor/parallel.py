@@ -2,8 +2,8 @@
 
 The runner applies them in this fixed order, per pipeline-stage module:
 
-1. `apply_tp`   — DTensor `parallelize_module` (tensor + sequence parallelism) over the tp axis. First, because the
-                  later wrappers must see the DTensor parameters it creates.
+1. `executor.tp.apply_tp` — the plan's tensor (and sequence) parallel layout: DTensor parameters and activations
+                  over the tp axis. First, because the later wrappers must see the DTensor parameters it creates.
 2. `apply_ac`   — activation checkpointing per `plan.recompute`, on each repeated block. Before data parallelism so
                   FSDP's hooks wrap the checkpointed forward (torchtitan's order).
 3. `apply_fsdp` (zero_stage 1, 2, 3) or `apply_ddp` (zero_stage 0) over the dp axis. Last: it shards or replicates
@@ -30,27 +30,15 @@ Plain data parallelism uses DDP when no parameter is a DTensor and there is no p
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor import DTensor
 
-from executor.errors import ExecutorError
-from planner.plan import Plan
-from planner.strategies import TPModule, module_strategies, tp_layout_problems
-
-MODULE_STRATEGIES = ("colwise", "rowwise", "vocab", "sequence")
-"""Strategies that map to a DTensor parallel style on a module; the rest (heads, shard, replicate) need no style."""
-HEAD_ATTRS = ("n_head", "n_heads", "num_heads", "num_attention_heads", "n_kv_heads", "num_key_value_heads",
-              "n_kv_head", "num_kv_heads")
-"""Integer attributes holding a head count that hand-written attention uses in `view(b, s, n_head, head_dim)`;
-divided by the tp degree on modules whose projections become column shards (what torchtitan does to its models)."""
 NORMS = (nn.LayerNorm, nn.RMSNorm) if hasattr(nn, "RMSNorm") else (nn.LayerNorm,)
-"""Module types treated as sequence-parallel norms when a plan lists no placements."""
+"""Leaf module types never taken for repeated blocks."""
 
 
 def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
@@ -67,207 +55,6 @@ def block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every repeated block (child of a block list), by module path, in model order."""
     return [(f"{p}.{i}" if p else str(i), m) for p, lst in block_lists(model) for i, m in enumerate(lst)]
-
-
-def module_table(model: nn.Module) -> list[TPModule]:
-    """The model's parameter-holding modules as the tp contract (`planner.strategies`) sees them: nn.Linear,
-    nn.Embedding, other leaves (norms), or `other`; inside a repeated block, or before / after the blocks (in
-    registration order); with canonical parameter names (a tied weight keeps its first name)."""
-    canonical: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        canonical.setdefault(id(p), name)
-    block_paths = [p for p, _ in blocks(model)]
-    seen_block = False
-    out = []
-    for path, mod in model.named_modules():
-        inside = any(path == b or path.startswith(b + ".") for b in block_paths)
-        seen_block |= inside
-        own = list(mod.parameters(recurse=False))
-        if not own:
-            continue
-        kind = ("linear" if isinstance(mod, nn.Linear) else "embedding" if isinstance(mod, nn.Embedding)
-                else "other" if list(mod.children()) else "norm")
-        out.append(TPModule(path=path, kind=kind, position="block" if inside else "post" if seen_block else "pre",
-                            params=tuple(canonical[id(p)] for p in own)))
-    return out
-
-
-def placements_from_plan(plan: Plan, model: nn.Module) -> dict[str, str]:
-    """Module path -> tp strategy, exactly as the plan's per-op placements say (`planner.strategies`'
-    `module_strategies`), after checking the layout is one this executor applies (`tp_layout_problems`) and that
-    tp divides the head counts of the attention modules it shards. Raises ExecutorError naming the first problem.
-    Placements of functional ops (views, attention, residual adds) describe activations, not modules: they follow
-    from the module layout."""
-    mods = module_table(model)
-    strategies, problems = module_strategies(plan.ops, mods)
-    problems += tp_layout_problems(mods, strategies, plan.sequence_parallel)
-    named = dict(model.named_modules())
-    for parent in sorted({p.rpartition(".")[0] for p, s in strategies.items() if s == "colwise"}):
-        for attr in HEAD_ATTRS:
-            n = getattr(named.get(parent), attr, None)
-            if isinstance(n, int) and not isinstance(n, bool) and n % plan.mesh.tp:
-                problems.append(f"{parent}.{attr} = {n} heads is not divisible by tp = {plan.mesh.tp}; choose a "
-                                "tp degree that divides the head count")
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ExecutorError(f"plan's tensor-parallel layout cannot be applied: {problems[0]}{more}")
-    return strategies
-
-
-def derive_placements(model: nn.Module, sequence_parallel: bool) -> dict[str, str]:
-    """A Megatron mapping for plans that list no per-op placements (hand-written plans with only a mesh).
-
-    In every module with >= 2 direct Linear children whose first input width equals the last one's output width
-    (attention: q/k/v then out-projection; MLP: up then down), the last Linear is rowwise and the others colwise. A
-    top-level Embedding whose weight is tied to a Linear, or the largest Embedding, is vocab-parallel; a Linear
-    outside the blocks whose weight is tied to it (or whose output width is that vocabulary) is colwise. Norms are
-    sequence-parallel when the plan asks for it. Fused QKV projections split with hard-coded sizes are not handled.
-    """
-    out: dict[str, str] = {}
-    for path, mod in model.named_modules():
-        lins = [(n, c) for n, c in mod.named_children() if isinstance(c, nn.Linear)]
-        if len(lins) >= 2 and lins[0][1].in_features == lins[-1][1].out_features and path:
-            for n, _ in lins[:-1]:
-                out[f"{path}.{n}"] = "colwise"
-            out[f"{path}.{lins[-1][0]}"] = "rowwise"
-        if sequence_parallel and isinstance(mod, NORMS):
-            out[path] = "sequence"
-    embs = [(p, m) for p, m in model.named_modules() if isinstance(m, nn.Embedding)]
-    if embs:
-        weights = {id(m.weight): p for p, m in embs}
-        tied = [(p, m) for p, m in model.named_modules()
-                if isinstance(m, nn.Linear) and id(m.weight) in weights]
-        vocab_path = weights[id(tied[0][1].weight)] if tied else max(embs, key=lambda e: e[1].num_embeddings)[0]
-        out[vocab_path] = "vocab"
-        vocab = dict(embs)[vocab_path].num_embeddings
-        for p, m in model.named_modules():
-            if isinstance(m, nn.Linear) and p not in out and (id(m.weight) in weights or m.out_features == vocab):
-                out[p] = "colwise"
-    return out
-
-
-def _has_rowwise_sibling(path: str, strategies: Mapping[str, str]) -> bool:
-    parent = path.rpartition(".")[0]
-    return any(s == "rowwise" and p.rpartition(".")[0] == parent for p, s in strategies.items())
-
-
-def vocab_heads(model: nn.Module, strategies: Mapping[str, str]) -> frozenset[str]:
-    """Lone colwise nn.Linears after the blocks (the LM head): their logits stay sharded over the vocabulary as a
-    DTensor (Shard(-1)) for a vocabulary-parallel loss (`torch.distributed.tensor.parallel.loss_parallel`)."""
-    return frozenset(m.path for m in module_table(model)
-                     if m.kind == "linear" and m.position == "post" and strategies.get(m.path) == "colwise"
-                     and not _has_rowwise_sibling(m.path, strategies))
-
-
-def tp_styles(model: nn.Module, strategies: Mapping[str, str], sequence_parallel: bool,
-              block_paths: list[str], heads: frozenset[str] = frozenset()) -> dict[str, object]:
-    """Module path -> DTensor parallel style, for the modules of `model` named in `strategies`.
-
-    Without sequence parallelism: colwise -> ColwiseParallel (output kept as local shards when a rowwise sibling
-    consumes it; a head in `heads` (`vocab_heads`) returns its logits as a DTensor sharded over the vocabulary,
-    which the runner's loss reads vocabulary-parallel; any other lone colwise gathers to Replicate), rowwise ->
-    RowwiseParallel, vocab -> RowwiseParallel(input_layouts=Replicate()). With it (Korthikanti et al.; torchtitan's layout): norms are
-    SequenceParallel, the residual stream is sharded on the sequence dim (Shard(1)) between blocks, each module
-    holding colwise projections all-gathers its input (PrepareModuleInput Shard(1) -> Replicate), rowwise outputs are
-    reduce-scattered to Shard(1), the first block shards its replicated input, and a colwise head after the blocks
-    all-gathers its Shard(1) input. `block_paths` are the full model's repeated blocks (a pipeline stage holds
-    some of them).
-    """
-    present = dict(model.named_modules())
-    styles: dict[str, object] = {}
-    for path, strat in strategies.items():
-        if path not in present:
-            continue
-        inside = any(path.startswith(b + ".") for b in block_paths)
-        if strat == "colwise":
-            if _has_rowwise_sibling(path, strategies):
-                styles[path] = ColwiseParallel()
-            else:
-                sharded = path in heads
-                styles[path] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel and not inside
-                                               else Replicate(), output_layouts=Shard(-1) if sharded else Replicate(),
-                                               use_local_output=not sharded)
-        elif strat == "rowwise":
-            styles[path] = RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
-        elif strat == "vocab":
-            styles[path] = RowwiseParallel(input_layouts=Replicate())
-        elif strat == "sequence" and sequence_parallel:
-            styles[path] = SequenceParallel()
-    if sequence_parallel:
-        for path, strat in strategies.items():
-            if strat == "colwise" and _has_rowwise_sibling(path, strategies):
-                parent = path.rpartition(".")[0]
-                if parent in present:
-                    styles.setdefault(parent, PrepareModuleInput(input_layouts=(Shard(1),),
-                                                                 desired_input_layouts=(Replicate(),),
-                                                                 use_local_output=True))
-        if block_paths and block_paths[0] in present:
-            styles[block_paths[0]] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
-                                               use_local_output=True)
-    return styles
-
-
-def divide_head_counts(model: nn.Module, styles: Mapping[str, object], tp: int) -> None:
-    """Divide the head-count attributes (`HEAD_ATTRS`) of each module whose children are column-sharded by `tp`,
-    so hand-written `view(b, s, self.n_head, head_dim)` sees the local heads."""
-    parents = {p.rpartition(".")[0] for p, s in styles.items() if isinstance(s, ColwiseParallel)}
-    mods = dict(model.named_modules())
-    for parent in parents:
-        mod = mods.get(parent)
-        for attr in HEAD_ATTRS:
-            n = getattr(mod, attr, None)
-            if isinstance(n, int) and not isinstance(n, bool):
-                if n % tp:
-                    raise ExecutorError(f"{parent}.{attr} = {n} heads is not divisible by tp = {tp}; "
-                                        "choose a tp degree that divides the head count")
-                setattr(mod, attr, n // tp)
-
-
-def tied_groups(model: nn.Module) -> list[list[str]]:
-    """Names of parameters shared by several modules (e.g. GPT's wte.weight / lm_head.weight), in model order."""
-    by_id: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), []).append(name)
-    return [names for names in by_id.values() if len(names) > 1]
-
-
-def _get(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    owner, _, attr = name.rpartition(".")
-    return (model.get_submodule(owner) if owner else model), attr
-
-
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, strategies: Mapping[str, str], sequence_parallel: bool,
-             block_paths: list[str], heads: frozenset[str] = frozenset()) -> None:
-    """Tensor (and sequence) parallelism with `parallelize_module`; re-ties shared weights afterwards.
-
-    `parallelize_module` replaces each module's parameters with new DTensor parameters, which unties weights that
-    two modules share. Tied weights whose styles shard them the same way (vocab-parallel embedding and colwise LM
-    head both shard dim 0) are re-tied to one DTensor; differing placements are an error naming both modules.
-    """
-    groups = [g for g in tied_groups(model) if all(_has(model, n) for n in g)]
-    styles = tp_styles(model, strategies, sequence_parallel, block_paths, heads)
-    if not styles:
-        return
-    divide_head_counts(model, styles, tp_mesh.size())
-    parallelize_module(model, tp_mesh, styles)
-    for names in groups:
-        params = [getattr(*_get(model, n)) for n in names]
-        lay = [tuple(p.placements) if isinstance(p, DTensor) else None for p in params]
-        if len(set(lay)) > 1:
-            raise ExecutorError(f"tied parameters {', '.join(names)} get different tp placements ({lay}); "
-                                "place the embedding 'vocab' and the head 'colwise' (both shard dim 0) or "
-                                "replicate both")
-        for n in names[1:]:
-            owner, attr = _get(model, n)
-            setattr(owner, attr, params[0])
-
-
-def _has(model: nn.Module, name: str) -> bool:
-    try:
-        _get(model, name)[0]
-        return True
-    except AttributeError:
-        return False
 
 
 def _present(model: nn.Module, paths: list[str]) -> list[nn.Module]:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from executor import parallel, pipeline
+from executor import parallel, pipeline, tp
 from executor.errors import ExecutorError
 from executor.measure import StepMemory
 from executor.measure import SavedActivations, Timings, format_report, measurement
@@ -66,17 +66,16 @@ def check_runnable(plan: Plan) -> None:
                             f"pp ({pp})")
 
 
-def tp_strategies(plan: Plan, model: nn.Module) -> tuple[dict[str, str], str]:
-    """Module path -> tp strategy the runner applies, and a note saying where it came from: the plan's own
-    placements, exactly (ExecutorError when the executor cannot apply them), or, for a tp > 1 plan that lists no
-    placements at all (a hand-written mesh-only plan), the executor's derived Megatron layout."""
+def check_tp_plan(plan: Plan, model: nn.Module) -> None:
+    """A tp > 1 plan must say where its parameters live (`Plan.parameters`, written by `plan`); the executor never
+    derives a layout of its own. ExecutorError naming the fix otherwise, or when a placed parameter is missing or
+    not divisible by tp."""
     if plan.mesh.tp <= 1:
-        return {}, ""
-    if not plan.ops:
-        derived = parallel.derive_placements(model, plan.sequence_parallel)
-        return derived, (f"plan lists no per-op placements: applied the executor's derived Megatron layout "
-                         f"({len(derived)} modules)")
-    return parallel.placements_from_plan(plan, model), ""
+        return
+    if not plan.parameters:
+        raise ExecutorError(f"plan has tp={plan.mesh.tp} but places no parameter over it (no `parameters`); make "
+                            f"the plan with `plan MODEL --force tp={plan.mesh.tp} -o plan.json`, which writes them")
+    tp.check_parameters(plan, model)
 
 
 def check_world(plan: Plan) -> tuple[int, int]:
@@ -118,7 +117,7 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
     Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
-    one the executor applies exactly (`tp_strategies`), and the launched world size equals the plan's. Then builds
+    places its parameters when tp > 1 (`check_tp_plan`), and the launched world size equals the plan's. Then builds
     the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
@@ -127,7 +126,7 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
     check_runnable(plan)
-    tp_strategies(plan, model)  # refuse a layout the executor cannot apply before any process group starts
+    check_tp_plan(plan, model)  # refuse before any process group starts
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
@@ -150,9 +149,9 @@ class Runner:
                     dist.broadcast(t.data, src=0)
         self.block_paths = [p for p, _ in parallel.blocks(model)]
         self.canonical = _canonical_names(model)
-        self.strategies, self.layout_note = tp_strategies(plan, model)
-        self.heads = parallel.vocab_heads(model, self.strategies) if m.tp > 1 else frozenset()
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
+        self.vocab_parallel_loss = False  # set once a loss ran on vocabulary-sharded logits
+        self.notes: list[str] = []  # said in the measurement (`executor.measure`)
         self.saved = SavedActivations()
         self.timings = Timings()
         self.memory = StepMemory()  # peak memory by category, from torch's MemTracker
@@ -172,8 +171,10 @@ class Runner:
         """TP, then activation checkpointing, then FSDP or DDP (the order `executor.parallel` documents)."""
         plan = self.plan
         if plan.mesh.tp > 1:
-            parallel.apply_tp(module, self.mesh["tp"], self.strategies, plan.sequence_parallel, self.block_paths,
-                              self.heads)
+            tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
+            if tp.REPLICATED_OPS and not self.notes:
+                self.notes.append("custom ops without a DTensor sharding rule ran replicated over tp (inputs "
+                                  f"gathered): {', '.join(tp.REPLICATED_OPS)}")
         parallel.apply_ac(module, plan.recompute, self.block_paths)
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
@@ -193,6 +194,8 @@ class Runner:
         self.parts, stages = [], []
         for i in mine:
             part = self._parallelize(graphs[i])
+            if plan.mesh.tp > 1:
+                tp.stage_boundary_hooks(part, self.mesh["tp"], last=i == len(graphs) - 1)
             self.parts.append(part)
             stages.append(PipelineStage(part, i, len(graphs), self.device, group=self.mesh["pp"].get_group()))
             annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
@@ -208,29 +211,36 @@ class Runner:
             self.tied_groups.append(g if held and len({s % pp for s in st}) > 1 else None)
 
     def _loss(self, out, target):
-        """The loss of one micro-batch. Logits sharded over the vocabulary (a colwise LM head, `vocab_heads`) go to
-        the loss as they are when the targets are class indices (cross-entropy then runs vocabulary-parallel under
-        `loss_parallel`, no logits all-gather); otherwise, or when the loss function fails on them, they are
-        all-gathered first."""
+        """The loss of one micro-batch. Under tp the model's outputs are DTensors: logits sharded over the
+        vocabulary (a colwise LM head) go to the loss as they are when the targets are class indices (cross-entropy
+        then runs vocabulary-parallel under `loss_parallel`, no logits all-gather); every other output, or logits a
+        loss function fails on, is gathered to a plain tensor first."""
         from torch.distributed.tensor import DTensor
-        if not self.heads:
+        if self.plan.mesh.tp <= 1:
             return self.loss_fn(out, target)
         logits = _logits(out)
-        if isinstance(logits, DTensor) and not self.gather_logits and _class_targets(logits, target):
+        if isinstance(logits, DTensor) and not self.gather_logits and _class_targets(logits, target) \
+                and logits.placements[0] == tp.Shard(logits.dim() - 1):
             try:
-                loss = self.loss_fn(out, target)
+                loss = self.loss_fn(tp.to_plain(out, keep_vocab_sharded=True), target)
+                self.vocab_parallel_loss = True
                 return loss.full_tensor() if isinstance(loss, DTensor) else loss
             except Exception:  # a loss that does not run on DTensor logits: gather them from now on
                 self.gather_logits = True
-        return self.loss_fn(_gathered(out), target)
+        return self.loss_fn(tp.to_plain(out), target)
 
-    def _loss_context(self):
-        """`loss_parallel()` around forward and backward when the head's logits stay vocabulary-sharded (the
-        context must also cover the backward of the vocabulary-parallel cross-entropy)."""
-        if not self.heads:
+    def _tp_context(self):
+        """Under tp, forward and backward run with plain tensors the model creates treated as replicated
+        (`implicit_replication`) and cross-entropy over vocabulary-sharded logits vocabulary-parallel
+        (`loss_parallel`; it must also cover the backward)."""
+        if self.plan.mesh.tp <= 1:
             return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import implicit_replication
         from torch.distributed.tensor.parallel import loss_parallel
-        return loss_parallel()
+        stack = contextlib.ExitStack()
+        stack.enter_context(implicit_replication())
+        stack.enter_context(loss_parallel())
+        return stack
 
     # ---- training ----------------------------------------------------------------------------------------------
     def local_batch(self, inputs, targets):
@@ -279,7 +289,7 @@ class Runner:
         plan = self.plan
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
-            with self._loss_context(), self._autocast():
+            with self._tp_context(), self._autocast():
                 first = 0 in self.stage_ids
                 self.schedule.step(*(_as_args(inputs) if first else ()), target=targets, losses=losses)
             if losses:
@@ -290,7 +300,7 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
-            with self._loss_context():
+            with self._tp_context():
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
                     out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
                     loss = self._loss(out, y) / n
@@ -366,16 +376,6 @@ def _logits(out):
     if isinstance(out, dict):
         return out.get("logits", next(iter(out.values()), None))
     return getattr(out, "logits", out)
-
-
-def _gathered(out):
-    """`out` with every DTensor in it (vocabulary-sharded logits) all-gathered to a plain tensor."""
-    from torch.distributed.tensor import DTensor
-    from torch.utils._pytree import tree_map
-    full = tree_map(lambda t: t.full_tensor() if isinstance(t, DTensor) else t, out)
-    if isinstance(getattr(full, "logits", None), DTensor):  # an output object pytree does not know
-        full.logits = full.logits.full_tensor()
-    return full
 
 
 def _class_targets(logits, target) -> bool:

@@ -17,6 +17,7 @@ from cost_model.ops import roles
 from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.graph import OpGraph
+from planner.layout import parameter_placements
 from planner.plan import Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
 from planner.shard_flow import split_problems
 from planner.strategies import strategies_for
@@ -289,11 +290,12 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
     zero = int(forced.get("zero", 0))
     if zero and mesh.dp == 1:
         notes.append(f"zero={zero} with dp=1 shards nothing")
+    ops = megatron_placements(graph, mesh.tp, sp)
     return Plan(
         mesh=mesh, zero_stage=zero, sequence_parallel=sp, recompute=forced.get("recompute", "none"),
         schedule=schedule, virtual_stages=vp, global_batch_size=batch_size, microbatch_size=mbs,
         num_microbatches=m, precision=precision, stages=even_stages(graph, mesh.pp, vp),
-        ops=megatron_placements(graph, mesh.tp, sp),
+        ops=ops, parameters=parameter_placements(graph, ops),
         cluster={"name": cluster.name, "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node},
         model={"path": model_path, "parameters": graph.num_parameters,
                "fingerprint": model_fingerprint((p.name, p.shape) for p in graph.parameters)})

@@ -120,6 +120,9 @@ class Plan:
     """Pipeline stages, pp * virtual_stages of them, in model order."""
     ops: Mapping[str, OpPlacement] = field(default_factory=dict)
     """Op name to its placement over the tp axis; ops not listed are replicated."""
+    parameters: Mapping[str, str] = field(default_factory=dict, metadata=_meta(additionalProperties=PLACEMENT))
+    """Parameter name (the first name of a tied weight in `named_parameters()`) to its placement over the tp axis
+    (`S(dim)`); parameters not listed are replicated. The executor distributes parameters exactly so."""
     cluster: Mapping[str, Any] = field(default_factory=dict, metadata=_meta(properties={
         "name": {"type": "string"}, "nodes": {"type": "integer", "minimum": 1},
         "devices_per_node": {"type": "integer", "minimum": 1}}))
@@ -176,6 +179,7 @@ class Plan:
         d = asdict(self)
         d["stages"] = [asdict(s) for s in self.stages]
         d["ops"] = {k: asdict(v) for k, v in self.ops.items()}
+        d["parameters"] = dict(self.parameters)
         d["cluster"] = dict(self.cluster)
         d["model"] = dict(self.model)
         d["predicted"] = _jsonable(self.predicted)

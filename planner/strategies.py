@@ -128,20 +128,23 @@ def _divisible(op: OpNode, dim: int, tp: int) -> bool:
 
 @register("linear")
 def linear_rule(op: OpNode, tp: int) -> list[OpPlacement]:
-    """Megatron column- and row-parallel linear layers (weight [out, in], optional bias [out])."""
+    """Megatron column- and row-parallel linear layers: nn.Linear's weight [out, in] (`linear`), or a weight read
+    as the right operand of a matmul, [in, out] (`addmm`/`mm`: HF GPT-2's Conv1D); an optional bias [out]."""
     weights = [p for p in op.params if len(p.shape) == 2]
     if len(weights) != 1 or not op.output_meta:
         return []
-    out_f, in_f = weights[0].shape
+    transposed = str(op.target).split(".")[-2:-1] in (["addmm"], ["mm"], ["matmul"])
+    out_dim, in_dim = (1, 0) if transposed else (0, 1)
+    out_f, in_f = weights[0].shape[out_dim], weights[0].shape[in_dim]
     last = out_rank(op) - 1
     n = n_inputs(op)
     out = []
     if out_f % tp == 0:
-        params = tuple("S(0)" for _ in op.params)
+        params = tuple(shard(out_dim) if len(p.shape) == 2 else "S(0)" for p in op.params)
         out.append(OpPlacement(strategy="colwise", module=op.module_path, inputs=("R",) * n, output=shard(last),
                                params=params))
     if in_f % tp == 0:
-        params = tuple("S(1)" if len(p.shape) == 2 else "R" for p in op.params)
+        params = tuple(shard(in_dim) if len(p.shape) == 2 else "R" for p in op.params)
         out.append(OpPlacement(strategy="rowwise", module=op.module_path, inputs=(shard(last),) + ("R",) * (n - 1),
                                output="P", params=params))
     return out

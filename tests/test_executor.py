@@ -24,7 +24,7 @@ SPECS_2 = [
     {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
     {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
     {"name": "zero3", "dp": 2, "zero": 3},
-    {"name": "tp", "tp": 2, "explicit_ops": True},
+    {"name": "tp", "tp": 2},
     {"name": "tp_sp", "tp": 2, "sp": True},
     {"name": "pp_gpipe", "pp": 2, "nmb": 2, "schedule": "gpipe"},
     {"name": "pp_1f1b", "pp": 2, "nmb": 2, "schedule": "1f1b"},
@@ -46,8 +46,39 @@ def _torchrun(n, args, timeout=180):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def _layouts(tmp_path):
+    """Megatron placements of the rank program's GPT for tp=2 without and with sequence parallelism, as `plan`
+    writes them (ops and parameters): the executor applies only what a plan says."""
+    from dataclasses import asdict
+
+    from planner.defaults import megatron_placements
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    model = tmp_path / "gpt4.py"
+    model.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.join(ROOT, "examples")!r})
+        from gpt import GPT, GPTConfig
+        def build_model():
+            return GPT(GPTConfig(n_layer=4, n_embd=32, n_head=4, vocab_size=64, block_size=16))
+        def sample_batch(b):
+            import torch
+            t = torch.randint(0, 64, (b, 17))
+            return t[:, :-1], t[:, 1:]
+    """))
+    graph = trace_model(load_model_file(str(model)), batch_size=2, progress=False)
+    out = {}
+    for sp in (False, True):
+        ops = megatron_placements(graph, 2, sp)
+        out[sp] = {"ops": {k: asdict(v) for k, v in ops.items()}, "parameters": parameter_placements(graph, ops)}
+    return out
+
+
 def _launch(tmp_path, n, specs, ckpt):
     spec_file, out = tmp_path / f"specs{n}.json", tmp_path / f"out{n}.json"
+    layouts = _layouts(tmp_path)
+    specs = [dict(s, layout=layouts[s.get("sp", False)]) if s.get("tp", 1) > 1 else s for s in specs]
     spec_file.write_text(json.dumps(specs))
     proc = _torchrun(n, [RANKS, str(spec_file), str(out), str(ckpt)])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -220,14 +251,3 @@ def test_split_model_matches_whole_model():
     torch.testing.assert_close(out, model(x))
     assert "h.2.attn.q_proj.weight" in dict(stages[1].named_parameters())
     assert tied_pairs(model, mods) == [("wte.weight", [0, 1])]
-
-
-def test_derived_megatron_placements():
-    from gpt import GPT, GPTConfig
-    from executor.parallel import derive_placements
-    model = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16))
-    p = derive_placements(model, sequence_parallel=True)
-    assert p["h.0.attn.q_proj"] == p["h.0.attn.v_proj"] == p["h.1.mlp.c_fc"] == "colwise"
-    assert p["h.0.attn.c_proj"] == p["h.1.mlp.c_proj"] == "rowwise"
-    assert p["wte"] == "vocab" and p["lm_head"] == "colwise" and p["ln_f"] == "sequence"
-    assert "wpe" not in p

@@ -25,8 +25,10 @@ def mesh():
 
 
 def _runner(loss_fn) -> Runner:
-    r = Runner.__new__(Runner)  # only the loss path: no plan, no model
-    r.heads, r.gather_logits, r.loss_fn = frozenset({"head"}), False, loss_fn
+    from types import SimpleNamespace
+    r = Runner.__new__(Runner)  # only the loss path: a tp plan's mesh, no model
+    r.plan = SimpleNamespace(mesh=SimpleNamespace(tp=2))
+    r.gather_logits, r.vocab_parallel_loss, r.loss_fn = False, False, loss_fn
     return r
 
 
@@ -74,3 +76,4 @@ def test_loss_matches_a_single_device(mesh, loss_fn, target):
     grad = sharded.weight.grad.full_tensor() if isinstance(sharded.weight.grad, DTensor) else sharded.weight.grad
     assert torch.allclose(grad, plain.weight.grad, atol=1e-6)
     assert runner.gather_logits == (loss_fn is _needs_plain)
+    assert runner.vocab_parallel_loss == (loss_fn is _ce)

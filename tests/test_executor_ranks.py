@@ -59,16 +59,14 @@ def reference():
 def make_plan(spec):
     from planner.plan import Mesh, OpPlacement, Plan
     dp, tp, pp, nmb = spec.get("dp", 1), spec.get("tp", 1), spec.get("pp", 1), spec.get("nmb", 1)
-    ops = {}
-    if spec.get("explicit_ops"):
-        from executor.parallel import derive_placements
-        ops = {f"op_{i}": OpPlacement(strategy=s, module=m)
-               for i, (m, s) in enumerate(derive_placements(build(), spec.get("sp", False)).items())}
+    layout = spec.get("layout", {})
+    ops = {k: OpPlacement(**{f: tuple(v) if isinstance(v, list) else v for f, v in o.items()})
+           for k, o in layout.get("ops", {}).items()}
     return Plan(mesh=Mesh(dp=dp, tp=tp, pp=pp), zero_stage=spec.get("zero", 0),
                 sequence_parallel=spec.get("sp", False), schedule=spec.get("schedule", "1f1b"),
                 virtual_stages=spec.get("vs", 1), recompute=spec.get("rc", "none"),
                 global_batch_size=GLOBAL_BATCH, microbatch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
-                precision="fp32", ops=ops)
+                precision="fp32", ops=ops, parameters=layout.get("parameters", {}))
 
 
 def param_error(runner, ref):
@@ -111,7 +109,10 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     mods = dict(m for part in runner.parts for m in part.named_modules())
     norm = next((m for n, m in mods.items() if n.endswith("ln_1")), None)
     out["norm_is_dtensor"] = norm is not None and isinstance(norm.weight, DTensor)
-    out["vocab_parallel_loss"] = bool(runner.heads) and not runner.gather_logits
+    import torch.distributed as dist
+    flag = torch.tensor([float(runner.vocab_parallel_loss and not runner.gather_logits)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the loss runs on the last pipeline stage's ranks only
+    out["vocab_parallel_loss"] = bool(flag.item())
     return out
 
 

@@ -129,19 +129,19 @@ def test_plan_problems_name_the_module_and_the_op():
     assert len(problems) == 1 and problems[0].startswith("module h.0.mlp.gate_up: op chunk")
 
 
-def test_plan_measure_refuses_a_hand_written_layout_that_would_change_the_function(tmp_path, capsys):
-    """A mesh-only plan makes the executor derive Megatron pairs, gate_up included: refused before launch."""
+def test_plan_measure_refuses_a_tp_plan_without_placements(tmp_path, capsys):
+    """A hand-written mesh-only tp plan: the executor never derives a layout of its own; one line names the fix."""
     from planner.cli import main as plan_main
     code, out = _plan(tmp_path, os.path.join(ZOO, "swiglu_fused.py"), "tp", "tp=2")
     assert code == 0
     d = json.loads(out.read_text())
-    d["ops"] = {}
+    d["ops"], d["parameters"] = {}, {}
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(d))
     capsys.readouterr()
     assert plan_main(["measure", str(bare), os.path.join(ZOO, "swiglu_fused.py")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "h.0.mlp.gate_up" in err[0] and "chunk" in err[0] and "different function" in err[0]
+    assert len(err) == 1 and "places no parameter" in err[0] and "--force tp=2" in err[0], err
 
 
 # ---- the net: tp=2 and dp=2 train the model's own function ------------------------------------------------------

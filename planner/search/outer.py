@@ -41,6 +41,7 @@ import numpy as np
 from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.graph import OpGraph
+from planner.layout import parameter_placements
 from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
@@ -485,10 +486,18 @@ class OuterSearch:
                     schedule=g.schedule, virtual_stages=g.vp, global_batch_size=batch or self.batch,
                     microbatch_size=g.mbs,
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
-                    ops=dict(placement.ops),
+                    ops=dict(placement.ops), parameters=self._parameters(placement),
                     cluster={"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
                     model={"path": self.model_path, "parameters": self._num_params,
                            "fingerprint": self._fingerprint})
+
+    def _parameters(self, placement: PlacementResult) -> dict[str, str]:
+        """`Plan.parameters` of a placement (`planner.layout`), computed once per placement result."""
+        cache = self.__dict__.setdefault("_param_cache", {})
+        key = id(placement.ops)
+        if key not in cache:
+            cache[key] = (placement.ops, parameter_placements(self.graph, placement.ops))
+        return dict(cache[key][1])
 
     def predict(self, plan: Plan, lb: float) -> Any:
         """Score with the cost model; keep the leanest prediction for the infeasible message."""

@@ -1,0 +1,325 @@
+"""Tensor parallelism as the plan writes it: DTensor parameters, DTensor activations, the model's own code.
+
+The plan says where every parameter lives over the tp axis (`Plan.parameters`) and, per op, where its inputs and
+output live (`Plan.ops`). `apply_tp` makes that true on one rank without touching the model's code or attributes:
+
+1. Parameters: each becomes a DTensor on the tp mesh with the plan's placement (Replicate when unlisted); a tied
+   weight stays one parameter.
+2. Module calls: an op the plan places that is the only placed op of a built-in leaf module (nn.Linear,
+   nn.Embedding, nn.LayerNorm, ...) gets a forward pre-hook that redistributes its tensor inputs to the plan's
+   input placements and a post-hook that redistributes its output to the plan's output placement.
+3. Everything else (views, split/chunk, attention, RoPE, residual adds, a custom module's own ops) runs on DTensors
+   through DTensor's own sharding propagation, so shapes are global: `view(B, T, n_head, C // n_head)` with the
+   model's full head count is right on every rank, and an op that needs another layout (a `split` across a
+   column shard) gets it by redistribution, never by computing something else. Tensors the forward creates
+   itself (`arange`, masks, constants) are replicated (`implicit_replication`).
+4. Replicated subtrees: a module none of whose ops or parameters the plan places runs on plain local tensors
+   (inputs gathered to Replicate and unwrapped, output wrapped back as Replicate): no DTensor dispatch there, and
+   ops without a DTensor sharding rule (BatchNorm, custom kernels) run as they are. Its parameters stay plain
+   tensors (FSDP/DDP shard or replicate them over dp as usual).
+
+The autograd of `redistribute`/`from_local` gives Megatron's f and g: a Replicate input read by column shards
+gets its gradient all-reduced, a Partial output is all-reduced (or reduce-scattered) in forward.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.utils._pytree import tree_map
+
+from executor.errors import ExecutorError
+from planner.plan import OpPlacement, Plan
+
+_SHARD = re.compile(r"^S\((-?\d+)\)$")
+
+
+def parse_placement(text: str, ndim: int):
+    """`R` -> Replicate, `P` -> Partial, `S(d)` -> Shard(d) with a negative d counted from the end of `ndim`."""
+    if text == "R":
+        return Replicate()
+    if text == "P":
+        return Partial()
+    m = _SHARD.match(text)
+    if not m:
+        raise ExecutorError(f"placement {text!r} is not R, P or S(dim); fix the plan")
+    d = int(m.group(1))
+    d = d + ndim if d < 0 else d
+    if not 0 <= d < max(ndim, 1):
+        raise ExecutorError(f"placement {text} names dim {d} of a {ndim}-dim tensor; fix the plan")
+    return Shard(d)
+
+
+def _builtin_leaf(mod: nn.Module) -> bool:
+    return mod.__module__.startswith(("torch.nn", "torch.ao.nn")) and next(mod.children(), None) is None
+
+
+def module_calls(plan: Plan, model: nn.Module) -> dict[str, OpPlacement]:
+    """Module path -> the placement of its one op, for placed ops that are a built-in leaf module's only placed op
+    (what the module hooks apply); other placed ops follow from DTensor propagation."""
+    named = dict(model.named_modules())
+    count: dict[str, int] = {}
+    for p in plan.ops.values():
+        count[p.module] = count.get(p.module, 0) + 1
+    return {p.module: p for p in plan.ops.values()
+            if p.module in named and count[p.module] == 1 and _builtin_leaf(named[p.module])}
+
+
+def local_modules(plan: Plan, model: nn.Module) -> list[str]:
+    """The largest subtrees the plan leaves wholly replicated: no placed op runs in them and no parameter of
+    theirs is placed. They run on plain tensors."""
+    placed_paths = {p.module for p in plan.ops.values() if p.strategy != "replicate"}
+    placed_paths |= {name.rpartition(".")[0] for name in plan.parameters}
+    busy = set()
+    for path in placed_paths:
+        parts = path.split(".") if path else []
+        busy.update(".".join(parts[:i]) for i in range(len(parts) + 1))
+    out: list[str] = []
+    for path, mod in model.named_modules():
+        if path in busy or any(path.startswith(o + ".") for o in out) or not path:
+            continue
+        if any(q == path or q.startswith(path + ".") for q in placed_paths):
+            continue
+        if isinstance(mod, (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
+            continue  # never called itself: its children are
+        out.append(path)
+    return out
+
+
+def check_parameters(plan: Plan, model: nn.Module) -> None:
+    """Every parameter the plan places exists and is placed R or S(dim) (ExecutorError otherwise). A dim tp does
+    not divide is sharded unevenly (DTensor's rule: the last ranks hold one row fewer)."""
+    params = dict(model.named_parameters())
+    for name, where in plan.parameters.items():
+        p = params.get(name)
+        if p is None:
+            raise ExecutorError(f"plan places parameter {name!r}, which this model does not have; re-plan for it")
+        if isinstance(parse_placement(where, p.dim()), Partial):
+            raise ExecutorError(f"plan places parameter {name} as P (partial); a parameter is R or S(dim)")
+
+
+_RULES_ADDED = False
+
+
+def add_missing_rules() -> None:
+    """DTensor sharding rules for ops torch ships without one (`register_sharding`, DTensor's public extension
+    point): the CPU flash-attention kernel and its backward, which SDPA dispatches to on CPU. Like DTensor's own
+    CUDA flash rule: replicated, or sharded on batch (dim 0) or heads (dim 1) with every tensor alike (a mask
+    broadcast over that dim replicated)."""
+    global _RULES_ADDED
+    if _RULES_ADDED:
+        return
+    from torch.distributed.tensor.experimental import register_sharding
+    aten = torch.ops.aten
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    def mask_placement(mask, p):
+        """An additive/boolean mask [B or 1, H or 1, L, S] follows the batch or head shard where it has that dim,
+        else stays replicated; absent, it takes no entry."""
+        if mask is None:
+            return []
+        if isinstance(p, Shard) and mask.shape[p.dim] > 1:
+            return [p]
+        return [Replicate()]
+
+    if fwd is not None:
+        @register_sharding(fwd.default)
+        def _flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+            return [([p, p], [p, p, p, None, None] + mask_placement(attn_mask, p))
+                    for p in (Replicate(), Shard(0), Shard(1))]
+    if bwd is not None:
+        @register_sharding(bwd.default)
+        def _flash_cpu_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=None,
+                           scale=None):
+            return [([p, p, p], [p, p, p, p, p, p, None, None] + mask_placement(attn_mask, p))
+                    for p in (Replicate(), Shard(0), Shard(1))]
+    _RULES_ADDED = True
+
+
+REPLICATED_OPS: list[str] = []
+"""Custom ops that had no DTensor sharding rule and were given the replicate-everything rule (for reports)."""
+
+
+def replicate_custom_ops() -> list[str]:
+    """Give every custom op the model defines (`torch.library.custom_op` from code outside torch) that DTensor
+    has no rule for the rule "all inputs and outputs replicated": its DTensor inputs are gathered, every tp rank
+    runs the whole op, its outputs are replicated. Returns the ops newly given the rule (kept in
+    `REPLICATED_OPS`)."""
+    from torch._library.custom_ops import OPDEFS
+    from torch.distributed.tensor import DTensor as _DT
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor.experimental import register_sharding
+    prop = _DT._op_dispatcher.sharding_propagator
+    new = []
+    for opdef in list(OPDEFS.values()):
+        fn = getattr(opdef, "_init_fn", None)
+        if getattr(fn, "__module__", "torch").split(".")[0] == "torch":
+            continue
+        op = opdef._opoverload
+        if op in prop.op_strategy_funcs or op in getattr(prop, "op_to_rules", {}) or str(op) in REPLICATED_OPS:
+            continue
+        n_out = len(op._schema.returns)
+
+        def replicate_all(*args, _n=n_out, **kwargs):
+            ins = [Replicate() if isinstance(a, DTensorSpec) else None for a in args]
+            ins += [Replicate() for a in kwargs.values() if isinstance(a, DTensorSpec)]
+            return [([Replicate()] * _n, ins)]
+        register_sharding(op)(replicate_all)
+        REPLICATED_OPS.append(str(op))
+        new.append(str(op))
+    return new
+
+
+def apply_tp(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh, canonical: Mapping[str, str] | None = None) -> None:
+    """Distribute `model`'s parameters per the plan and install the hooks (see the module docstring). `model` may
+    be a pipeline stage holding some of the plan's parameters (checked on the whole model by `check_parameters`);
+    `canonical` maps each parameter name of the whole model to the first name of its tensor (a tied weight's name
+    in the plan), since a stage may hold only the second holder of a tied weight.
+    The model must be called under `implicit_replication()` (the Runner does)."""
+    add_missing_rules()
+    replicate_custom_ops()
+    local = local_modules(plan, model)
+    named = dict(model.named_modules())
+    in_local = {id(p) for path in local for p in named[path].parameters()}
+    new: dict[int, nn.Parameter] = {}
+    first_name: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first_name.setdefault(id(p), (canonical or {}).get(name, name))
+    for mod_path, mod in named.items():
+        for attr, p in list(mod._parameters.items()):
+            if p is None or id(p) in in_local:
+                continue
+            if id(p) not in new:
+                where = plan.parameters.get(first_name[id(p)], "R")
+                dt = distribute_tensor(p.data, tp_mesh, [parse_placement(where, p.dim())], src_data_rank=None)
+                new[id(p)] = nn.Parameter(dt, requires_grad=p.requires_grad)
+            mod._parameters[attr] = new[id(p)]
+    for path in local:
+        _run_locally(named[path], tp_mesh)
+    for path, placement in module_calls(plan, model).items():
+        _place_call(named[path], path, placement, tp_mesh)
+
+
+def _run_locally(mod: nn.Module, mesh: DeviceMesh) -> None:
+    def pre(module, args, kwargs):
+        return tree_map(_to_local, args), tree_map(_to_local, kwargs)
+
+    def post(module, args, kwargs, output):
+        return tree_map(lambda t: _from_local(t, mesh), output)
+    mod.register_forward_pre_hook(pre, with_kwargs=True)
+    mod.register_forward_hook(post, with_kwargs=True)
+
+
+def _to_local(t: Any) -> Any:
+    if isinstance(t, DTensor):
+        return t.redistribute(placements=[Replicate()]).to_local()
+    return t
+
+
+def _from_local(t: Any, mesh: DeviceMesh) -> Any:
+    if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+        return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+    return t
+
+
+def as_dtensor(t: Any, mesh: DeviceMesh) -> Any:
+    """A plain tensor as a Replicate DTensor (differentiable), anything else unchanged."""
+    return _from_local(t, mesh)
+
+
+def _redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    if not isinstance(t, DTensor):
+        t = DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+    want = parse_placement(text, t.dim())
+    have = t.placements[0]
+    if have == want or (isinstance(want, Partial) and type(have) is Partial):
+        return t
+    if isinstance(want, Partial) and have.is_partial():
+        # a masked partial (vocabulary-parallel embedding) cannot meet other partial sums: reduce it where the
+        # op ends, as Megatron's VocabParallelEmbedding does (the consumer edge P -> R the plan prices)
+        return _ReduceMasked.apply(t)
+    if isinstance(want, Partial):
+        raise ExecutorError(f"{where}: the plan wants a partial sum but DTensor produced {have}; re-plan")
+    return t.redistribute(placements=[want])
+
+
+class _ReduceMasked(torch.autograd.Function):
+    """Masked partial -> Replicate (all-reduce) whose backward hands the gradient on replicated (partial gradients
+    summed first): DTensor's own redistribute would send a partial gradient back into the masked-partial type,
+    which it cannot convert."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.redistribute(placements=[Replicate()])
+
+    @staticmethod
+    def backward(ctx, grad):
+        if isinstance(grad, DTensor) and grad.placements[0].is_partial():
+            grad = grad.redistribute(placements=[Replicate()])
+        return grad
+
+
+def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh) -> None:
+    """Hooks that give the module call the plan's input and output placements."""
+    def pre(module, args):
+        out, k = [], 0
+        for a in args:
+            if isinstance(a, torch.Tensor) and k < len(placement.inputs):
+                a = _redistribute(a, placement.inputs[k], mesh, f"{path} input {k}")
+                k += 1
+            out.append(a)
+        return tuple(out)
+
+    def post(module, args, output):
+        if isinstance(output, torch.Tensor):
+            return _redistribute(output, placement.output, mesh, f"{path} output")
+        return output
+    mod.register_forward_pre_hook(pre)
+    mod.register_forward_hook(post)
+
+
+def to_plain(x: Any, keep_vocab_sharded: bool = False) -> Any:
+    """Model outputs as plain tensors: DTensors gathered (`full_tensor`, differentiable). With
+    `keep_vocab_sharded`, a tensor sharded on its last dim (vocabulary-parallel logits) stays a DTensor for
+    `loss_parallel`."""
+    def one(t):
+        if not isinstance(t, DTensor):
+            return t
+        if keep_vocab_sharded and t.placements[0] == Shard(t.dim() - 1):
+            return t
+        return t.full_tensor()
+    out = tree_map(one, x)
+    if isinstance(getattr(out, "logits", None), DTensor):  # an output object pytree does not know
+        out.logits = one(out.logits)
+    return out
+
+
+def stage_boundary_hooks(stage: nn.Module, mesh: DeviceMesh, last: bool) -> None:
+    """A pipeline stage sends and receives plain tensors: its float inputs become Replicate DTensors (so their
+    gradients come back as plain tensors); the outputs of every stage but the last are gathered to Replicate and
+    unwrapped (the last stage's go to the loss as the model's outputs do)."""
+    def pre(module, args):
+        return tuple(as_dtensor(a, mesh) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                     for a in args)
+
+    def post(module, args, output):
+        return tree_map(_to_local, output)
+    stage.register_forward_pre_hook(pre)
+    if not last:
+        stage.register_forward_hook(post)
+
+
+def placements_of(model: nn.Module) -> Mapping[str, str]:
+    """Parameter name -> its placement as applied (`R`, `S(d)`), for reports and tests."""
+    out = {}
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            pl = p.placements[-1]
+            out[name] = f"S({pl.dim})" if isinstance(pl, Shard) else "R"
+    return out
