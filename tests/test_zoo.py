@@ -52,6 +52,25 @@ MESHES = {"tp2": "dp=1,tp=2,pp=1", "dp2xtp2": "dp=2,tp=2,pp=1", "tp2xpp2": "dp=1
 REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
 every zoo model under every mesh."""
+KNOWN_FAILURES = {
+    **{("hf_gpt2", mesh): "plan refuses tp: op addmm_2 (Conv1D c_fc) colwise, but transformer.h.0.mlp.c_fc is "
+       "taken for a norm module (sequence or replicate only)" for mesh in ("tp2", "dp2xtp2", "tp2xpp2")},
+    **{("mlp", mesh): "plan builds no tp candidate: the placement ILP replicates every op and the Megatron "
+       "fallback finds no blocks in an nn.Sequential MLP" for mesh in ("tp2", "dp2xtp2", "tp2xpp2")},
+    ("titan_style", "tp2xpp2"): "plan builds no pp candidate: planner.blocks finds no repeated blocks in an "
+                                "nn.ModuleDict (torchtitan's `layers`), so the model is one pipeline layer",
+    ("llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on `self.rope_cos[:s]` "
+                          "(TypeError: slice indices must be integers)",
+    ("hf_llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' Llama "
+                             "(ValueError: code: co_varnames is too small)",
+    ("flat_block", "tp2xpp2"): "dry run, stage 1: blocks.0.ln1 (replicated over tp) gets the stage input as a "
+                               "Replicate DTensor with local weights: native_layer_norm 'got mixed torch.Tensor and "
+                               "DTensor'",
+    ("resnet", "tp2xpp2"): "dry run, stage 0: stem.0 (replicated over tp) gets the input as a Replicate DTensor "
+                           "with a local weight: convolution 'got mixed torch.Tensor and DTensor'",
+}
+"""(model, mesh) -> why it fails today, found by this test on main at bdde0cd (2026-11-23): expected failures,
+strict, so a fix makes its entry fail until it is deleted here."""
 PER_REPLICA_STATISTICS = {"resnet"}
 """Models with BatchNorm: each dp replica and each micro-batch normalises with its own statistics (DDP and pipeline
 schedules do not synchronise them), so their reference is one process averaging the losses of those chunks of the
@@ -215,8 +234,15 @@ def _close(a, b) -> bool:
     return len(a) == len(b) == STEPS and all(abs(x - y) <= TOL * max(1.0, abs(y)) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-@pytest.mark.parametrize("mesh", list(MESHES))
+def _cases():
+    for mesh in MESHES:
+        for name in MODELS:
+            why = KNOWN_FAILURES.get((name, mesh))
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            yield pytest.param(mesh, name, id=f"{mesh}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("mesh,name", list(_cases()))
 def test_zoo_model_trains_its_own_function(zoo, mesh, name):
     """`plan --force MESH` writes a plan for the mesh and the model trains under it with one process's losses."""
     if name.startswith("hf_"):
@@ -236,14 +262,12 @@ def test_zoo_model_trains_its_own_function(zoo, mesh, name):
 
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_zoo_tp_plans_shard_weights(zoo, mesh):
-    """Every plan written for a tp=2 mesh shards some weight over tp: an all-replicated plan would train one
-    process's function trivially and test nothing of tensor parallelism."""
+    """Every plan written for a tp=2 mesh shards some parameter over tp (`Plan.parameters`, what the executor
+    distributes): an all-replicated plan would train one process's function trivially and test nothing of tensor
+    parallelism."""
     from planner.plan import Plan
     replicated = []
     for name, out in zoo(mesh).items():
-        if "plan" not in out:
-            continue
-        ops = Plan.load(out["plan"]).ops.values()
-        if not any(p.startswith("S(") for op in ops for p in op.params):
+        if "plan" in out and not any(p.startswith("S(") for p in Plan.load(out["plan"]).parameters.values()):
             replicated.append(name)
     assert not replicated, f"plans for {mesh} that replicate every weight: {', '.join(replicated)}"
