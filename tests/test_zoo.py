@@ -75,6 +75,14 @@ PER_REPLICA_STATISTICS = {"resnet"}
 """Models with BatchNorm: each dp replica and each micro-batch normalises with its own statistics (DDP and pipeline
 schedules do not synchronise them), so their reference is one process averaging the losses of those chunks of the
 batch (`_reference`); at dp=1 with one micro-batch that is `reference_losses` itself."""
+HAND_LAYOUTS = ("flat_block", "titan_style")
+"""Models whose tp=2 plan from `plan` shards no block Linear today (the placement ILP replicates every op and the
+Megatron fallback pairs none of theirs): the tp2 launch also trains each under its plan with a Megatron layout of
+the block Linears written in (`_with_megatron_blocks`), so the executor is tested on their attention code (a flat
+block; `view(bs, seqlen, -1, head_dim)` with complex RoPE and GQA) whatever `plan` picks."""
+COLWISE, ROWWISE = {"q", "k", "v", "fc", "wq", "wk", "wv", "w1", "w3"}, {"o", "proj", "wo", "w2"}
+"""Block Linears of HAND_LAYOUTS' models by name: column-parallel (weight and bias S(0), output S(-1)) and
+row-parallel (weight S(1), input S(-1), output partial sums)."""
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 
 
@@ -128,11 +136,44 @@ def _launch(mesh: str, folder) -> dict[str, dict]:
             continue
         outcomes[name] = {"plan": plan}
         jobs.append({"name": name, "model": path, "plan": plan})
+    if mesh == "tp2":
+        for name in HAND_LAYOUTS:
+            if "plan" in outcomes.get(name, {}):
+                hand = _with_megatron_blocks(MODELS[name], outcomes[name]["plan"])
+                outcomes[name + "+megatron"] = {"plan": hand}
+                jobs.append({"name": name + "+megatron", "model": MODELS[name], "plan": hand})
     for name, result in _train_all(jobs, world, str(folder)).items():
         outcomes[name].update(result)
     with open(os.path.join(folder, "outcomes.json"), "w") as f:  # the zoo table's row for this mesh
         json.dump(outcomes, f, indent=1)
     return outcomes
+
+
+def _with_megatron_blocks(model: str, plan_path: str) -> str:
+    """A copy of a plan with the block Linears of `model` (COLWISE, ROWWISE under `blocks.` or `layers.`) laid out
+    as Megatron pairs: their module-call ops and `parameters` entries added."""
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    with open(plan_path) as f:
+        plan = json.load(f)
+    for op in trace_model(load_model_file(model), batch_size=2, progress=False).ops:
+        path = op.module_path or ""
+        if not path.startswith(("blocks.", "layers.")) or not op.params:
+            continue
+        names = [p.name for p in op.params]
+        leaf = path.rsplit(".", 1)[-1]
+        if leaf in COLWISE:
+            plan["ops"][op.name] = {"strategy": "colwise", "module": path, "inputs": ["R"], "output": "S(2)",
+                                    "params": ["S(0)"] * len(names)}
+            plan["parameters"].update({n: "S(0)" for n in names})
+        elif leaf in ROWWISE:
+            plan["ops"][op.name] = {"strategy": "rowwise", "module": path, "inputs": ["S(2)"], "output": "P",
+                                    "params": ["S(1)"] + ["R"] * (len(names) - 1)}
+            plan["parameters"][names[0]] = "S(1)"
+    out = plan_path.replace(".plan.json", ".megatron.plan.json")
+    with open(out, "w") as f:
+        json.dump(plan, f, indent=1)
+    return out
 
 
 def _train_all(jobs: list[dict], world: int, folder: str) -> dict[str, dict]:
@@ -271,3 +312,16 @@ def test_zoo_tp_plans_shard_weights(zoo, mesh):
         if "plan" in out and not any(p.startswith("S(") for p in Plan.load(out["plan"]).parameters.values()):
             replicated.append(name)
     assert not replicated, f"plans for {mesh} that replicate every weight: {', '.join(replicated)}"
+
+
+@pytest.mark.parametrize("name", HAND_LAYOUTS)
+def test_zoo_hand_megatron_layout_trains_its_own_function(zoo, name):
+    """The executor runs a tp=2 layout `plan` does not pick today, with one process's losses (HAND_LAYOUTS)."""
+    from planner.plan import Plan
+    out = zoo("tp2").get(name + "+megatron")
+    assert out is not None, f"no tp=2 plan for {name} to write a Megatron layout into"
+    assert "error" not in out, f"{name} with a Megatron layout: {out['error']} ({out['where']})"
+    sharded = [p for p, x in Plan.load(out["plan"]).parameters.items() if x.startswith("S(")]
+    assert any(".attention.wq." in p or ".q." in p for p in sharded), sharded
+    ref = _reference(name, 1)
+    assert _close(out["losses"], ref), (out["losses"], ref)
