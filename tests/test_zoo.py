@@ -5,7 +5,8 @@ tp=2 x pp=2 on gloo ranks: fp32, 3 steps, every loss within 1e-5 of one process 
 Each plan comes from `plan MODEL --force ...` on a CPU cluster profile of 2 ranks (cpu-local) or 4 (cpu-local with 4
 devices per node). Each mesh is ONE torchrun launch of tests/zoo_worker.py that trains every model in turn (a
 launch per model and mesh would cost CI minutes); a model that fails records its one-line error there and the
-others still run.
+others still run. KNOWN_FAILURES lists the combinations that do not run yet, with their cause; HAND_LAYOUTS adds
+tp layouts `plan` does not pick today.
 """
 import contextlib
 import importlib.util
@@ -69,8 +70,8 @@ KNOWN_FAILURES = {
     ("resnet", "tp2xpp2"): "dry run, stage 0: stem.0 (replicated over tp) gets the input as a Replicate DTensor "
                            "with a local weight: convolution 'got mixed torch.Tensor and DTensor'",
 }
-"""(model, mesh) -> why it fails today, found by this test on main at bdde0cd (2026-11-23): expected failures,
-strict, so a fix makes its entry fail until it is deleted here."""
+"""(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
+deleted here."""
 PER_REPLICA_STATISTICS = {"resnet"}
 """Models with BatchNorm: each dp replica and each micro-batch normalises with its own statistics (DDP and pipeline
 schedules do not synchronise them), so their reference is one process averaging the losses of those chunks of the
