@@ -90,12 +90,15 @@ def test_forced_tp_plan_matches_single_process(runs):
 
 
 def test_unrunnable_layout_is_refused_before_launch(runs, tmp_path, capsys):
-    """A colwise projection with no rowwise partner: one line naming the module, exit 2, nothing launched."""
+    """A parameter placement the model cannot take (a name it does not have, a partial parameter): one line naming
+    it, exit 2, nothing launched. Any layout of the model's own parameters runs (DTensor propagation)."""
     from planner.cli import main as plan_main
-    d = json.loads(runs["plans"]["tp_sp"].read_text())
-    d["ops"]["h_0_attn_c_proj"]["strategy"] = "colwise"
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(d))
-    assert plan_main(["measure", str(bad), str(runs["model"])]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "h.0.attn" in err[0] and "colwise" in err[0]
+    for edit, said in (({"h.0.attn.nope.weight": "S(0)"}, "h.0.attn.nope.weight"),
+                       ({"h.0.attn.q_proj.weight": "P"}, "h.0.attn.q_proj.weight as P")):
+        d = json.loads(runs["plans"]["tp_sp"].read_text())
+        d["parameters"].update(edit)
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(d))
+        assert plan_main(["measure", str(bad), str(runs["model"])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
