@@ -1,13 +1,14 @@
 """Default plans: Megatron-LM's tensor-parallel layout, FLOP-balanced pipeline stages, and the simplest sensible
 configuration for the `--force` keys the user left open.
 
-The Megatron layout (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence parallelism) is derived from the
-graph's module structure, never from module names: in each block the nn.Linear children of one module form a
-column/row pair (`megatron_pairs`), the ops in between work on head / feature shards; the largest embedding
-(`cost_model.ops.roles`) is vocabulary-parallel and the LM head is column-parallel over the vocabulary (a
-cross-entropy reads its logits vocabulary-parallel). With sequence parallelism the [batch, seq, hidden] ops from the first block on
-(norms, residual adds, dropout) are sharded on the sequence dim. The result is always a layout the executor
-applies exactly (`planner.strategies.tp_layout_problems`).
+The Megatron layout (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence parallelism) is only the layout of a
+hand-written plan that gives a mesh and no placements (`default_plan`); the search never substitutes it for the
+placement ILP's answer. It is derived from the graph's module structure, never from module names: in each block the
+nn.Linear children of one module form a column/row pair (`megatron_pairs`), the ops in between work on head /
+feature shards; the largest embedding (`cost_model.ops.roles`) is vocabulary-parallel and the LM head is
+column-parallel over the vocabulary (a cross-entropy reads its logits vocabulary-parallel). With sequence
+parallelism the [batch, seq, hidden] ops from the first block on (norms, residual adds, dropout) are sharded on the
+sequence dim. The result passes `planner.strategies.plan_tp_problems`.
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def _pick(op, tp: int, strategy: str | None, first_input: str | None = None) -> 
 
 
 def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dict[str, OpPlacement]:
-    """Megatron-LM placements of every op over a tp axis of size `tp` (ops left out are replicated), in the form
-    the executor applies exactly (`planner.strategies.tp_layout_problems` accepts it):
+    """Megatron-LM placements of every op over a tp axis of size `tp` (ops left out are replicated), the layout of a
+    mesh-only plan (`default_plan`; it passes `planner.strategies.plan_tp_problems`):
 
     - in each module of a block whose nn.Linear children form a pair (`megatron_pairs`), the last is rowwise and
       the others colwise; the ops between them work on head / feature shards (`heads`, `shard`);
@@ -104,8 +105,8 @@ def _follow_shard(op, src: str | None, placed: Mapping[str, OpPlacement]) -> OpP
 
 
 def megatron_pairs(graph: OpGraph, tp: int = 2) -> tuple[dict[str, str], set[str]]:
-    """Megatron's column/row pairs read off the module structure (what the executor can apply), and the ops
-    between them.
+    """Megatron's column/row pairs read off the module structure (for `megatron_placements`), and the ops between
+    them.
 
     In a block, the linear ops (one 2-D weight) whose modules share a parent module (q/k/v/out-projection of an
     attention module; up/gate/down of an MLP) form a pair when the last of them in execution order is reached from

@@ -1,24 +1,28 @@
 """Where a column-parallel Linear's output shard flows, and which ops would compute something else on it.
 
-The executor runs the ops between a colwise and a rowwise Linear (Megatron's pair) on *local* shards: each tp rank
-holds a contiguous block of the colwise output's last dim. An op is only correct there when it acts the same on
-every block as on the whole tensor. These are not, and no error is raised when they run:
+Each tp rank holds a contiguous block of a colwise Linear's output along its last dim. An op downstream acts the same
+on every block as on the whole tensor only if it does not mix positions along that dim. These do:
 
 - splitting, chunking, narrowing, slicing, selecting or unbinding along the sharded dim — `gate, up =
-  gate_up(x).chunk(2, dim=-1)` gives rank 0 only gate rows and rank 1 only up rows; nanoGPT's `c_attn(x).split(n,
-  dim=2)` is the same mistake (it crashes on the sizes);
+  gate_up(x).chunk(2, dim=-1)` would give rank 0 only gate rows and rank 1 only up rows; nanoGPT's `c_attn(x).split(n,
+  dim=2)` is the same;
 - concatenating along it, or reducing over it (softmax, norm, sum, mean, max);
 - a `view` that factors the sharded dim into an outer factor tp does not divide (`[.., 3h] -> [.., 3, heads,
   head_dim]`: each rank would hold a mix of q, k and v);
 - attention reading a tensor sharded anywhere but the heads dim (1), a matmul contracting over it.
 
-`split_problems` walks the graph from every colwise Linear of a pair, following the sharded dim through views,
-transposes and elementwise ops, and names each such op. It reads plain data (an OpGraph and module strategies):
-the search, the default layouts and the executor's pre-launch check all call it.
+The DTensor executor computes all of these correctly, but only by all-gathering the shard (DTensor redistributes to
+Replicate), which the cost model does not price. So the search uses this as a pruning filter: a Linear whose colwise
+output reaches such an op is not offered colwise (`colwise_refusals`), and a plan that still has one is refused
+(`planner.strategies.plan_tp_problems`).
+
+`split_problems` walks the graph from each given colwise Linear, following the sharded dim through views,
+transposes and elementwise ops, and names each such op; the walk ends at a consuming Linear, an embedding or the
+loss. It reads plain data (an OpGraph and module paths).
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 SPLITS = frozenset({"split", "split_with_sizes", "chunk", "tensor_split", "narrow", "slice", "select", "unbind",
                     "getitem", "index_select", "hsplit", "vsplit", "dsplit", "gather", "take_along_dim"})
@@ -176,13 +180,17 @@ def _step(op, src_shape: tuple[int, ...], d: int, tp: int, is_tuple_pick: bool, 
 def split_problems(graph, colwise: Iterable[str], tp: int) -> list[tuple[str, str]]:
     """(module of the colwise Linear, problem) for each op that would compute a different function on the local
     shards of these colwise Linears' outputs (module paths), one entry per offending op."""
+    return [(module, problem) for module, problem, _ in _walk(graph, colwise, tp)]
+
+
+def _walk(graph, colwise: Iterable[str], tp: int):
+    """Yield (module of the colwise Linear, problem, the offending OpNode) for `split_problems`."""
     users: dict[str, list] = {}
     for op in graph.ops:
         for s in op.inputs:
             users.setdefault(s, []).append(op)
     colwise = set(colwise)
     by_name = {op.name: op for op in graph.ops}
-    out: list[tuple[str, str]] = []
     for start in graph.ops:
         if start.kind != "linear" or start.module_path not in colwise or not start.output_meta:
             continue
@@ -199,12 +207,11 @@ def split_problems(graph, colwise: Iterable[str], tp: int) -> list[tuple[str, st
                     continue
                 res = _step(op, shape, d, tp, pick, op.inputs.index(name))
                 if isinstance(res, str):
-                    out.append((start.module_path, f"op {op.name} ({op.target}) in {op.module_path or '<root>'} "
-                                                   f"reads the colwise output of {start.module_path} and {res}"))
+                    yield (start.module_path, f"op {op.name} ({op.target}) in {op.module_path or '<root>'} reads "
+                                              f"the colwise output of {start.module_path} and {res}", op)
                 elif res is not None:
                     seen.add(op.name)
                     stack.append((op.name, res))
-    return out
 
 
 def _input_shape(op, src) -> tuple[tuple[int, ...] | None, bool]:
@@ -219,8 +226,52 @@ def _input_shape(op, src) -> tuple[tuple[int, ...] | None, bool]:
     return (outs[0] if outs else None), False
 
 
-def pair_colwise(strategies: Mapping[str, str], linear_paths: Iterable[str]) -> set[str]:
-    """The colwise Linears whose output stays sharded: those with a rowwise sibling (same parent module)."""
-    paths = list(linear_paths)
-    rowwise_parents = {p.rpartition(".")[0] for p in paths if strategies.get(p) == "rowwise"}
-    return {p for p in paths if strategies.get(p) == "colwise" and p.rpartition(".")[0] in rowwise_parents}
+def colwise_refusals(graph, tp: int) -> dict[str, tuple[str, str]]:
+    """Module path of every Linear whose colwise output an op would misread at this tp -> (the first such problem,
+    the module path of the op that misreads it). Each Linear is walked on its own (`split_problems`), so the answer
+    for one does not depend on how the others are placed."""
+    linears = {op.module_path for op in graph.ops if op.kind == "linear"}
+    refused: dict[str, tuple[str, str]] = {}
+    for module, problem, op in _walk(graph, linears, tp):
+        refused.setdefault(module, (problem, op.module_path))
+    return refused
+
+
+PASS_PARTIAL = VIEWS | PERMUTES | SPLITS | frozenset({"contiguous", "clone", "alias", "detach"})
+"""Calls a rowwise Linear's partial sums pass through unreduced (linear in their input): followed by
+`partial_refusals`."""
+
+
+def partial_refusals(graph) -> dict[str, tuple[str, str]]:
+    """Module path of every Linear whose rowwise output (a partial sum over tp, `P`) reaches attention through
+    views, transposes, splits and elementwise ops only (no Linear, norm or reduction between) -> (the problem, the
+    module path of the attention op).
+
+    The plan prices the reduction where the ILP put it (on the first op that wants R); under the executor the ops
+    in between are not module calls, so DTensor decides where and how to reduce, and for attention it picks a
+    reduce-scatter onto the batch dim the plan does not price (and views after it then see local shapes). Like
+    `colwise_refusals`, a pruning filter: such a Linear is not offered rowwise (nanoGPT's fused `c_attn`)."""
+    users: dict[str, list] = {}
+    for op in graph.ops:
+        for s in op.inputs:
+            users.setdefault(s, []).append(op)
+    refused: dict[str, tuple[str, str]] = {}
+    for start in graph.ops:
+        if start.kind != "linear" or start.module_path in refused:
+            continue
+        stack, seen = [start.name], {start.name}
+        while stack:
+            for op in users.get(stack.pop(), ()):
+                if op.name in seen:
+                    continue
+                seen.add(op.name)
+                if op.kind == "attention":
+                    refused[start.module_path] = (
+                        f"op {op.name} ({op.target}) in {op.module_path or '<root>'} reads the rowwise (partial-sum) "
+                        f"output of {start.module_path} with no Linear or norm between, so DTensor would reduce it "
+                        "there by its own choice, not as the plan prices it", op.module_path)
+                    stack.clear()
+                    break
+                if callee(op.target) in PASS_PARTIAL or op.kind in ("elementwise", "dropout"):
+                    stack.append(op.name)
+    return refused

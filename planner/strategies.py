@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 from planner.graph import OpNode
 from planner.plan import OpPlacement
-from planner.shard_flow import pair_colwise, split_problems
+from planner.shard_flow import split_problems
 
 Rule = Callable[[OpNode, int], list[OpPlacement]]
 """A strategy rule: (op, tp degree) -> the placements it may take (replicate included)."""
@@ -260,194 +260,113 @@ def placement_name(p: OpPlacement | None) -> str:
     return text + (f" | {','.join(p.params)}" if p.params else "")
 
 
-# ---- what the executor can apply ---------------------------------------------------------------------------------
-# The executor turns a plan into DTensor parallel styles per *module*, so only some per-op layouts can run. These
-# functions state that contract once; the search checks its answers with them and the executor refuses anything
-# else with the first problem they name. They read plain data (no torch, no search, no cost model).
+# ---- what a plan must satisfy -------------------------------------------------------------------------------------
+# The executor makes every parameter a DTensor with the placement the plan gives it and runs every op on DTensors, so
+# any per-op layout computes the model's function. What a layout must still satisfy is stated here once: (1) every
+# op of one parameter-holding module has one strategy, (2) a tied weight is laid out identically by all its holders,
+# (3) tp divides every parameter dim the layout shards, and (4) no op misreads a colwise Linear's shards
+# (`planner.shard_flow`: correct under the executor, but only through an all-gather the cost model does not price,
+# so the search keeps those Linears off colwise). These read plain data (no torch, no search, no cost model).
 
-MODULE_KINDS = {"linear": ("colwise", "rowwise"), "embedding": ("vocab",), "norm": ("sequence",), "other": ()}
-"""Module kind -> the non-replicate strategies the executor can apply to it: nn.Linear column/row parallel,
-nn.Embedding vocab parallel, any other parameter-holding leaf module (a norm) sequence parallel."""
-LINEAR_CALLS = ("torch.nn.Linear", "aten.linear.default")
-"""`OpNode.target`s of an nn.Linear module call (fx leaf module; torch.export's aten op under the module)."""
-EMBEDDING_CALLS = ("torch.nn.Embedding", "aten.embedding.default")
-"""`OpNode.target`s of an nn.Embedding module call."""
-WEIGHT_LAYOUT = {"colwise": "S(0)", "rowwise": "S(1)", "vocab": "S(0)", "sequence": "R", "replicate": "R"}
-"""How each module strategy lays out the module's weight over tp (tied weights must agree)."""
+PARAM_STRATEGIES = ("colwise", "rowwise", "vocab", "sequence")
+"""Strategies that say how a module's parameters are laid out (the others describe activations only)."""
 
 
 @dataclass(frozen=True)
 class TPModule:
-    """A parameter-holding module as the tp contract sees it (built from an OpGraph or from an nn.Module)."""
+    """A parameter-holding module of a traced graph, as the plan checks see it."""
 
     path: str
     """Module path, e.g. `h.0.attn.q_proj`."""
     kind: str
-    """`linear` (nn.Linear), `embedding` (nn.Embedding), `norm` (another leaf holding parameters) or `other`
-    (a module with children that also holds parameters directly)."""
-    position: str
-    """`pre` (before the repeated blocks), `block` (inside one) or `post` (after them)."""
-    params: tuple[str, ...] = ()
-    """Canonical names of the parameters it holds (a tied weight has one name for all its holders)."""
+    """`linear` or `embedding` (the kind of the op that calls it), `norm` (another module holding parameters whose
+    ops all run in it, e.g. a hand-written RMSNorm) or `other` (a module with children that also holds parameters
+    directly)."""
 
 
 def module_strategies(ops: Mapping[str, OpPlacement], modules: Sequence[TPModule]) -> tuple[dict[str, str], list[str]]:
-    """Module path -> strategy from a plan's per-op placements, and the problems found.
+    """Module path -> strategy from a plan's per-op placements, and the problems found (rule 1 above).
 
-    A placement is a module placement when its strategy is one of colwise, rowwise, vocab, sequence and its module is
-    a parameter-holding module. `sequence` on any other module (a residual add on a block, the root) describes an
-    activation, not a module, and is skipped; colwise/rowwise/vocab on a module that cannot carry them, or two
-    different strategies for one module, are problems."""
-    by_path = {m.path: m for m in modules}
+    Only placements whose strategy lays out parameters (`PARAM_STRATEGIES`) on a parameter-holding module count;
+    two different ones for one module are a problem."""
+    by_path = {m.path for m in modules}
     out: dict[str, str] = {}
     problems: list[str] = []
     for name, p in ops.items():
-        mod = by_path.get(p.module)
-        if p.strategy not in ("colwise", "rowwise", "vocab", "sequence"):
+        if p.strategy not in PARAM_STRATEGIES or p.module not in by_path:
             continue
-        if mod is None:
-            if p.strategy != "sequence":
-                problems.append(f"op {name} is {p.strategy} but its module {p.module or '<root>'!r} is not an "
-                                f"nn.Linear/nn.Embedding the executor can shard; replicate it or re-plan")
-            continue
-        if p.strategy not in MODULE_KINDS[mod.kind]:
-            if p.strategy == "sequence" and mod.kind != "norm":
-                continue
-            problems.append(f"op {name} is {p.strategy} but module {mod.path} is a {mod.kind} module, which "
-                            f"takes {' or '.join(MODULE_KINDS[mod.kind] + ('replicate',))}; re-plan")
-            continue
-        if out.setdefault(mod.path, p.strategy) != p.strategy:
-            problems.append(f"module {mod.path} is placed both {out[mod.path]} and {p.strategy} (op {name}); "
+        if out.setdefault(p.module, p.strategy) != p.strategy:
+            problems.append(f"module {p.module} is placed both {out[p.module]} and {p.strategy} (op {name}); "
                             "give every op of one module the same strategy")
     return out, problems
 
 
-def tp_layout_problems(modules: Sequence[TPModule], strategies: Mapping[str, str],
-                       sequence_parallel: bool) -> list[str]:
-    """Why the executor cannot apply this module layout (empty when it can). The runnable layouts are Megatron's:
-
-    - a *pair*: the nn.Linear children of one parent module are all colwise except exactly one rowwise, which
-      reads their (head/feature-sharded) outputs; nothing in between communicates;
-    - a lone colwise nn.Linear outside the blocks (the LM head): its logits stay sharded over the vocabulary for a
-      vocabulary-parallel cross-entropy (`loss_parallel`), all-gathered only for a loss that needs them whole;
-    - vocab on nn.Embedding (output all-reduced); replicate anywhere;
-    - tied weights laid out identically by every holder (vocab embedding + colwise head both shard dim 0);
-    - with sequence parallelism the residual stream is sharded on the sequence dim from the first block on, so
-      every Linear in the blocks is in a pair, every norm in or after the blocks is `sequence`, a Linear after
-      the blocks is colwise (it gathers its input) and no Embedding sits in a block; `sequence` needs it on.
-    """
-    problems: list[str] = []
-    by_parent: dict[str, list[TPModule]] = {}
-    for m in modules:
-        if m.kind == "linear":
-            by_parent.setdefault(m.path.rpartition(".")[0], []).append(m)
-    pairs: set[str] = set()
-    for parent, lins in by_parent.items():
-        strat = {m.path: strategies.get(m.path, "replicate") for m in lins}
-        rows = [p for p, s in strat.items() if s == "rowwise"]
-        cols = [p for p, s in strat.items() if s == "colwise"]
-        if rows:
-            if len(rows) > 1 or not cols or len(rows) + len(cols) != len(lins):
-                listed = ", ".join(f"{p}={s}" for p, s in strat.items())
-                problems.append(f"module {parent or '<root>'}: its Linears {listed} are not one Megatron pair "
-                                "(all colwise but one rowwise); re-plan with the "
-                                "Megatron layout")
-            pairs.update(strat)
-    pos = {m.path: m for m in modules}
-    for path, s in strategies.items():
-        m = pos.get(path)
-        if m is None:
-            continue
-        if s == "colwise" and path not in pairs and m.position == "block":
-            problems.append(f"module {path} is colwise without a rowwise sibling inside a block; pair it with a "
-                            "rowwise Linear (Megatron) or replicate it")
-        if s == "colwise" and path not in pairs and sequence_parallel and m.position == "pre":
-            problems.append(f"module {path} is a lone colwise Linear before the blocks under sequence parallelism; "
-                            "replicate it")
-        if s == "sequence" and not sequence_parallel:
-            problems.append(f"module {path} is sequence-parallel but the plan has sequence_parallel off; turn it on "
-                            "or replicate the module")
-    if sequence_parallel:
-        problems += _sequence_problems(modules, strategies, pairs)
-    problems += _tied_problems(modules, strategies)
-    return problems
-
-
-def _sequence_problems(modules: Sequence[TPModule], strategies: Mapping[str, str], pairs: set[str]) -> list[str]:
+def tied_problems(graph, ops: Mapping[str, OpPlacement]) -> list[str]:
+    """Parameters read by several ops (a tied weight: one name) that the ops lay out differently, a replicated op
+    counting as `R` (rule 2 above)."""
+    layouts: dict[str, dict[str, str]] = {}  # parameter -> op -> its placement of it
+    for op in graph.ops:
+        p = ops.get(op.name)
+        for k, prm in enumerate(op.params):
+            layouts.setdefault(prm.name, {})[op.name] = p.params[k] if p is not None and k < len(p.params) else "R"
     out = []
-    for m in modules:
-        s = strategies.get(m.path, "replicate")
-        if m.position == "pre":
-            continue
-        if m.kind == "norm" and s != "sequence":
-            out.append(f"module {m.path} must be sequence-parallel: with sequence parallelism on, the activations "
-                       "it sees are sharded on the sequence dim")
-        elif m.kind == "linear" and m.position == "block" and m.path not in pairs:
-            out.append(f"module {m.path} is a Linear in a block outside a colwise/rowwise pair; with sequence "
-                       "parallelism every block Linear must be in one (or turn sequence parallelism off)")
-        elif m.kind == "linear" and m.position == "post" and s != "colwise":
-            out.append(f"module {m.path} after the blocks must be colwise under sequence parallelism (it gathers "
-                       "its sequence-sharded input)")
-        elif m.kind in ("embedding", "other") and m.position == "block":
-            out.append(f"module {m.path} ({m.kind}) inside a block cannot run on sequence shards; turn sequence "
-                       "parallelism off")
-    return out
-
-
-def _tied_problems(modules: Sequence[TPModule], strategies: Mapping[str, str]) -> list[str]:
-    holders: dict[str, list[TPModule]] = {}
-    for m in modules:
-        for p in m.params:
-            holders.setdefault(p, []).append(m)
-    out = []
-    for param, ms in holders.items():
-        lay = {m.path: WEIGHT_LAYOUT[strategies.get(m.path, "replicate")] for m in ms}
-        if len(ms) > 1 and len(set(lay.values())) > 1:
-            named = [(p, strategies.get(p, "replicate")) for p in lay]
-            out.append(f"tied parameter {param} is laid out differently by "
-                       f"{', '.join(f'{p} ({s})' for p, s in named)}; place the embedding "
-                       "vocab and the head colwise (both shard dim 0), or replicate both")
+    for param, by_op in layouts.items():
+        if len(set(by_op.values())) > 1:
+            named = ", ".join(f"{graph.op(n).module_path or n} ({(ops[n].strategy if n in ops else 'replicate')}: "
+                              f"{where})" for n, where in by_op.items())
+            out.append(f"tied parameter {param} is laid out differently by {named}; place the embedding vocab and "
+                       "the head colwise (both shard the weight's vocabulary dim), or replicate both")
     return out
 
 
 def graph_tp_modules(graph) -> list[TPModule]:
-    """The parameter-holding modules of a traced graph, as `TPModule`s (what `tp_layout_problems` checks).
+    """The parameter-holding modules of a traced graph, as `TPModule`s (what the plan checks read).
 
-    A module's kind comes from the op that calls it (`torch.nn.Linear` / `torch.nn.Embedding`); other modules that
-    own a parameter directly are `norm` if no op runs in a sub-module of theirs, else `other`."""
-    first_block = next((i for i, op in enumerate(graph.ops) if op.block is not None), None)
+    A module's kind comes from the op that calls it (op kind `linear` / `embedding`, whatever the call: nn.Linear,
+    F.linear, HF's Conv1D addmm); other modules that own a parameter directly are `norm` if no op runs in a
+    sub-module of theirs, else `other`."""
     paths = {op.module_path for op in graph.ops}
     found: dict[str, TPModule] = {}
-    for i, op in enumerate(graph.ops):
+    for op in graph.ops:
         for p in op.params:
-            owner = p.name.rpartition(".")[0]
-            if op.target in LINEAR_CALLS:
-                kind, owner = "linear", op.module_path
-            elif op.target in EMBEDDING_CALLS:
-                kind, owner = "embedding", op.module_path
+            if op.kind in ("linear", "embedding"):
+                owner, kind = op.module_path, op.kind
             else:
+                owner = p.name.rpartition(".")[0]
                 kind = "other" if any(q.startswith(owner + ".") for q in paths) else "norm"
-            if owner in found:
-                if p.name not in found[owner].params:
-                    found[owner] = TPModule(path=owner, kind=found[owner].kind, position=found[owner].position,
-                                            params=found[owner].params + (p.name,))
-                continue
-            position = "block" if op.block is not None else \
-                "pre" if first_block is None or i < first_block else "post"
-            found[owner] = TPModule(path=owner, kind=kind, position=position, params=(p.name,))
+            found.setdefault(owner, TPModule(path=owner, kind=kind))
     return list(found.values())
 
 
-def plan_tp_problems(graph, ops: Mapping[str, OpPlacement], sequence_parallel: bool, tp: int) -> list[str]:
-    """Everything that stops the executor from applying these placements to the traced model over a tp axis of
-    size `tp`, or would make it train a different function (empty: runnable and the same function)."""
-    mods = graph_tp_modules(graph)
+def plan_tp_problems(graph, ops: Mapping[str, OpPlacement], tp: int,
+                     modules: Sequence[TPModule] | None = None) -> list[str]:
+    """Everything that stops these per-op placements from being a plan over a tp axis of size `tp` (rules 1-4
+    above; empty: the plan runs and is priced as it runs). `modules`: `graph_tp_modules(graph)` when already at
+    hand (it walks every op)."""
+    mods = graph_tp_modules(graph) if modules is None else modules
     strategies, problems = module_strategies(ops, mods)
-    return problems + tp_layout_problems(mods, strategies, sequence_parallel) + \
+    return problems + tied_problems(graph, ops) + divisibility_problems(graph, ops, tp) + \
         graph_split_problems(graph, mods, strategies, tp)
 
 
+def divisibility_problems(graph, ops: Mapping[str, OpPlacement], tp: int) -> list[str]:
+    """Parameters the placements shard on a dim tp does not divide (rule 3 above)."""
+    out = []
+    for name, p in ops.items():
+        op = graph.op(name) if name in graph.index else None
+        if op is None:
+            continue
+        for param, where in zip(op.params, p.params):
+            if where.startswith("S(") and where[2:-1].isdigit():
+                d = int(where[2:-1])
+                if d >= len(param.shape) or param.shape[d] % tp:
+                    out.append(f"op {name} shards parameter {param.name} {tuple(param.shape)} on dim {d}, which "
+                               f"tp={tp} does not divide; replicate it or choose a tp that divides it")
+    return out
+
+
 def graph_split_problems(graph, modules: Sequence[TPModule], strategies: Mapping[str, str], tp: int) -> list[str]:
-    """Ops that would misread the local shards of the layout's paired colwise Linears (`planner.shard_flow`)."""
-    colwise = pair_colwise(strategies, (m.path for m in modules if m.kind == "linear"))
+    """Ops that would misread the local shards of the layout's colwise Linears (`planner.shard_flow`), one line
+    each naming the Linear's module and the op."""
+    colwise = {m.path for m in modules if strategies.get(m.path) == "colwise"}
     return [f"module {module}: {problem}" for module, problem in split_problems(graph, colwise, tp)]

@@ -6,7 +6,7 @@ from planner.plan import OpPlacement
 from planner.search.ilp import CostContext, ILPError, ILPProblem, brute_force, build_problem, solve
 from planner.search.placement import PlacementSolver
 from planner.strategies import map_dim, placement_name, strategies_for
-from test_search_fakes import FakeCostModel, make_op, mlp_block, tiny_gpt
+from test_search_fakes import FakeCostModel, make_op, mlp_block, tied_gpt, tiny_gpt
 
 
 def _p(name: str) -> OpPlacement:
@@ -153,3 +153,59 @@ def test_block_problem_from_a_graph_matches_brute_force():
             problem.budget = lo + frac * (hi - lo)
         assert any(u == 4 for u, _, _ in problem.edges)  # the boundary edge h.1_add -> h.1_ln / h.1_add
         assert solve(problem).objective == pytest.approx(brute_force(problem).objective)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_excluded_pairs_are_never_chosen_and_the_optimum_equals_brute_force(seed):
+    rng = np.random.default_rng(100 + seed)
+    problem = random_problem(rng, n_ops=6, budget_frac=[None, 0.6][seed % 2])
+    for _ in range(8):
+        u, v = (int(a) for a in rng.choice(6, size=2, replace=False))
+        problem.exclusions.append((u, int(rng.integers(len(problem.strategies[u]))), v,
+                                   int(rng.integers(len(problem.strategies[v])))))
+    problem.exclusions.append((0, 0, 0, 0))  # strategy 0 of op 0 on its own
+    try:
+        ref = brute_force(problem)
+    except ILPError:
+        with pytest.raises(ILPError):
+            solve(problem)
+        return
+    ilp = solve(problem)
+    assert problem.allows(ilp.choice) and ilp.choice[0] != 0
+    assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
+
+
+def test_a_tied_embedding_and_head_lay_the_weight_out_alike():
+    """Forced to shard the head (`shard_linears`), the ILP may not pick rowwise (S(1)) or colwise (S(0)) against a
+    replicated embedding: the weight is one tensor. The only consistent sharded answer is vocab + colwise, though
+    a rowwise head and a replicated embedding are priced cheaper here."""
+    from planner.strategies import plan_tp_problems
+    from test_search_fakes import RESHARD
+    g = tied_gpt()
+    cheap = {k: v / 1000 for k, v in RESHARD.items()}
+    solver = PlacementSolver(g, FakeCostModel(reshard=cheap, overrides={("head", "colwise"): 5.0,
+                                                                        ("emb", "vocab"): 5.0}))
+    res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_linears=True)
+    assert res.ops["head"].strategy == "colwise" and res.ops["emb"].strategy == "vocab"
+    assert plan_tp_problems(g, res.ops, 2) == []
+    assert plan_tp_problems(g, solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False).ops, 2) == []
+
+
+def test_shard_linears_leaves_no_linear_replicated():
+    g = tiny_gpt(n_blocks=2)
+    solver = PlacementSolver(g, FakeCostModel())  # layout changes cost seconds: the free answer shards nothing
+    assert solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False).ops == {}
+    res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_linears=True)
+    linears = [op.name for op in g.ops if op.kind == "linear"]
+    assert all(res.ops[n].strategy in ("colwise", "rowwise") for n in linears)
+
+
+def test_a_colwise_refusal_in_one_block_copy_holds_for_every_copy():
+    """The block ILP is solved on one copy and its answer copied by position: h.1's proj may go colwise on its own
+    (its output reaches only the head), h.0's may not (the next block's norm reduces over it), so neither does."""
+    g = tiny_gpt(n_blocks=2)
+    solver = PlacementSolver(g, FakeCostModel())
+    refused = solver.refused_colwise(2)
+    assert "h.0.mlp.proj" in refused and "h.1.mlp.proj" not in refused
+    for name in ("h.0_proj", "h.1_proj"):
+        assert "colwise" not in {p.strategy for p in solver._candidates([g.op(name)], 2, (False, False))[name]}

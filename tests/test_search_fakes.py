@@ -11,7 +11,7 @@ FakeCostModel prices with numbers a person can check:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from cost_model.prediction import Prediction
@@ -67,6 +67,15 @@ def tiny_gpt(n_blocks: int = 2, h: int = 16, vocab: int = 32) -> OpGraph:
     ops.append(make_op("loss", "loss", ["head"], (), in_shapes=[(1, 8, vocab)]))
     params = {p.name: p for op in ops for p in op.params}
     return OpGraph(model_name="tiny", ops=tuple(ops), parameters=tuple(params.values()), batch_size=1)
+
+
+def tied_gpt(n_blocks: int = 2) -> OpGraph:
+    """tiny_gpt with the head reading the embedding's weight (one parameter name, as the tracers give a tied one)."""
+    g = tiny_gpt(n_blocks)
+    ops = [replace(op, params=tuple(replace(p, name="emb.weight") for p in op.params)) if op.name == "head" else op
+           for op in g.ops]
+    params = {p.name: p for op in ops for p in op.params}
+    return OpGraph(model_name="tied", ops=tuple(ops), parameters=tuple(params.values()), batch_size=1)
 
 
 def _kind(placement: str) -> str:

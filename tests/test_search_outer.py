@@ -3,15 +3,17 @@ import pytest
 
 from planner.errors import PlanError
 from planner.search.outer import OuterSearch
-from test_search_fakes import FakeCostModel, fake_cluster, tiny_gpt
+from test_search_fakes import RESHARD, FakeCostModel, fake_cluster, tiny_gpt
 
 PARAM_BYTES = 4 * (32 * 16 + 4 * (16 + 64 * 16 + 64 + 16 * 64) + 32 * 16)
 """tiny_gpt(4)'s parameter bytes as the fake counts them (embedding, 4 blocks, head; fp32)."""
 
 
-def run(nodes=1, dpn=8, memory=2 ** 40, batch=16, forced=None, inter_bw=25e9, budget=60.0, op_time=1e-3, **kw):
+def run(nodes=1, dpn=8, memory=2 ** 40, batch=16, forced=None, inter_bw=25e9, budget=60.0, op_time=1e-3,
+        reshard_scale=1.0, **kw):
     cluster = fake_cluster(nodes=nodes, devices_per_node=dpn, memory_bytes=memory, inter_bw=inter_bw)
-    cm = FakeCostModel(cluster=cluster, default_time=op_time)
+    reshard = {k: v * reshard_scale for k, v in RESHARD.items()}
+    cm = FakeCostModel(cluster=cluster, default_time=op_time, reshard=reshard)
     search = OuterSearch(tiny_gpt(4), cluster, cm, batch_size=batch, forced=forced, time_budget_s=budget, **kw)
     return search.run(), cm
 
@@ -85,8 +87,9 @@ def test_time_budget_returns_best_so_far():
 
 def test_bounded_groups_leave_the_top_k_unchanged():
     # groups whose placed bound exceeds the k-th best are swept only to their first fitting candidate; the k best
-    # candidates must be those of the full sweep (top_k huge: nothing is ever bounded)
-    kw = dict(nodes=2, memory=int(PARAM_BYTES * 0.8))
+    # candidates must be those of the full sweep (top_k huge: nothing is ever bounded). Layout changes cheap enough
+    # that the tp groups' ILP shards something (a tp whose ILP shards nothing is skipped, not swept)
+    kw = dict(nodes=2, memory=int(PARAM_BYTES * 0.8), reshard_scale=1e-3)
     short, _ = run(top_k=3, **kw)
     full, _ = run(top_k=10 ** 9, **kw)
     assert full.stats["groups_bounded"] == 0 < short.stats["groups_bounded"]
@@ -96,8 +99,8 @@ def test_bounded_groups_leave_the_top_k_unchanged():
     assert [(s.plan, s.prediction.step_time_s) for s in short.ranked[:3]] == key
 
 
-def test_forced_tp_that_divides_no_heads_keeps_attention_replicated(capsys):
-    # GPT example: 4 heads; tp=16 cannot split them, so attention stays replicated (the MLP pairs still shard)
+def test_forced_tp_that_divides_no_heads_keeps_qkv_off_colwise(capsys):
+    # GPT example: 4 heads; tp=16 cannot split them, so q/k/v are never colwise (the MLP still shards)
     # and the report names the module and why
     import os
     from planner.cli import main as plan_main
@@ -105,4 +108,5 @@ def test_forced_tp_that_divides_no_heads_keeps_attention_replicated(capsys):
     assert plan_main([gpt, "--cluster", "dgx-a100-80gb", "--nodes", "2", "--batch-size", "8",
                       "--force", "tp=16,dp=1"]) == 0
     out = capsys.readouterr().out
-    assert "kept replicated" in out and "h.0.attn" in out and "tp=16 does not divide" in out
+    assert "kept from column-parallel" in out and "h.0.attn.q_proj" in out and "tp=16 does not divide" in out
+    assert "Megatron" not in out

@@ -2,8 +2,8 @@
 
 The executor runs the ops between a colwise and a rowwise Linear on local shards, so an op that splits, chunks or
 reduces along the sharded dim would compute something else without any error (a fused gate/up projection then
-`chunk(2)`: rank 0 gets only gate rows). `planner.shard_flow` finds such ops; `plan` keeps their modules
-replicated and `plan measure` refuses a layout that shards them, before launch.
+`chunk(2)`: rank 0 gets only gate rows). `planner.shard_flow` finds such ops; `plan` keeps those Linears off
+colwise and `plan measure` refuses a layout that shards them, before launch.
 
 The last test is the net under all of it: every bundled example, the fused-gate/up model and its separate-gate
 control train 3 steps under `plan --force tp=2` and `--force dp=2` on 2 gloo ranks with equal losses (1e-5), or
@@ -91,6 +91,28 @@ def test_bundled_megatron_pairs_pass(example):
     assert refused_pairs(_graph(os.path.join(EXAMPLES, example)), 2) == {}
 
 
+def test_colwise_refusals_are_per_linear_not_per_pair():
+    """The search's filter walks each Linear on its own: the fused gate_up is never colwise, but its sibling down
+    projection keeps colwise unless its own output is misread (here the next block's norm reduces over it), and
+    attention's q/k/v (whose views and SDPA keep head shards) are never refused."""
+    from planner.shard_flow import colwise_refusals
+    r = colwise_refusals(_graph(os.path.join(ZOO, "swiglu_fused.py")), 2)
+    own = {m for m, (_, where) in r.items() if where == m.rpartition(".")[0]}
+    assert own == {"h.0.mlp.gate_up", "h.1.mlp.gate_up"}
+    assert "chunk" in r["h.0.mlp.gate_up"][0]
+    assert r["h.0.mlp.down"][1] == "h.1.ln1"
+    assert not any(m.endswith(("attn.q", "attn.k", "attn.v")) for m in r)
+
+
+def test_partial_sums_reaching_attention_are_refused_rowwise():
+    """nanoGPT's fused c_attn rowwise would feed partial sums through split/view/transpose straight into SDPA;
+    the out-projections and the MLP's down projection (residual add, then a norm) stay free to be rowwise."""
+    from planner.shard_flow import partial_refusals
+    r = partial_refusals(_graph(os.path.join(ZOO, "nanogpt_fused_qkv.py")))
+    assert set(r) == {"h.0.attn.c_attn", "h.1.attn.c_attn"}
+    assert "scaled_dot_product_attention" in r["h.0.attn.c_attn"][0] and r["h.0.attn.c_attn"][1] == "h.0.attn"
+
+
 # ---- what the planner and `plan measure` do with it ---------------------------------------------------------------
 
 def _plan(tmp_path, model, name, force):
@@ -101,16 +123,15 @@ def _plan(tmp_path, model, name, force):
     return code, out
 
 
-def test_plan_keeps_the_fused_mlp_replicated_and_says_so(tmp_path, capsys):
+def test_plan_keeps_the_fused_gate_up_off_colwise_and_says_so(tmp_path, capsys):
     from planner.plan import Plan
     code, out = _plan(tmp_path, os.path.join(ZOO, "swiglu_fused.py"), "tp", "tp=2")
     assert code == 0
     printed = capsys.readouterr().out
-    assert "kept replicated" in printed and "h.0.mlp" in printed and "chunk" in printed
+    assert "kept from column-parallel" in printed and "h.0.mlp.gate_up" in printed and "chunk" in printed
     plan = Plan.load(out)
     placed = {p.module: p.strategy for p in plan.ops.values()}
-    assert placed.get("h.0.attn.q") == "colwise" and placed.get("h.0.attn.o") == "rowwise"
-    assert "h.0.mlp.gate_up" not in placed and "h.0.mlp.down" not in placed
+    assert placed.get("h.0.mlp.gate_up") != "colwise" and placed.get("h.1.mlp.gate_up") != "colwise"
 
 
 def test_plan_problems_name_the_module_and_the_op():
@@ -125,7 +146,7 @@ def test_plan_problems_name_the_module_and_the_op():
     sep_row = next(p for op, p in megatron_placements(g, 2, False).items() if p.strategy == "rowwise")
     ops[gate_up.name] = replace(sep_col, module="h.0.mlp.gate_up")
     ops[down.name] = replace(sep_row, module="h.0.mlp.down")
-    problems = plan_tp_problems(fused, ops, False, 2)
+    problems = plan_tp_problems(fused, ops, 2)
     assert len(problems) == 1 and problems[0].startswith("module h.0.mlp.gate_up: op chunk")
 
 

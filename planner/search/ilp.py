@@ -11,6 +11,7 @@ r_e[i, j] = reshard time (forward + backward) from u's output under strategy i t
                 sum_j y[e, i, j] = x[u, i]   for every i        for every edge u -> v    add_edge_consistency
                 sum_i y[e, i, j] = x[v, j]   for every j
                 sum_v sum_i m[v, i] x[v, i] <= M                (when a budget is set)   add_memory_limit
+                x[u, i] + x[v, j] <= 1       for each excluded pair (tied weights)     add_exclusions
 
 c[v, i] is the op's compute time (forward + backward) under strategy i plus the re-sharding cost from
 neighbours outside V whose strategy is already fixed (`add_objective` folds those linear terms in); m[v, i] is
@@ -60,6 +61,13 @@ class ILPProblem:
     """(source op, sink op, re-sharding seconds [strategies of source, strategies of sink])."""
     budget: float | None = None
     """Memory limit for sum of chosen `memory`, or None for no limit."""
+    exclusions: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(op u, strategy i, op v, strategy j) that may not be chosen together (two holders of one tied weight laying
+    it out differently); (u, i, u, i) excludes strategy i of op u on its own."""
+
+    def allows(self, choice: Sequence[int]) -> bool:
+        """Whether the assignment avoids every excluded pair."""
+        return not any(choice[u] == i and choice[v] == j for u, i, v, j in self.exclusions)
 
     def objective(self, choice: Sequence[int]) -> float:
         """The objective value of one assignment (strategy index per op)."""
@@ -193,6 +201,8 @@ def solve(problem: ILPProblem, time_limit_s: float = 30.0) -> ILPSolution:
         choice = (0,) * len(problem.names)
         if problem.budget is not None and problem.memory_of(choice) > problem.budget:
             raise ILPError(f"needs {problem.memory_of(choice):.3g} bytes, budget {problem.budget:.3g}")
+        if not problem.allows(choice):
+            raise ILPError("the only candidates lay a tied weight out differently")
         return ILPSolution(choice, problem.objective(choice), problem.memory_of(choice), "trivial")
     from ortools.linear_solver import pywraplp
     for name in SOLVERS:
@@ -204,13 +214,18 @@ def solve(problem: ILPProblem, time_limit_s: float = 30.0) -> ILPSolution:
     x = add_one_strategy_per_op(solver, problem)
     y = add_edge_consistency(solver, problem, x)
     add_memory_limit(solver, problem, x)
+    add_exclusions(solver, problem, x)
     add_objective(solver, problem, x, y)
     solver.SetTimeLimit(int(time_limit_s * 1000))
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, 0.0)
     status = solver.Solve(params)
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        why = "infeasible under the memory budget" if status == pywraplp.Solver.INFEASIBLE else f"status {status}"
+        why = f"status {status}"
+        if status == pywraplp.Solver.INFEASIBLE:
+            why = "infeasible under " + " and ".join(
+                w for w, on in (("the memory budget", problem.budget is not None),
+                                ("the tied weights' layouts", bool(problem.exclusions))) if on)
         raise ILPError(f"{name}: {why}")
     choice = tuple(int(np.argmax([xi.solution_value() for xi in xv])) for xv in x)
     return ILPSolution(choice, problem.objective(choice), problem.memory_of(choice), name)
@@ -248,6 +263,12 @@ def add_memory_limit(solver: Any, problem: ILPProblem, x: list[list[Any]]) -> No
     solver.Add(solver.Sum(terms) <= float(problem.budget))
 
 
+def add_exclusions(solver: Any, problem: ILPProblem, x: list[list[Any]]) -> None:
+    """x[u, i] + x[v, j] <= 1 for every excluded pair."""
+    for u, i, v, j in problem.exclusions:
+        solver.Add(x[u][i] + x[v][j] <= 1)
+
+
 def add_objective(solver: Any, problem: ILPProblem, x: list[list[Any]], y: list[list[list[Any]]]) -> None:
     """Minimise compute (with fixed-neighbour re-sharding folded in) plus edge re-sharding."""
     terms = [float(problem.compute[v][i]) * x[v][i] for v in range(len(x)) for i in range(len(x[v]))]
@@ -266,9 +287,11 @@ def brute_force(problem: ILPProblem, max_assignments: int = 2_000_000) -> ILPSol
     for choice in itertools.product(*(range(n) for n in sizes)):
         if problem.budget is not None and problem.memory_of(choice) > problem.budget + 1e-9:
             continue
+        if not problem.allows(choice):
+            continue
         obj = problem.objective(choice)
         if best is None or obj < best[0] - 1e-15:
             best = (obj, choice)
     if best is None:
-        raise ILPError("no assignment fits the memory budget")
+        raise ILPError("no assignment fits the memory budget and the tied weights")
     return ILPSolution(best[1], best[0], problem.memory_of(best[1]), "brute-force")

@@ -43,10 +43,11 @@ from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.layout import parameter_placements
 from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
+from planner.search.ilp import ILPError
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
-from planner.strategies import graph_split_problems, module_strategies, strategies_for, tp_layout_problems
+from planner.strategies import plan_tp_problems, strategies_for
 
 
 
@@ -139,7 +140,8 @@ class OuterSearch:
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
         self._num_params = graph.num_parameters  # a sum over every parameter: once, not per candidate
         self._problems: dict[tuple, list[str]] = {}
-        self._megatron: dict[tuple[int, bool], tuple[dict[str, OpPlacement], str]] = {}
+        self._noted: set[tuple] = set()
+        self._skipped: list[str] = []  # notes saying a tp was skipped, for infeasible_message
 
     # ---- driver ---------------------------------------------------------------------------------------------------
     def run(self) -> OuterResult:
@@ -289,9 +291,7 @@ class OuterSearch:
             return []
         key = (g.tp, g.mbs, g.sp, level)
         if key not in self._tight:
-            tight = self.placer.solve(g.tp, g.mbs, self.precision, g.sp, budget_scale=level) if g.tp > 1 else None
-            if tight is not None:  # the memory-budgeted layout must be one the executor applies, like any other
-                tight = self._runnable(g.tp, g.mbs, g.sp, tight)
+            tight = self.solve_placement(g.tp, g.mbs, g.sp, budget_scale=level) if g.tp > 1 else None
             self._tight[key] = None if tight is None else (tight, self.layer_arrays(g.tp, g.mbs, tight))
         if self._tight[key] is not None:
             placement, arrays = self._tight[key]
@@ -310,95 +310,84 @@ class OuterSearch:
 
     # ---- pieces ---------------------------------------------------------------------------------------------------
     def placed(self, tp: int, mbs: int, sp: bool) -> tuple[PlacementResult, _Layers] | None:
-        """Placements (ILP) and the per-layer arrays they give, cached per (tp, mbs, sp)."""
+        """Placements (ILP) and the per-layer arrays they give, cached per (tp, mbs, sp); None: not a candidate."""
         key = (tp, mbs, sp)
         if key not in self._placed:
-            placement = self.placer.solve(tp, mbs, self.precision, sp)
-            if placement is not None:
-                placement = self._runnable(tp, mbs, sp, placement)
-            if placement is not None:
-                placement = self._check_against_megatron(tp, mbs, sp, placement)
-            if placement is not None and tp > 1 and not placement.ops:
-                # every op replicated over tp: tp ranks would compute the same thing twice (and an executor
-                # given no placements applies its own layout); Megatron's layout is the candidate, if it runs
-                mega, why = self.megatron(tp, sp)
-                placement = PlacementResult(ops=mega, sequence_parallel=sp, notes=placement.notes + (
-                    f"tp={tp}: the placement ILP replicated every op; used Megatron's layout",)) \
-                    if mega and not why else None
-            for note in placement.notes if placement is not None else ():
-                if note not in self.notes:
-                    self.notes.append(note)
+            placement = self.solve_placement(tp, mbs, sp)
             self._placed[key] = None if placement is None else (placement, self.layer_arrays(tp, mbs, placement))
         return self._placed[key]
 
-    def _runnable(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult | None:
-        """The ILP's placements when the executor can apply them exactly (`plan_tp_problems`), else Megatron's
-        (with a note), else None (this tp is not a candidate; the note says why)."""
-        problems = self.tp_problems(ilp.ops, sp and ilp.sequence_parallel, tp)
-        if not problems:
-            return ilp
-        mega, why = self.megatron(tp, sp)
-        if mega and not why:
-            return PlacementResult(ops=mega, sequence_parallel=sp, notes=ilp.notes + (
-                f"tp={tp}{' with sequence parallelism' if sp else ''}: the placement ILP's layout is not one the "
-                f"executor applies ({problems[0]}); used Megatron's",))
-        what = "tp>1 with sequence parallelism" if sp else "tp>1"
-        note = (f"tp={tp}: no tensor-parallel layout the executor can apply ({why or problems[0]}); {what} skipped "
-                "for it")
-        if note not in self.notes:
-            self.notes.append(note)
-        return None
+    def solve_placement(self, tp: int, mbs: int, sp: bool, budget_scale: float | None = None
+                        ) -> PlacementResult | None:
+        """The placement ILP's answer for (tp, mbs, sp), which the plan carries as it is, or None when this tp is
+        skipped here (one note per tp and reason says why, naming the first group it happened in):
 
-    def _check_against_megatron(self, tp: int, mbs: int, sp: bool, ilp: PlacementResult) -> PlacementResult:
-        """The ILP prices ops and edges one at a time; the whole-step prediction also sees effects between them
-        (e.g. one input-gradient all-reduce shared by q, k and v). So the ILP's answer is checked against
-        Megatron-LM's layout with `predict` on a one-stage, one-micro-batch plan, and the faster one is kept."""
+        - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
+        - at tp > 1 it shards no op beyond what sequence parallelism forces (tp ranks would duplicate the work):
+          skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
+          every Linear that can be sharded sharded (`PlacementSolver.solve`'s `shard_linears`; the ILP still
+          picks colwise or rowwise and everything between)."""
         if tp <= 1:
-            return ilp
-        mega, why = self.megatron(tp, sp)
-        if not mega or why or mega == dict(ilp.ops):
-            return ilp
-        dp = self.cluster.world_size // tp
-        g = Group(dp, tp, 1, mbs, 1, sp, "1f1b", 1)
-        whole = (StageSpec(start_layer=0, end_layer=len(self.layers), modules=(), rank=0),)
-        times = []
-        for ops in (dict(ilp.ops), mega):
-            res = PlacementResult(ops=ops, sequence_parallel=sp)
-            plan = self.build(g, res, whole, 0, "none", batch=dp * mbs)
-            times.append(self.cm.predict(self.graph, plan).step_time_s)
-            self.stats["predictions"] += 1
-        if times[1] < times[0]:
-            return PlacementResult(ops=mega, sequence_parallel=sp or ilp.sequence_parallel, notes=ilp.notes + (
-                f"tp={tp} mbs={mbs}: Megatron's layout predicted faster than the placement ILP's; used it",))
-        return ilp
+            return self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
+        self._refused_note(tp)
+        at = f"micro-batch size {mbs}{', sequence parallel' if sp else ''}"
+        try:
+            res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
+            if res is not None and _shards_nothing(res):
+                forced = f"tp={tp}" if "tp" in self.forced else "sp=1" if self.forced.get("sp") else ""
+                if not forced:
+                    self._note(("idle", tp), f"tp={tp}: the placement ILP found no op worth sharding at tp={tp} on "
+                                             f"this cluster (first seen at {at}); skipped")
+                    return None
+                self._note(("forced", tp), f"tp={tp}: the placement ILP found no op worth sharding (first seen at "
+                                           f"{at}), but {forced} is forced: solved again with every Linear that can "
+                                           "be sharded sharded (the ILP still picks colwise or rowwise and the "
+                                           "layout between)")
+                res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_linears=True)
+                if res is not None and _shards_nothing(res):
+                    self._note(("none", tp), f"tp={tp}: no Linear of this model can be sharded over tp={tp}; "
+                                             "skipped")
+                    return None
+        except ILPError as e:
+            self._note(("failed", tp), f"tp={tp}: the placement ILP failed ({e}; {at}); skipped")
+            return None
+        if res is None:
+            return None
+        problems = self.tp_problems(res.ops, tp)
+        if problems:
+            self._note(("problem", tp), f"tp={tp}: the placement ILP's layout cannot be a plan ({problems[0]}; "
+                                        f"{at}); skipped")
+            return None
+        return res
 
-    def tp_problems(self, ops: Mapping[str, OpPlacement], sp: bool, tp: int) -> list[str]:
+    def _note(self, key: tuple, text: str) -> None:
+        """Add `text` to the notes unless a note with this key was added already (one note per tp and reason);
+        notes saying a tp was skipped are also kept for `infeasible_message`."""
+        if key in self._noted:
+            return
+        self._noted.add(key)
+        self.notes.append(text)
+        if text.endswith("skipped"):
+            self._skipped.append(text)
+
+    def _refused_note(self, tp: int) -> None:
+        """Once per tp: the Linears kept off colwise because their own module would misread the shards (a
+        `chunk` of a fused gate/up, a `split` of a fused qkv, a head view tp does not divide). The rowwise filter
+        (`partial_refusals`: q/k/v projections feeding attention) is not noted: no layout wants those rowwise."""
+        own = {m: problem for m, (problem, where) in self.placer.refused_colwise(tp).items()
+               if where == m.rpartition(".")[0]}
+        if own:
+            first = next(iter(own))
+            self._note(("refused", tp), f"tp={tp}: {len(own)} Linear(s) kept from column-parallel (colwise), e.g. "
+                                        f"{first}: {own[first]}")
+
+    def tp_problems(self, ops: Mapping[str, OpPlacement], tp: int) -> list[str]:
         """`planner.strategies.plan_tp_problems` with the graph's modules computed once per search and the answer
         cached per distinct placement (the same layout comes back for many micro-batch sizes)."""
-        key = (frozenset(ops.items()), sp, tp)
+        key = (frozenset(ops.items()), tp)
         if key not in self._problems:
-            mods = self.placer.tp_modules
-            strategies, problems = module_strategies(ops, mods)
-            self._problems[key] = problems + tp_layout_problems(mods, strategies, sp) + \
-                graph_split_problems(self.graph, mods, strategies, tp)
+            self._problems[key] = plan_tp_problems(self.graph, ops, tp, self.placer.tp_modules)
         return self._problems[key]
-
-    def megatron(self, tp: int, sp: bool) -> tuple[dict[str, OpPlacement], str]:
-        """Megatron-LM's placements for (tp, sp), cached, and the first reason the executor cannot apply them
-        (empty when it can); ({}, why) when the layout does not exist for this graph."""
-        key = (tp, sp)
-        if key not in self._megatron:
-            from planner.defaults import megatron_placements, refused_note
-            note = refused_note(self.graph, tp)
-            if note and note not in self.notes:
-                self.notes.append(note)
-            try:
-                mega = megatron_placements(self.graph, tp, sp)
-                why = (self.tp_problems(mega, sp, tp) or [""])[0]
-            except PlanError as e:
-                mega, why = {}, str(e)
-            self._megatron[key] = (mega, why)
-        return self._megatron[key]
 
     def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
         """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
@@ -514,7 +503,7 @@ class OuterSearch:
         """Why nothing fits: the leanest candidate's memory per device against the device, and what would help."""
         usable = self.cluster.device.usable_memory_bytes
         if self._leanest is None:
-            why = next((n for n in self.notes if "no tensor-parallel layout" in n), "")
+            why = self._skipped[0] if self._skipped else ""
             return "no candidate plan could be built for this model and cluster with the forced keys " \
                    f"{self.forced}{' (' + why + ')' if why else ''}; relax --force"
         need, plan = self._leanest
@@ -577,3 +566,9 @@ def _layer_modules(graph: OpGraph, layer) -> list[str]:
 def with_prediction(plan: Plan, prediction: Any) -> Plan:
     """The plan with its prediction recorded (plan.json's `predicted`)."""
     return replace(plan, predicted=prediction.to_dict())
+
+
+def _shards_nothing(placement: PlacementResult) -> bool:
+    """Whether the placements shard no op beyond the `sequence` norms and elementwise ops sequence parallelism
+    forces: every Linear, attention and matmul replicated, so tp ranks would duplicate that work."""
+    return all(p.strategy == "sequence" for p in placement.ops.values())
