@@ -5,8 +5,8 @@ tp=2 x pp=2 on gloo ranks: fp32, 3 steps, every loss within 1e-5 of one process 
 Each plan comes from `plan MODEL --force ...` on a CPU cluster profile of 2 ranks (cpu-local) or 4 (cpu-local with 4
 devices per node). Each mesh is ONE torchrun launch of tests/zoo_worker.py that trains every model in turn (a
 launch per model and mesh would cost CI minutes); a model that fails records its one-line error there and the
-others still run. KNOWN_FAILURES lists the combinations that do not run yet, with their cause; HAND_LAYOUTS adds
-tp layouts `plan` does not pick today.
+others still run. KNOWN_FAILURES lists the combinations that do not run yet, with their cause; HAND_LAYOUTS adds a
+written-in Megatron layout for two models whatever `plan` picks.
 """
 import contextlib
 import importlib.util
@@ -77,10 +77,10 @@ PER_CHUNK = {
 statistics nor random masks), and why: their reference is one process training the same split (`_reference`); at
 dp=1 with one micro-batch that is `reference_losses` itself."""
 HAND_LAYOUTS = ("flat_block", "titan_style")
-"""Models whose tp=2 plan from `plan` shards no block Linear today (the placement ILP replicates every op and the
-Megatron fallback pairs none of theirs): the tp2 launch also trains each under its plan with a Megatron layout of
-the block Linears written in (`_with_megatron_blocks`), so the executor is tested on their attention code (a flat
-block; `view(bs, seqlen, -1, head_dim)` with complex RoPE and GQA) whatever `plan` picks."""
+"""Models whose attention code is the point of their zoo entry (a flat block; `view(bs, seqlen, -1, head_dim)`
+with complex RoPE and GQA): whatever layout `plan` picks for them (a cost-model choice, which may keep attention
+replicated), the tp2 launch also trains each under its plan with a Megatron layout of the block Linears written in
+(`_with_megatron_blocks`)."""
 COLWISE, ROWWISE = {"q", "k", "v", "fc", "wq", "wk", "wv", "w1", "w3"}, {"o", "proj", "wo", "w2"}
 """Block Linears of HAND_LAYOUTS' models by name: column-parallel (weight and bias S(0), output S(-1)) and
 row-parallel (weight S(1), input S(-1), output partial sums)."""
@@ -325,7 +325,7 @@ def test_zoo_tp_plans_shard_weights(zoo, mesh):
 
 @pytest.mark.parametrize("name", HAND_LAYOUTS)
 def test_zoo_hand_megatron_layout_trains_its_own_function(zoo, name):
-    """The executor runs a tp=2 layout `plan` does not pick today, with one process's losses (HAND_LAYOUTS)."""
+    """The executor runs a Megatron tp=2 layout of the block Linears with one process's losses (HAND_LAYOUTS)."""
     from planner.plan import Plan
     out = zoo("tp2").get(name + "+megatron")
     assert out is not None, f"no tp=2 plan for {name} to write a Megatron layout into"
