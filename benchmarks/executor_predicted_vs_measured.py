@@ -2,12 +2,16 @@
 profile measured first (`plan profile`), and the plan-applied DDP step next to a hand-written DDP step.
 
     python benchmarks/executor_predicted_vs_measured.py [--steps 12] [--quick-profile] [--cluster NAME_OR_YAML]
+                                                        [--trace DIR]
 
 Each plan is written by the planner CLI (`plan MODEL --cluster PROFILE --force ...`: the prediction is what the
 plan carries) and run with `plan measure`, which measures the peak memory with torch's MemTracker. Every run
 prints the load average (os.getloadavg, 1 minute) before and after it: step times are only meaningful when the
 machine is quiet; memory does not depend on load. The DDP comparison runs both loops in one 2-rank job,
 alternating blocks of steps so machine load hits both alike, and prints the median step of each and their ratio.
+With `--trace DIR` each plan is measured under `plan measure --trace DIR/PLAN` (torch.profiler adds time to every
+step) and a second table gives, per plan, the milliseconds of one step on each track (compute, tp / dp / pp comm,
+optimizer), predicted and measured on rank 0: where the prediction's error comes from.
 """
 from __future__ import annotations
 
@@ -74,7 +78,23 @@ def profile(tmp: str, quick: bool) -> str:
     return out
 
 
-def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None) -> list[dict]:
+def track_ms(path: str) -> dict[str, float]:
+    """Milliseconds per track of a trace written by `plan measure --trace` (spans summed, process 0's or the
+    lowest measured rank's)."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    pid = min(e["pid"] for e in events if e.get("ph") == "X")
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"
+             and e["pid"] == pid}
+    out: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") == "X" and e["pid"] == pid:
+            track = names.get(e["tid"], str(e["tid"]))
+            out[track] = out.get(track, 0.0) + e["dur"] / 1e3
+    return out
+
+
+def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: str | None = None) -> list[dict]:
     model = os.path.join(tmp, "gpt_small.py")
     with open(model, "w") as f:
         f.write(MODEL)
@@ -90,7 +110,9 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None) -> list[
             continue
         out = plan.replace(".json", ".measured.json")
         before = load()
-        p = run(PLAN + ["measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", out])
+        where = os.path.join(trace, name.replace(" ", "_")) if trace else None
+        p = run(PLAN + ["measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", out]
+                + (["--trace", where] if where else []))
         after = load()
         if p.returncode:
             rows.append({"plan": name, "error": p.stderr.strip().splitlines()[-1]})
@@ -100,6 +122,9 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None) -> list[
                      "measured_s": d["measured"]["step_time_s"], "error": d["error"]["step_time"],
                      "spread_s": d["measured"]["step_time_spread_s"], "memory": d["memory"],
                      "mem_error": d["error"]["peak_memory"], "load": (before, after)})
+        if where:
+            rows[-1]["tracks"] = (track_ms(os.path.join(where, "predicted.json")),
+                                  track_ms(os.path.join(where, "measured_rank0.json")))
         print(f"  measured {name}", flush=True)
     return rows
 
@@ -127,6 +152,14 @@ def report(rows: list[dict]) -> None:
         print(f"median |step-time error| over {len(errs)} plans: {statistics.median(errs) * 100:.0f}%")
     if mem_errs:
         print(f"median |peak-memory error| over {len(mem_errs)} plans: {statistics.median(mem_errs) * 100:.1f}%")
+    traced = [r for r in rows if "tracks" in r]
+    if traced:
+        tracks = ("compute", "tp comm", "dp comm", "pp comm", "optimizer")
+        print(f"\nms per step by track on rank 0, predicted/measured (measured under torch.profiler)\n{'plan':15} "
+              + " ".join(f"{t:>15}" for t in tracks))
+        for r in traced:
+            pred, meas = r["tracks"]
+            print(f"{r['plan']:15} " + " ".join(f"{pred.get(t, 0.0):7.1f}/{meas.get(t, 0.0):<7.1f}" for t in tracks))
 
 
 def ddp_rank(steps: int) -> None:
@@ -196,6 +229,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="plan names from the matrix")
     ap.add_argument("--cluster", help="use this profile instead of measuring a fresh one")
     ap.add_argument("--quick-profile", action="store_true", help="plan profile --quick (fewer sizes)")
+    ap.add_argument("--trace", metavar="DIR", help="measure under `plan measure --trace DIR/PLAN` and print the "
+                    "milliseconds per track, predicted and measured")
     ap.add_argument("--ddp-rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-matrix", action="store_true")
     ap.add_argument("--skip-ddp", action="store_true", help="leave out the hand-written DDP comparison")
@@ -207,7 +242,7 @@ def main() -> None:
     if not args.skip_matrix:
         with tempfile.TemporaryDirectory() as tmp:
             cluster = args.cluster or profile(tmp, args.quick_profile)
-            rows = matrix(tmp, cluster, args.steps, args.only)
+            rows = matrix(tmp, cluster, args.steps, args.only, args.trace)
         report(rows)
     if not args.skip_ddp:
         before = load()

@@ -100,6 +100,11 @@ class CommModel:
         link = self.cluster.inter_node if group.nodes > 1 else self.cluster.intra_node
         return NCCL_OVERLAP_COMPUTE_SLOWDOWN if link.kind in NCCL_LINK_KINDS else 0.0
 
+    def shares_compute(self, group: Group) -> bool:
+        """Whether collectives over `group` run on the cores the rank computes on (the profile's
+        `comm_shares_compute`: gloo on CPU ranks), so that they serialise with compute instead of overlapping it."""
+        return group.size > 1 and self.cluster.device.comm_shares_compute
+
     def _alpha_terms(self, steps: int, inter_steps: int) -> float:
         intra, inter = self.cluster.intra_node, self.cluster.inter_node
         nccl = intra.kind in NCCL_LINK_KINDS or (inter_steps > 0 and inter.kind in NCCL_LINK_KINDS)

@@ -13,8 +13,10 @@
 - Every kernel costs at least `DeviceSpec.kernel_floor`.
 
 Host side: `op_overhead` gives seconds per op in forward, per autograd node in backward, plus one node per
-parameter read (gradient accumulation); DTensor operands (tensor-parallel modules) pay the DTensor figures. A
-linear, several dispatches, pays the measured overhead of a whole tiny F.linear call where the profile has it.
+parameter read (gradient accumulation). With tp > 1 ops run on DTensors (the executor makes parameters and
+activations DTensors on the tp mesh, views and residual adds included) and pay the DTensor figures. A linear, several
+dispatches, pays the measured overhead of a whole tiny F.linear call where the profile has it, a matmul that of a
+tiny 2-D matmul. (Modules the plan leaves wholly replicated run on plain tensors: `cost_model.layers`.)
 On CPU ranks host and kernel time add up; where `DeviceSpec.async_host` (GPUs) the host dispatches run ahead of
 the kernels, so a sequence of ops costs max(sum of kernels, sum of host) (`combine`; the layer sums both).
 
@@ -76,7 +78,7 @@ class OpWork:
     params: int = 0
     """Parameter tensors the op reads (each adds a gradient-accumulation node in backward)."""
     dtensor: bool = False
-    """Whether the op runs on DTensors (a tensor-parallel module), paying the DTensor dispatch overhead."""
+    """Whether the op runs on DTensors (every op of a tp > 1 plan), paying the DTensor dispatch overhead."""
     gemms: tuple[Gemm, ...] = ()
     """The op's forward GEMMs on this device, (batch, M, N, K) each (GEMM kinds; empty otherwise)."""
     attn: Attn | None = None
@@ -101,11 +103,6 @@ def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
 TRANSCENDENTAL = frozenset({"silu", "sigmoid", "tanh", "exp", "erf", "softplus", "mish", "elu", "selu", "log",
                             "log1p", "sin", "cos", "pow", "hardswish"})
 """Elementwise functions that evaluate a special function per element (priced as the `tanh` kernel family)."""
-DTENSOR_STRATEGIES = frozenset({"colwise", "rowwise", "vocab"})
-"""Placement strategies the executor applies with DTensor parallel styles (their modules compute on DTensors);
-`sequence` joins them under sequence parallelism (SequenceParallel norms)."""
-
-
 def kernel_family(op: OpNode) -> str | None:
     """The `kernel_costs` family pricing an op: gelu, tanh (other transcendentals), softmax (softmax, log-softmax,
     cross-entropy losses), layer_norm (norms), add (other elementwise), or None (matmuls, views, gathers)."""
@@ -200,11 +197,13 @@ def _divisor(placement: str, tp: int) -> int:
     return tp if placement.startswith("S") else 1
 
 
-def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequence_parallel: bool = False) -> OpWork:
+def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtensor: bool | None = None) -> OpWork:
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
     `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with any sharded
     or partial placement does 1/tp of the FLOPs; each tensor's bytes are divided by tp where it is sharded.
+    `dtensor` says whether the op runs on DTensors (`cost_model.layers.runs_on_dtensors`); None: where tp > 1 and
+    the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
     """
     acts, par = split_inputs(op)
     sharded = placement is not None and placement.strategy != "replicate" and tp > 1
@@ -226,8 +225,8 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, sequen
         act_bytes += out_bytes
     div = tp if sharded else 1
     fwd_bytes = act_bytes + par_bytes + out_bytes
-    strategies = DTENSOR_STRATEGIES | ({"sequence"} if sequence_parallel else set())
-    dtensor = tp > 1 and placement is not None and placement.strategy in strategies
+    if dtensor is None:
+        dtensor = tp > 1 and placement is not None and placement.strategy != "replicate"
     elem_div = tp if sharded or (placement is not None and out_pl.startswith("S") and tp > 1) else 1
     copy = op.kind in FREE_KINDS and op.copies
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
@@ -331,6 +330,11 @@ class ComputeModel:
                 (ov.linear_forward, ov.linear_backward)
             if lf and lb:
                 return lf, lb
+        if kind == "matmul":  # a 2-D matmul's dispatch and its backward node's two matmuls, where measured
+            mf, mb = (ov.dtensor_matmul_forward, ov.dtensor_matmul_backward) if work.dtensor else \
+                (ov.matmul_forward, ov.matmul_backward)
+            if mf and mb:
+                return mf, mb + max(0, work.params - 1) * ov.backward
         f, b = (ov.dtensor_forward, ov.dtensor_backward) if work.dtensor else (ov.forward, ov.backward)
         return f, b + work.params * ov.backward
 

@@ -20,6 +20,9 @@ fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 1
 first: read both, write the sum; none after the first under ZeRO-2/3, which reduce every micro-batch). Priced as
 memory-bound kernels on the compute stream.
 
+Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
+the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors).
+
 Loss: when the LM head is column-parallel (logits sharded over the vocabulary) and the loss reads class indices
 (cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
 works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
@@ -28,8 +31,9 @@ logit; torch.distributed.tensor.parallel.loss) run in forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
-from cost_model.compute import DTENSOR_STRATEGIES, FREE_KINDS, split_inputs, tensor_bytes
+from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import roles
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
@@ -76,21 +80,38 @@ class LayerCost:
     """Parameter name -> what the executor makes of it under tensor parallelism: "plain", "dtensor" (its module is
     tensor-parallel) or "partial" (a replicated DTensor whose gradient is Partial: the weights of
     sequence-parallel norms); the optimizer's per-tensor overhead counts these."""
+    partial_elems: dict = field(default_factory=dict)
+    """Parameter name -> local elements, for the "partial" tensors (their gradients are all-reduced once before
+    the optimizer, executor.tp.reduce_partial_grads)."""
 
 
 TENSOR_KINDS = ("plain", "dtensor", "partial")
 """What a parameter tensor is at the optimizer, in increasing cost (see `LayerCost.tensors`)."""
 
 
-def _tensor_kind(pl, tp: int, sequence_parallel: bool) -> str:
-    """The `TENSOR_KINDS` entry of the parameters of an op with placement `pl`."""
-    if tp <= 1 or pl is None:
+def _tensor_kind(pl, on_dtensors: bool, sequence_parallel: bool) -> str:
+    """The `TENSOR_KINDS` entry of the parameters of an op with placement `pl` that runs on DTensors or not."""
+    if not on_dtensors:
         return "plain"
-    if pl.strategy == "sequence" and sequence_parallel:
-        # SequenceParallel keeps the norm's weights replicated while its input is sharded over the sequence, so
-        # their gradients stay Partial until an op reads them (torch.distributed.tensor.parallel.SequenceParallel)
+    if pl is not None and pl.strategy == "sequence" and sequence_parallel:
+        # a replicated norm weight read by a sequence-sharded input gets a Partial gradient, reduced when an
+        # optimizer op reads it
         return "partial"
-    return "dtensor" if pl.strategy in DTENSOR_STRATEGIES else "plain"
+    return "dtensor"  # executor.tp makes such a module's parameters DTensors (unlisted ones Replicate)
+
+
+def runs_on_dtensors(plan: Plan) -> Callable[[str], bool]:
+    """Whether an op of the given module path runs on DTensors under `plan` (executor.tp): with tp > 1 everything
+    does except the modules the plan leaves wholly replicated (no op in them placed other than `replicate`, no
+    parameter of theirs sharded), which run on plain local tensors; the root module's own ops never are."""
+    if plan.mesh.tp <= 1:
+        return lambda path: False
+    placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
+    placed |= {name.rpartition(".")[0] for name in plan.parameters}
+
+    def on(path: str) -> bool:
+        return not path or any(q == path or q.startswith(path + ".") for q in placed)
+    return on
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:
@@ -111,6 +132,7 @@ class LayerCoster:
         self.tp = plan.mesh.tp
         self.mbs, self.prec = plan.microbatch_size, plan.precision
         self.roles = roles(graph)
+        self.on_dtensors = runs_on_dtensors(plan)
         self._cache: dict = {}
 
     def cost(self, layer: Layer) -> LayerCost:
@@ -135,12 +157,14 @@ class LayerCoster:
         fwd = bwd = host_f = host_b = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
         params: dict[str, float] = {}
         tensors: dict[str, bool] = {}
+        partial_elems: dict[str, float] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
         full = plan.recompute == "full" and layer.block_type is not None
         selective = plan.recompute == "selective" and layer.block_type is not None
         stop = recompute_stop(g, layer) if full or selective else -1
         linears = 0
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
+        shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
             pl = plan.ops.get(op.name)
@@ -148,8 +172,8 @@ class LayerCoster:
             if vocab_loss is not None:
                 pl = vocab_loss
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
-            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
-                                        sequence_parallel=plan.sequence_parallel)
+            dt = self.on_dtensors(op.module_path)
+            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt)
             cf, cb = self._autocast_copies(op, pl)
             kf, kb = kf + cf, kb + cb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
@@ -160,7 +184,12 @@ class LayerCoster:
             rec += f if rerun else 0.0
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
             for src, s_pl, d_pl, ef, eb in edges:
-                tp_fwd, tp_bwd = tp_fwd + ef, tp_bwd + eb
+                # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
+                # forward and one gradient reduction in backward; a recomputation re-runs each reader's own
+                once = op.kind == "linear" and (src, d_pl) in shared
+                if op.kind == "linear":
+                    shared.add((src, d_pl))
+                tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
                 # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
                 kept = selective and s_pl == "P" and d_pl.startswith("S")
                 if rerun and ef > 0 and not kept and (full or src not in regathered):
@@ -173,9 +202,12 @@ class LayerCoster:
                 a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
-            kind = _tensor_kind(pl, tp, plan.sequence_parallel)
+            kind = _tensor_kind(pl, dt, plan.sequence_parallel)
+            local = _local_params(op, pl, tp)
             for p in op.params:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
+                if tensors[p.name] == "partial":
+                    partial_elems[p.name] = local[p.name]
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             act = self._block_input_bytes(layer, names)
@@ -184,7 +216,7 @@ class LayerCoster:
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
-                         tensors=tensors)
+                         tensors=tensors, partial_elems=partial_elems)
 
     def _edges(self, op, pl, vocab_loss: bool, reduced: set[str]) -> tuple[list[str], list[tuple]]:
         """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,

@@ -53,13 +53,13 @@ class CostModel:
         return Group(tp, max(1, -(-tp // dpn)))
 
     def op_time(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                *, traced_batch_size: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
+                *, traced_batch_size: int = 1, dtensor: bool | None = None) -> tuple[float, float]:
         """(forward, backward) compute seconds of one op for one micro-batch on one tp rank; placement None means
         replicated. `traced_batch_size` is the graph's `batch_size` (the tracer's default is 1);
-        `sequence_parallel` says norms run on DTensors (their per-op overhead). Norms, softmax and losses are
+        `dtensor` says whether the op runs on DTensors (see `op_work`). Norms, softmax and losses are
         priced in fp32 under a bf16/fp16 plan (`op_precision`: autocast runs them in fp32)."""
         precision = op_precision(op.kind, precision)
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor)
         return self.compute.op_times(op.kind, work, precision)
 
     def recompute_stop(self, graph: OpGraph, layer) -> int:
@@ -69,12 +69,12 @@ class CostModel:
         return recompute_stop(graph, layer)
 
     def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                 *, traced_batch_size: int = 1, sequence_parallel: bool = False
+                 *, traced_batch_size: int = 1, dtensor: bool | None = None
                  ) -> tuple[float, float, float, float]:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
         `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums)."""
         precision = op_precision(op.kind, precision)
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, sequence_parallel)
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor)
         return self.compute.op_parts(op.kind, work, precision)
 
     def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,

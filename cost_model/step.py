@@ -6,8 +6,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 
 - Dtypes: gradients are reduced in fp32 (`GRAD_REDUCE_BYTES`: FSDP2's reduce_dtype, DDP's fp32 buckets; Megatron-LM
   does the same for bf16 models); ZeRO parameter all-gathers move the compute dtype (FSDP2's param_dtype).
-- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets of fp32 gradients during the last
-  micro-batch's backward as they fill; FSDP2 units (each block, then the root holding the rest) reduce when their
+- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets (the first: 1 MiB) of fp32 gradients
+  during the last micro-batch's backward as they fill; FSDP2 units (each block, then the root holding the rest) reduce when their
   backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last micro-batch only, ZeRO-2/3 in
   every micro-batch, on their own stream.
 - With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
@@ -21,6 +21,10 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   all-reduce; executor.pipeline.sum_tied_grads).
 - Contention: compute that overlaps a data-parallel collective runs slower by the comm model's
   `overlap_slowdown` (NCCL's CTAs take SMs and HBM bandwidth) for the overlapped time.
+- Shared cores (`DeviceSpec.comm_shares_compute`: gloo on CPU ranks): a collective's copies, reductions and
+  send/receive loop run on the rank's own cores, so nothing overlaps: ZeRO gathers and reduce-scatters add to the
+  passes, each gradient all-reduce or reduce-scatter delays the backward still running by its whole time, and a
+  stage's send of activations or gradients keeps its rank busy for the transfer.
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
   the gradient and writes weight, m, v and the 16-bit copy (30 bytes in mixed precision, 28 in fp32; first-principles
   byte count of torch.optim.AdamW's fused update).
@@ -43,6 +47,10 @@ from planner.plan import Plan
 
 ADAM_BYTES_PER_PARAM = {"bf16": 30.0, "fp16": 30.0, "fp32": 28.0}
 """Bytes the Adam update moves per local parameter (see the module docstring)."""
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""DDP's first gradient bucket (the last layers' gradients, ready first) closes at 1 MiB with the default bucket
+size (torch.nn.parallel.distributed: `first_bucket_bytes_cap = dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB in c10d),
+the later ones at DDP_BUCKET_BYTES."""
 GRAD_REDUCE_BYTES = 4.0
 """Bytes per gradient element in data-parallel reductions: the executor keeps fp32 parameters and reduces their
 gradients in fp32 (FSDP2 `MixedPrecisionPolicy(reduce_dtype=torch.float32)`; DDP buckets and `replicate` hold the
@@ -132,6 +140,7 @@ class StepPredictor:
         self.zero = plan.zero_stage if self.dp > 1 else 0
         self.deferred = self.pp > 1 and self.dp > 1  # the pipelining stage defers dp reductions to the flush
         self.slow = cm.comm.overlap_slowdown(self.groups["dp"])
+        self.serial = cm.comm.shares_compute(self.groups["dp"])
         coster = LayerCoster(cm, graph, plan, self.groups["tp"])
         costs = [coster.cost(layer) for layer in self.layers]
         self.chunks = [[None] * self.v for _ in range(self.pp)]
@@ -139,6 +148,18 @@ class StepPredictor:
             self.chunks[i % self.pp][i // self.pp] = self._chunk(costs[s:e])
         bound = max((costs[e - 1].out_bytes for _, e in self.stage_ranges[:-1]), default=0.0)
         self.p2p_s = cm.comm.time("send_recv", bound, self.groups["pp"]) if self.pp > 1 else 0.0
+        if self.pp > 1 and cm.comm.shares_compute(self.groups["pp"]):
+            self._sender_busy()
+
+    def _sender_busy(self) -> None:
+        """Shared cores: every pass that sends its output to a neighbouring stage (each forward but the last
+        stage's, each backward but the first stage's) keeps its rank busy for the transfer."""
+        last = self.pp * self.v - 1
+        for r in range(self.pp):
+            for c, ch in enumerate(self.chunks[r]):
+                stage = c * self.pp + r
+                ch.fwd_s += self.p2p_s if stage < last else 0.0
+                ch.bwd_s += self.p2p_s if stage > 0 else 0.0
 
     def _coll(self, name: str, nbytes: float) -> float:
         return self.cm.comm.time(name, nbytes, self.groups["dp"])
@@ -154,7 +175,14 @@ class StepPredictor:
         reduces = [0.0] * n if self.deferred else \
             [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
         ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
-        if zero == 3:
+        if self.serial and zero >= 1:  # shared cores: every ZeRO collective adds to its pass
+            bwd_g = [0.0] * n if self.deferred else gathers
+            if zero == 3:
+                ch.fwd_s, ch.bwd_s = ch.fwd_s + sum(gathers), ch.bwd_s + sum(bwd_g) + sum(reduces)
+                ch.zero_comm_s = sum(gathers) + sum(bwd_g) + sum(reduces)
+            elif zero == 2 and not self.deferred:
+                ch.bwd_s, ch.zero_comm_s = ch.bwd_s + sum(reduces), sum(reduces)
+        elif zero == 3:
             # under pipelining parameters stay whole after a backward (the stage's reshard_after_backward=False)
             # and are resharded after a forward: one gather per micro-batch, counted in its forward
             bwd_g = [0.0] * n if self.deferred else gathers
@@ -170,7 +198,7 @@ class StepPredictor:
                 ch.bwd_s - _with_reduce(bwd_c[::-1], [0.0] * n, reduces[::-1])
         if zero in (1, 2):
             ch.gather_once_s = sum(gathers)
-            ch.first_gather_s = _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
+            ch.first_gather_s = sum(gathers) if self.serial else _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
         # FSDP2's hooks and copies run on the compute stream; the profile measures forward + backward together,
         # charged here half to each pass
         fsdp = self.fsdp_overhead(layers)
@@ -213,8 +241,9 @@ class StepPredictor:
 
     def optimizer_time(self, r: int, shard: float) -> float:
         """One AdamW step on rank r over `shard` local parameter elements: the profile's measured per-element
-        cost (else the bytes roofline) plus its per-tensor overhead for plain, DTensor and Partial-gradient DTensor
-        parameters (the last all-reduce their gradient in each optimizer op that reads it)."""
+        cost (else the bytes roofline) plus its per-tensor overhead for plain and DTensor parameters; a
+        Partial-gradient DTensor parameter pays the DTensor figure and one all-reduce of its gradient over tp
+        (executor.tp.reduce_partial_grads sums it once before the optimizer)."""
         dev = self.cm.cluster.device
         per_elem = dev.kernel_costs.get("adamw")
         if per_elem:
@@ -222,8 +251,13 @@ class StepPredictor:
         else:
             t = self.cm.compute.memory_time(shard * ADAM_BYTES_PER_PARAM[self.plan.precision])
         n, ov = self.rank_tensors(r), dev.op_overhead
-        partial = ov.dtensor_partial_optimizer or ov.dtensor_optimizer
-        return t + n["plain"] * ov.optimizer + n["dtensor"] * ov.dtensor_optimizer + n["partial"] * partial
+        partial: dict = {}  # a block's names are its first copy's: key them by layer too (a tied weight once)
+        for c, ch in enumerate(self.chunks[r]):
+            for i, l in enumerate(ch.layers):
+                for name, e in l.partial_elems.items():
+                    partial[(c, i, name) if l.block else name] = e
+        reduce = sum(self.cm.comm.time("all_reduce", e * self.gbytes, self.groups["tp"]) for e in partial.values())
+        return t + n["plain"] * ov.optimizer + (n["dtensor"] + n["partial"]) * ov.dtensor_optimizer + reduce
 
     def fsdp_overhead(self, layers: list[LayerCost]) -> float:
         """FSDP2's own seconds per micro-batch (forward + backward) for one chunk under ZeRO >= 1 with dp > 1: the
@@ -292,7 +326,7 @@ class StepPredictor:
                 acc = 0.0
                 for i in reversed(range(len(ch.layers))):
                     acc += ch.layers[i].param_elems * self.gbytes
-                    if acc >= DDP_BUCKET_BYTES:
+                    if acc >= (DDP_BUCKET_BYTES if ready else DDP_FIRST_BUCKET_BYTES):
                         ready.append((done[i], acc))
                         acc = 0.0
                 if acc > 0:
@@ -300,12 +334,17 @@ class StepPredictor:
             else:
                 ready += [(done[i] if i >= 0 else end, b) for i, b in self._units(ch)]
         ready.sort()
-        free = 0.0
+        free = delay = 0.0
+        last_end = max(b for _, b in windows)
         for k, (t, b) in enumerate(ready):
-            s = max(free, t)
+            s = max(free, t + delay)
             d = self._coll(coll, b)
             spans.append((s, d, f"{label} grads {'bucket' if ddp else 'unit'} {k}"))
             free = s + d
+            if self.serial and t < last_end:  # shared cores: the backward still to run waits for it
+                delay += d
+        if self.serial:
+            return free, spans, delay
         slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
         return free, spans, slowed
 
@@ -460,7 +499,8 @@ class StepPredictor:
                    3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
                       "(prefetched one block ahead)"}[zero]
         dp_how = f"fp32 gradients {dp_how}{gathers}" + (
-            f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
+            "; collectives share the ranks' cores with compute (gloo on CPU): serialised, none hidden"
+            if self.serial else f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
         out = [
             _compute_assumption(cl.device, plan.precision, pk),
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "

@@ -251,7 +251,6 @@ def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) 
 def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Where,
                    boundary: tuple | None) -> tuple | None:
     """`apply_plan`, then forward, backward, tied-gradient sum and optimizer step of one micro-batch."""
-    from executor.pipeline import sum_tied_grads
     from executor.runner import apply_plan
     where.strategies = {p.module: p.strategy for p in plan.ops.values() if p.module}
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh)  # default AdamW
@@ -267,9 +266,7 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     else:
         out = _run_stage(runner, where, inputs, targets, boundary)
     where.phase = "optimizer step"
-    if runner.tied:
-        sum_tied_grads(runner.tied, runner.tied_groups)
-    runner.optimizer.step()
+    runner.optimizer_step()
     return out
 
 

@@ -270,15 +270,21 @@ class Runner:
         t1 = _now(self.device)
         if track:
             self._grad_bytes = parallel.local_bytes(p.grad for part in self.parts for p in part.parameters())
-        if self.tied:
-            pipeline.sum_tied_grads(self.tied, self.tied_groups)
-        self.optimizer.step()
+        self.optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
         t2 = _now(self.device)
         loss = self._reduce_loss(loss)
         self.timings.add(t2 - t0, t1 - t0, t2 - t1)
         self.step_count += 1
         return loss
+
+    def optimizer_step(self) -> None:
+        """Tied-weight gradients summed across stages, partial tp gradients summed once, then the optimizer."""
+        if self.tied:
+            pipeline.sum_tied_grads(self.tied, self.tied_groups)
+        if self.plan.mesh.tp > 1:
+            tp.reduce_partial_grads(p for part in self.parts for p in part.parameters())
+        self.optimizer.step()
 
     def _autocast(self):
         if self.amp is None:

@@ -265,13 +265,34 @@ class _ReduceMasked(torch.autograd.Function):
         return grad
 
 
+_GATHERED: Any = None  # a WeakIdKeyDictionary, made on first use
+
+
+def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
+    """`_redistribute`, once per (tensor, version, placement) in a forward: q, k and v read one norm output and
+    gather it once, as Megatron's f does (their gradients then meet before one reduce-scatter). Not during a
+    backward (activation recomputation must record its own redistributions)."""
+    global _GATHERED
+    if not isinstance(t, DTensor) or torch._C._current_graph_task_id() != -1:
+        return _redistribute(t, text, mesh, where)
+    if _GATHERED is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _GATHERED = WeakIdKeyDictionary()
+    per = _GATHERED.setdefault(t, {})
+    key = (text, t._version)
+    if key not in per:
+        per.clear()
+        per[key] = _redistribute(t, text, mesh, where)
+    return per[key]
+
+
 def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh) -> None:
     """Hooks that give the module call the plan's input and output placements."""
     def pre(module, args):
         out, k = [], 0
         for a in args:
             if isinstance(a, torch.Tensor) and k < len(placement.inputs):
-                a = _redistribute(a, placement.inputs[k], mesh, f"{path} input {k}")
+                a = _shared_redistribute(a, placement.inputs[k], mesh, f"{path} input {k}")
                 k += 1
             out.append(a)
         return tuple(out)
@@ -313,6 +334,17 @@ def stage_boundary_hooks(stage: nn.Module, mesh: DeviceMesh, last: bool) -> None
     stage.register_forward_pre_hook(pre)
     if not last:
         stage.register_forward_hook(post)
+
+
+def reduce_partial_grads(params) -> None:
+    """Sum partial gradients once before the optimizer: a replicated parameter read by sharded activations (a
+    sequence-parallel norm's weight) gets a Partial gradient, which every optimizer op would otherwise all-reduce
+    again (AdamW: three times)."""
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements) \
+                and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
 def placements_of(model: nn.Module) -> Mapping[str, str]:

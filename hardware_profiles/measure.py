@@ -144,9 +144,14 @@ def _collective_fn(name: str, size: int, world: int, rank: int, device: torch.de
     raise ValueError(f"unknown collective {name!r}")
 
 
-def calls_per_sample(size: int) -> int:
-    """Back-to-back calls timed together for one sample: several for small messages (as nccl-tests times a loop
-    of iterations), so one sample is not a single scheduler-sized hiccup; one call from 128 KiB up."""
+def calls_per_sample(size: int, cuda: bool = True) -> int:
+    """Back-to-back calls timed together for one sample. On GPUs several for small messages (as nccl-tests times a
+    loop of iterations), so one sample is not a single scheduler-sized hiccup; one call from 128 KiB up. On CPU
+    ranks (gloo) always one: back-to-back small gloo collectives over loopback TCP take 4-6x as long per call as
+    one issued alone (measured here: 1.9 ms vs 0.34 ms for a 4 KiB all-reduce on 2 ranks), and in training a
+    collective is issued alone, between ops."""
+    if not cuda:
+        return 1
     return max(1, min(8, (128 * KIB) // max(size, 1)))
 
 
@@ -160,7 +165,7 @@ def collective_samples(name: str, sizes: Sequence[int], device: torch.device, sy
     out: dict[int, list[float]] = {}
     for size in sizes:
         fn = _collective_fn(name, size, world, rank, device, group)
-        k = calls_per_sample(size)
+        k = calls_per_sample(size, device.type == "cuda")
         for _ in range(plan.warmup):
             if fn is not None:
                 fn()
@@ -218,12 +223,14 @@ ADAM_TENSORS = 64
 """Tiny parameter tensors one timed AdamW step updates (its per-tensor cost is the time / this)."""
 
 
-def _chain_times(x0: torch.Tensor, sync: Callable[[], None], plan: MeasurePlan) -> tuple[float, float]:
-    """(forward, backward) seconds per op of a chain of CHAIN_OPS tiny adds on `x0` (which requires grad)."""
+def _chain_times(x0: torch.Tensor, sync: Callable[[], None], plan: MeasurePlan,
+                 op: Callable[[torch.Tensor], torch.Tensor] = lambda y: y + 1.0) -> tuple[float, float]:
+    """(forward, backward) seconds per op of a chain of CHAIN_OPS tiny `op`s (default: adds) on `x0` (which
+    requires grad)."""
     def fwd():
         y = x0
         for _ in range(CHAIN_OPS):
-            y = y + 1.0
+            y = op(y)
         return y
 
     t_f = statistics.median(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
@@ -274,10 +281,18 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     out["linear_forward"], out["linear_backward"] = _linear_overhead(*lin, sync, plan)
     out["optimizer"] = _adam_time([torch.nn.Parameter(torch.ones(1, device=device)) for _ in range(ADAM_TENSORS)],
                                   sync, plan)
+    w = torch.nn.Parameter(torch.eye(2, device=device))
+    out["matmul_forward"], out["matmul_backward"] = _chain_times(lin[0], sync, plan, lambda y: y @ w)
     if mesh is not None:
         from torch.distributed.tensor import Replicate, distribute_tensor
+        # under tensor parallelism every op, and every op an autograd node runs in backward, dispatches through
+        # DTensor: a chain of multiplications (whose backward nodes each run one multiplication) prices both
         xd = distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]).requires_grad_()
-        out["dtensor_forward"], out["dtensor_backward"] = _chain_times(xd, sync, plan)
+        out["dtensor_forward"], out["dtensor_backward"] = _chain_times(xd, sync, plan, lambda y: y * 1.0)
+        xm = distribute_tensor(torch.ones(2, 2, device=device), mesh, [Replicate()]).requires_grad_()
+        wd = torch.nn.Parameter(distribute_tensor(torch.eye(2, device=device), mesh, [Replicate()]))
+        out["dtensor_matmul_forward"], out["dtensor_matmul_backward"] = _chain_times(xm, sync, plan,
+                                                                                     lambda y: y @ wd)
         # a linear on DTensors: replicated square weight, so the chain composes and nothing communicates
         lin = [distribute_tensor(torch.ones(2, 2, device=device), mesh, [Replicate()]).requires_grad_(),
                torch.nn.Parameter(distribute_tensor(torch.ones(2, 2, device=device), mesh, [Replicate()])),
@@ -349,18 +364,46 @@ def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Ca
     return _fixed_times(step, sync, plan)
 
 
+def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                    mesh: object) -> float:
+    """Seconds of the collectives one `_fsdp_step_time` module issues, each timed on its own after a barrier (as
+    FSDP2 issues them, between other work): its all-gather of the `n` parameters (twice when resharding after
+    forward) and its gradients' reduce-scatter, at the stack's sizes."""
+    group, world = mesh.get_group(), mesh.size()
+    full = torch.ones(n * 4 * world, device=device)
+    shard = torch.ones(n * 4, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def alone(fn: Callable[[], object]) -> float:
+        for _ in range(plan.warmup):
+            fn()
+        samples = []
+        for _ in range(plan.repeats):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+    return (2 if reshard else 1) * alone(lambda: gather(full, shard, group=group)) + \
+        alone(lambda: scatter(shard, full, group=group))
+
+
 def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
                    mesh: object) -> dict[str, float]:
     """FSDP2's own seconds per forward + backward of one `fully_shard`ed module (its pre/post forward and
-    backward hooks, all-gather copy-in/copy-out, the gradient reduce-scatter with its copies, and those tiny
-    collectives' latency), with and without resharding after forward (ZeRO-3 / ZeRO-1,2), split into a part per
-    module and a part per parameter tensor from stacks of FSDP_TENSORS tensors per module: the stack's time under
-    FSDP2 minus the same stack unsharded, over its FSDP_MODULES + 1 modules."""
+    backward hooks, all-gather copy-in/copy-out, the gradient reduce-scatter's copies), with and without
+    resharding after forward (ZeRO-3 / ZeRO-1,2), split into a part per module and a part per parameter tensor
+    from stacks of FSDP_TENSORS tensors per module: the stack's time under FSDP2 minus the same stack unsharded,
+    over its FSDP_MODULES + 1 modules, minus the module's collectives timed on their own (the cost model prices
+    each unit's all-gather and reduce-scatter at its real size from the collective curves)."""
     out: dict[str, float] = {}
     (n0, n1), mods = FSDP_TENSORS, FSDP_MODULES + 1
     for key, reshard in (("fsdp_module", False), ("fsdp_module_reshard", True)):
         per = [(_fsdp_step_time(n, reshard, device, sync, plan, mesh)
-                - _fsdp_step_time(n, None, device, sync, plan, mesh)) / mods for n in (n0, n1)]
+                - _fsdp_step_time(n, None, device, sync, plan, mesh)) / mods
+               - _fsdp_comm_time(n, reshard, device, sync, plan, mesh) for n in (n0, n1)]
         per_tensor = max((per[1] - per[0]) / (n1 - n0), 0.0)
         out[key] = max(per[0] - n0 * per_tensor, 0.0)
         out[key.replace("module", "tensor")] = per_tensor

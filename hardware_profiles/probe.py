@@ -108,8 +108,11 @@ def _device_facts(cuda: bool, local_rank: int, local_world: int) -> dict[str, An
                 "sms": torch.cuda.get_device_properties(local_rank).multi_processor_count,
                 "usable_fraction": free / total, "link_kind": host.gpu_link_kind(local_world) if local_rank == 0
                 else "pcie"}
+    import torch
     mem = host.meminfo()
-    return {"name": f"{host.cpu_name()} (1 thread per rank)", "memory_bytes": mem["MemTotal"] // local_world,
+    threads = torch.get_num_threads()
+    return {"name": f"{host.cpu_name()} ({threads} thread{'s' if threads > 1 else ''} per rank)",
+            "memory_bytes": mem["MemTotal"] // local_world, "threads": threads,
             "usable_fraction": mem.get("MemAvailable", mem["MemTotal"]) / mem["MemTotal"], "link_kind": "loopback"}
 
 
@@ -361,6 +364,8 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
                         linear_backward_efficiency=_efficiency([(f, r) for f, _, r in raw.get("linear", [])],
                                                                peaks[main_dtype]),
                         sms=int(dev.get("sms", 0)), async_host=cuda, kernel_floor=float(raw.get("kernel_floor", 0.0)),
+                        # gloo's collectives run on host threads beside the rank's compute thread(s), on its cores
+                        threads=int(dev.get("threads", 0)), comm_shares_compute=not cuda,
                         matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
                         attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())))
     links, curves = {}, []
@@ -392,7 +397,9 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "matmuls; tensor copies, bytes read + written).",
              "op_overhead: seconds per op of a chain of 64 one-element adds (forward; backward per autograd node), "
              "per parameter tensor of a default AdamW step,",
-             "and the same on replicated DTensors (dtensor_*). kernel_costs: [forward, backward] seconds per element "
+             "matmul_*: a chain of tiny 2-D matmuls y @ w; dtensor_*: the same on replicated DTensors over a "
+             "1-D mesh of all ranks (the elementwise chain multiplies, so each backward node dispatches one op). "
+             "kernel_costs: [forward, backward] seconds per element "
              "of fp32 kernels on a 256 x 512 tensor. fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
@@ -404,9 +411,11 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "
-             "[bytes, seconds] medians."]
+             "[bytes, seconds] medians (on CPU ranks each of one call issued alone after a barrier, as training "
+             "issues them between ops; on GPUs of back-to-back loops for small messages, as nccl-tests)."]
     if raw["backend"] == "gloo":
-        lines.append("CPU ranks: one thread each; gloo talks TCP over the loopback interface (kind loopback).")
+        lines.append("CPU ranks: `threads` compute threads each; gloo talks TCP over the loopback interface (kind "
+                     "loopback) from threads on the same cores (comm_shares_compute: no overlap with compute).")
     if nodes == 1:
         lines.append("One node: inter_node is a copy of intra_node with kind loopback (no second node measured).")
     return "\n".join(lines)

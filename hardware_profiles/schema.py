@@ -23,6 +23,8 @@ YAML layout::
                                                           # {kernel: K, kernels: {K: {...}, ...}}: K runs
       kernel_floor: 3.8e-6                                # optional: minimum seconds per kernel
       async_host: true                                    # optional: host dispatch overlaps kernels (GPUs)
+      threads: 1                                          # optional: CPU threads per rank (0: unknown / a GPU)
+      comm_shares_compute: true                           # optional: collectives run on the compute threads
       matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4]]  # optional, measured: [batch, M, N, K, precision, s]
       attention_shapes: [[32, 2048, 2048, 128, true, bf16, 3.0e-4, 8.0e-4]]   # optional, measured
     links:
@@ -66,10 +68,21 @@ class OpOverhead:
     """Seconds per autograd node in backward (the same chain's backward)."""
     optimizer: float = 0.0
     """Seconds per parameter tensor of one torch.optim.AdamW step with default settings, beyond its bytes."""
+    matmul_forward: float = 0.0
+    """Seconds of one tiny 2-D matmul (`y @ w`, a chain of them) beyond its kernel; 0 when not measured (a matmul
+    then pays `forward`)."""
+    matmul_backward: float = 0.0
+    """Seconds of that matmul's backward node (two matmuls and their transposes) and the weight's gradient
+    accumulation; 0 when not measured."""
     dtensor_forward: float = 0.0
-    """Seconds per op in forward when the operands are DTensors (tensor parallelism), no communication."""
+    """Seconds per op in forward when the operands are DTensors (tensor parallelism), no communication: a chain of
+    one-element multiplications on replicated DTensors (CPU profiles measured before it: additions)."""
     dtensor_backward: float = 0.0
-    """Seconds per autograd node in backward on DTensors."""
+    """Seconds per autograd node in backward on DTensors (the chain's nodes, each one DTensor multiplication)."""
+    dtensor_matmul_forward: float = 0.0
+    """As `matmul_forward` on replicated DTensors (0: a DTensor matmul pays `dtensor_forward`)."""
+    dtensor_matmul_backward: float = 0.0
+    """As `matmul_backward` on replicated DTensors."""
     dtensor_optimizer: float = 0.0
     """Seconds per DTensor parameter (FSDP2 / tensor-parallel shards) of one AdamW step."""
     dtensor_partial_optimizer: float = 0.0
@@ -87,7 +100,8 @@ class OpOverhead:
     """As `linear_backward` on DTensors."""
     fsdp_module: float = 0.0
     """FSDP2's seconds per forward + backward of one `fully_shard`ed module without resharding (ZeRO-1/2): hooks,
-    all-gather copy-in/out, gradient reduce-scatter copies and its tiny collectives' latency."""
+    all-gather copy-in/out and gradient reduce-scatter copies, without the collectives themselves (profiles
+    measured before 2026-11-23 include its tiny collectives' latency)."""
     fsdp_tensor: float = 0.0
     """Additional FSDP2 seconds per parameter tensor of such a module (ZeRO-1/2)."""
     fsdp_module_reshard: float = 0.0
@@ -183,6 +197,14 @@ class DeviceSpec:
     attention_shapes: tuple[tuple[int, int, int, int, bool, str, float, float], ...] = ()
     """Measured fused attention [batch x heads, query length, key length, head dim, causal, precision, forward s,
     backward s], used as `matmul_shapes` (a different batch x heads scales by the shape model)."""
+    threads: int = 0
+    """CPU threads (cores) each rank computes with (`plan profile` on CPU ranks: 1, torch.set_num_threads); 0 where
+    it does not apply or is unknown (GPUs)."""
+    comm_shares_compute: bool = False
+    """Whether a rank's collectives run on the same cores as its compute: gloo on CPU ranks does its copies,
+    reductions and send/receive loop on host threads that compete with the rank's compute thread(s) for its cores,
+    so a collective cannot hide behind compute (the cost model serialises the two). False on GPUs, where NCCL runs
+    on its own SMs and copy engines beside the compute kernels."""
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -349,8 +371,10 @@ def _device(d: Any, where: str) -> DeviceSpec:
         **_gpu_fields(d, where))
 
 
-_GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes")
-"""Optional device keys of the shape-aware compute model (profiles without them load as before)."""
+_GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes",
+             "threads", "comm_shares_compute")
+"""Optional device keys of the shape-aware compute model and of how a rank's cores are used (profiles without them
+load as before)."""
 _PRECISIONS = ("fp32", "bf16", "fp16")
 """Precisions a measured shape row may name."""
 _ATTN_EFFS = ("forward_efficiency", "backward_efficiency")
@@ -440,10 +464,13 @@ def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
         out["attention"] = _attention(d["attention"], f"{where}.attention")
     if "kernel_floor" in d:
         out["kernel_floor"] = _seconds(d["kernel_floor"], f"{where}.kernel_floor")
-    if "async_host" in d:
-        if not isinstance(d["async_host"], bool):
-            raise ProfileError(f"{where}.async_host: expected true or false")
-        out["async_host"] = d["async_host"]
+    for k in ("async_host", "comm_shares_compute"):
+        if k in d:
+            if not isinstance(d[k], bool):
+                raise ProfileError(f"{where}.{k}: expected true or false")
+            out[k] = d[k]
+    if "threads" in d:
+        out["threads"] = int(_pos(d["threads"], f"{where}.threads", integer=True))
     if "matmul_shapes" in d:
         out["matmul_shapes"] = _rows(d["matmul_shapes"], f"{where}.matmul_shapes", 4, 0, 1,
                                      "[batch, M, N, K, bf16, seconds]")
@@ -466,6 +493,10 @@ def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
         out["kernel_floor"] = dev.kernel_floor
     if dev.async_host:
         out["async_host"] = True
+    if dev.threads:
+        out["threads"] = dev.threads
+    if dev.comm_shares_compute:
+        out["comm_shares_compute"] = True
     if dev.matmul_shapes:
         out["matmul_shapes"] = [list(r) for r in dev.matmul_shapes]
     if dev.attention_shapes:

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from cost_model.compute import kernel_family
+from cost_model.layers import runs_on_dtensors
 from cost_model.model import CostModel
 from hardware_profiles.load import cluster_from_dict, cluster_to_dict, load_cluster
 from hardware_profiles.schema import OpOverhead, ProfileError
@@ -39,20 +40,54 @@ def test_overhead_adds_exactly_per_op_and_per_backward_node():
     assert p1.breakdown["optimizer_s"] - p0.breakdown["optimizer_s"] == pytest.approx(tensors * OPT)
 
 
-def test_tensor_parallel_modules_pay_the_dtensor_overhead():
+def test_ops_on_dtensors_pay_the_dtensor_overhead():
     g = megatron_gpt()
     over = _with(cluster(per_node=2), op_overhead=OpOverhead(forward=FWD, dtensor_forward=7 * FWD))
     cm = CostModel(over)
     ops = default_plan(g, cluster(per_node=2), 2, "bf16", {"tp": 2, "dp": 1}, "m").ops
     base = CostModel(cluster(per_node=2))
-    lin = g.op("h0_fc1")
     assert ops["h0_fc1"].strategy == "colwise"
-    f1, _ = cm.op_time(lin, ops["h0_fc1"], 2, 1, "bf16")
-    f0, _ = base.op_time(lin, ops["h0_fc1"], 2, 1, "bf16")
-    assert f1 - f0 == pytest.approx(7 * FWD)
-    f1, _ = cm.op_time(lin, None, 1, 1, "bf16")  # replicated: a plain tensor
-    f0, _ = base.op_time(lin, None, 1, 1, "bf16")
-    assert f1 - f0 == pytest.approx(FWD)
+    # a placed op runs on DTensors; any op does where its module is (replicated ops and views alike)
+    for name, dt in (("h0_fc1", None), ("h0_add1", True), (next(op.name for op in g.ops if op.kind == "reshape"),
+                                                            True)):
+        op = g.op(name)
+        f1, _ = cm.op_time(op, ops.get(name), 2, 1, "bf16", dtensor=dt)
+        f0, _ = base.op_time(op, ops.get(name), 2, 1, "bf16", dtensor=dt)
+        assert f1 - f0 == pytest.approx(7 * FWD), name
+        f1, _ = cm.op_time(op, None, 1, 1, "bf16")  # tp = 1: plain tensors
+        f0, _ = base.op_time(op, None, 1, 1, "bf16")
+        assert f1 - f0 == pytest.approx(FWD), name
+
+
+def test_only_wholly_replicated_modules_run_on_plain_tensors():
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=2)
+    over = _with(base, op_overhead=OpOverhead(forward=FWD, dtensor_forward=7 * FWD))
+    plan = default_plan(g, base, 2, "bf16", {"tp": 2, "dp": 1, "pp": 1, "mbs": 1, "sp": 0}, "m")
+    on = runs_on_dtensors(plan)
+    placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
+    assert placed and all(on(m) for m in placed)
+    assert on("")  # the root's own ops (embedding sums, the loss) see its DTensor activations
+    plain = {op.module_path for op in g.ops if op.module_path and not any(
+        q == op.module_path or q.startswith(op.module_path + ".") for q in placed)}
+    assert plain and not any(on(m) for m in plain)  # e.g. the norms, unplaced without sequence parallelism
+    n_dt = sum(1 for op in g.ops if on(op.module_path))
+    d = CostModel(over).predict(g, plan).breakdown["compute_s"] - CostModel(base).predict(g, plan).breakdown[
+        "compute_s"]
+    assert d == pytest.approx((n_dt * 7 * FWD + (len(g.ops) - n_dt) * FWD) * plan.num_microbatches)
+    assert not runs_on_dtensors(default_plan(g, base, 2, "bf16", {"tp": 1, "dp": 2}, "m"))("")
+
+
+def test_matmuls_pay_their_measured_dispatch():
+    g = megatron_gpt()
+    mm = next(op for op in g.ops if op.kind == "matmul")
+    ov = OpOverhead(forward=FWD, backward=BWD, matmul_forward=3 * FWD, matmul_backward=5 * BWD,
+                    dtensor_forward=7 * FWD, dtensor_matmul_forward=11 * FWD, dtensor_matmul_backward=13 * BWD)
+    cm, base = CostModel(_with(cluster(per_node=2), op_overhead=ov)), CostModel(cluster(per_node=2))
+    for tp, f_want, b_want in ((1, 3 * FWD, 5 * BWD), (2, 11 * FWD, 13 * BWD)):
+        dt = tp > 1
+        (f1, b1), (f0, b0) = (c.op_time(mm, None, tp, 1, "bf16", dtensor=dt) for c in (cm, base))
+        assert (f1 - f0, b1 - b0) == (pytest.approx(f_want), pytest.approx(b_want))
 
 
 def test_kernel_cost_prices_compute_bound_elementwise_ops():
