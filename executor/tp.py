@@ -270,16 +270,16 @@ _GATHERED: Any = None  # a WeakIdKeyDictionary, made on first use
 
 def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
     """`_redistribute`, once per (tensor, version, placement) in a forward: q, k and v read one norm output and
-    gather it once, as Megatron's f does (their gradients then meet before one reduce-scatter). Not during a
-    backward (activation recomputation must record its own redistributions)."""
+    gather it once, as Megatron's f does (their gradients then meet before one reduce-scatter). A recomputation
+    (inside a backward) keeps its own entries, so it issues exactly the forward's collectives."""
     global _GATHERED
-    if not isinstance(t, DTensor) or torch._C._current_graph_task_id() != -1:
+    if not isinstance(t, DTensor):
         return _redistribute(t, text, mesh, where)
     if _GATHERED is None:
         from torch.utils.weak import WeakIdKeyDictionary
         _GATHERED = WeakIdKeyDictionary()
     per = _GATHERED.setdefault(t, {})
-    key = (text, t._version)
+    key = (text, t._version, torch._C._current_graph_task_id())
     if key not in per:
         per.clear()
         per[key] = _redistribute(t, text, mesh, where)

@@ -14,9 +14,17 @@ def test_default_precision_rule():
     assert default_precision({"fp32": 89e9}) == "fp32"
 
 
-def test_cpu_profile_defaults_to_fp32_and_says_so(tmp_path, capsys):
+def test_a_profile_slower_at_bf16_defaults_to_fp32_and_says_so(tmp_path, capsys):
+    """CPU ranks without bf16 matrix units (most: ~100x slower than fp32): the cpu-local preset with its bf16
+    peak set to 1/100 of fp32's. (This machine's own preset measures bf16 faster: AVX512-BF16.)"""
+    import yaml
+    from hardware_profiles.load import PRESET_DIR
+    d = yaml.safe_load(open(PRESET_DIR / "cpu-local.yaml"))
+    d["device"]["peak_flops"]["bf16"] = d["device"]["peak_flops"]["fp32"] / 100
+    prof = tmp_path / "slow_bf16.yaml"
+    prof.write_text(yaml.safe_dump(d))
     out = tmp_path / "p.json"
-    assert plan_main([GPT, "--cluster", "cpu-local", "--batch-size", "8", "--force", "dp=2,zero=0,mbs=4",
+    assert plan_main([GPT, "--cluster", str(prof), "--batch-size", "8", "--force", "dp=2,zero=0,mbs=4",
                       "-o", str(out)]) == 0
     assert json.loads(out.read_text())["precision"] == "fp32"
     assert "using fp32" in capsys.readouterr().err
