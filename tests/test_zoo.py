@@ -1,0 +1,336 @@
+"""The model zoo (issue 9): models as people write them train their own function under tp=2, dp=2 x tp=2 and
+tp=2 x pp=2 on gloo ranks: fp32, 3 steps, every loss within 1e-5 of one process (tests/shared.py's
+`reference_losses`; relative above a loss of 1, as in test_tp_function).
+
+Each plan comes from `plan MODEL --force ...` on a CPU cluster profile of 2 ranks (cpu-local) or 4 (cpu-local with 4
+devices per node). Each mesh is ONE torchrun launch of tests/zoo_worker.py that trains every model in turn (a
+launch per model and mesh would cost CI minutes); a model that fails records its one-line error there and the
+others still run. KNOWN_FAILURES lists the combinations that do not run yet, with their cause; HAND_LAYOUTS adds a
+written-in Megatron layout for two models whatever `plan` picks.
+"""
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from shared import reference_losses
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZOO = os.path.join(ROOT, "tests", "zoo")
+EXAMPLES = os.path.join(ROOT, "examples")
+WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
+STEPS, BATCH, TOL = 3, 4, 1e-5
+LAUNCH_TIMEOUT_S = 900
+"""One mesh's launch (12 models); a healthy one takes well under a minute here."""
+MAX_LAUNCHES = 3
+"""Launches per mesh when one dies (see `_train_all`)."""
+
+MODELS = {
+    "nanogpt_fused_qkv": os.path.join(ZOO, "nanogpt_fused_qkv.py"),  # fused c_attn + split, view(B, T, C)
+    "flat_block": os.path.join(ZOO, "flat_block.py"),  # every Linear a direct child of the block
+    "const_heads": os.path.join(ZOO, "const_heads.py"),  # view(B, T, N_HEAD, C // N_HEAD), N_HEAD a constant
+    "titan_style": os.path.join(ZOO, "titan_style.py"),  # view(bs, seqlen, -1, head_dim), complex RoPE, GQA
+    "swiglu_fused": os.path.join(ZOO, "swiglu_fused.py"),  # gate_up Linear + chunk(2)
+    "swiglu_separate": os.path.join(ZOO, "swiglu_separate.py"),  # its control: separate gate and up
+    "gpt": os.path.join(EXAMPLES, "gpt.py"),  # tied embeddings
+    "llama": os.path.join(EXAMPLES, "llama.py"),  # RoPE passed as forward args, GQA, hand-written RMSNorm
+    "hf_gpt2": os.path.join(EXAMPLES, "hf_gpt2.py"),  # transformers: Conv1D, dict inputs, ModelOutput
+    "hf_llama": os.path.join(EXAMPLES, "hf_llama.py"),  # transformers: RoPE module, dict inputs, ModelOutput
+    "resnet": os.path.join(EXAMPLES, "resnet.py"),  # convolutions, BatchNorm
+    "mlp": os.path.join(EXAMPLES, "mlp.py"),  # nn.Sequential of Linears
+}
+"""The zoo: model name -> model file, each unmodified (examples/gpt2_xl.py and gpt3_175b.py are gpt.py's code at
+sizes a CPU cannot train)."""
+MESHES = {"tp2": "dp=1,tp=2,pp=1", "dp2xtp2": "dp=2,tp=2,pp=1", "tp2xpp2": "dp=1,tp=2,pp=2,mbs=1"}
+"""Mesh name -> `plan --force` keys (under pp, 4 micro-batches of 1: a schedule with several in flight)."""
+REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
+"""(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
+every zoo model under every mesh."""
+KNOWN_FAILURES = {
+    ("mlp", "tp2xpp2"): "plan builds no pp candidate: no repeated blocks in an nn.Sequential of bare Linears "
+                        "(planner.blocks), so the model is one pipeline layer",
+    ("titan_style", "tp2xpp2"): "plan builds no pp candidate: planner.blocks finds no repeated blocks in an "
+                                "nn.ModuleDict (torchtitan's `layers`), so the model is one pipeline layer",
+    ("llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on `self.rope_cos[:s]` "
+                          "(TypeError: slice indices must be integers)",
+    ("hf_llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' Llama "
+                             "(ValueError: code: co_varnames is too small)",
+    ("hf_gpt2", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' GPT-2 "
+                            "(ValueError: code: co_varnames is too small)",
+    ("resnet", "tp2xpp2"): "dry run, stage 0: stem.0 (replicated over tp) gets the input as a Replicate DTensor "
+                           "with a local weight: convolution 'got mixed torch.Tensor and DTensor'",
+}
+"""(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
+deleted here."""
+PER_CHUNK = {
+    "resnet": "BatchNorm: each dp replica and micro-batch normalises with its own batch statistics",
+    "hf_gpt2": "dropout (GPT2Config's default 0.1): each dp replica draws its masks for its share of the batch",
+}
+"""Models whose function depends on how the batch is split (DDP and pipeline schedules synchronise neither batch
+statistics nor random masks), and why: their reference is one process training the same split (`_reference`); at
+dp=1 with one micro-batch that is `reference_losses` itself."""
+HAND_LAYOUTS = ("flat_block", "titan_style")
+"""Models whose attention code is the point of their zoo entry (a flat block; `view(bs, seqlen, -1, head_dim)`
+with complex RoPE and GQA): whatever layout `plan` picks for them (a cost-model choice, which may keep attention
+replicated), the tp2 launch also trains each under its plan with a Megatron layout of the block Linears written in
+(`_with_megatron_blocks`)."""
+COLWISE, ROWWISE = {"q", "k", "v", "fc", "wq", "wk", "wv", "w1", "w3"}, {"o", "proj", "wo", "w2"}
+"""Block Linears of HAND_LAYOUTS' models by name: column-parallel (weight and bias S(0), output S(-1)) and
+row-parallel (weight S(1), input S(-1), output partial sums)."""
+HAVE_HF = importlib.util.find_spec("transformers") is not None
+
+
+def _axes(mesh: str) -> dict[str, int]:
+    """dp, tp and pp of a mesh name."""
+    keys = dict(kv.split("=") for kv in MESHES[mesh].split(","))
+    return {axis: int(keys[axis]) for axis in ("dp", "tp", "pp")}
+
+
+def _cluster(folder, world: int) -> str:
+    """The cpu-local preset (2 ranks), or a copy of it with 4 devices per node."""
+    if world == 2:
+        return "cpu-local"
+    with open(os.path.join(ROOT, "hardware_profiles", "presets", "cpu-local.yaml")) as f:
+        profile = yaml.safe_load(f)
+    profile["cluster"]["devices_per_node"] = world
+    path = os.path.join(folder, f"cpu-local-{world}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(profile, f)
+    return path
+
+
+def _plan(model: str, cluster: str, force: str, out: str) -> tuple[int, str]:
+    """`plan MODEL --force ...` in this process: (exit status, its last stderr line)."""
+    from planner.cli import main as plan_main
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = plan_main([model, "--cluster", cluster, "--batch-size", str(BATCH), "--precision", "fp32",
+                          "--force", force, "-o", out])
+    lines = err.getvalue().strip().splitlines()
+    return code, (lines[-1] if lines else "")
+
+
+def _launch(mesh: str, folder) -> dict[str, dict]:
+    """Plan every zoo model for `mesh`, train them all in one torchrun launch; model name -> outcome: {"refused":
+    line} from `plan`, {"losses": [...]} or {"error": line, "where": file:line} from the worker, plus "plan"."""
+    force = MESHES[mesh]
+    world = math.prod(_axes(mesh).values())
+    cluster = _cluster(str(folder), world)
+    outcomes, jobs = {}, []
+    for name, path in MODELS.items():
+        if name.startswith("hf_") and not HAVE_HF:
+            continue
+        plan = os.path.join(folder, f"{name}.plan.json")
+        try:
+            code, line = _plan(path, cluster, force, plan)
+        except Exception as e:  # noqa: BLE001 - a crash of `plan` is this model's outcome, not the whole mesh's
+            code, line = None, f"plan raised {type(e).__name__}: {e}"
+        if code != 0:
+            outcomes[name] = {"refused": line, "code": code}
+            continue
+        outcomes[name] = {"plan": plan}
+        jobs.append({"name": name, "model": path, "plan": plan})
+    if mesh == "tp2":
+        for name in HAND_LAYOUTS:
+            if "plan" in outcomes.get(name, {}):
+                hand = _with_megatron_blocks(MODELS[name], outcomes[name]["plan"])
+                outcomes[name + "+megatron"] = {"plan": hand}
+                jobs.append({"name": name + "+megatron", "model": MODELS[name], "plan": hand})
+    for name, result in _train_all(jobs, world, str(folder)).items():
+        outcomes[name].update(result)
+    with open(os.path.join(folder, "outcomes.json"), "w") as f:  # the zoo table's row for this mesh
+        json.dump(outcomes, f, indent=1)
+    return outcomes
+
+
+def _with_megatron_blocks(model: str, plan_path: str) -> str:
+    """A copy of a plan with the block Linears of `model` (COLWISE, ROWWISE under `blocks.` or `layers.`) laid out
+    as Megatron pairs: their module-call ops and `parameters` entries added."""
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    with open(plan_path) as f:
+        plan = json.load(f)
+    for op in trace_model(load_model_file(model), batch_size=2, progress=False).ops:
+        path = op.module_path or ""
+        if not path.startswith(("blocks.", "layers.")) or not op.params:
+            continue
+        names = [p.name for p in op.params]
+        leaf = path.rsplit(".", 1)[-1]
+        if leaf in COLWISE:
+            plan["ops"][op.name] = {"strategy": "colwise", "module": path, "inputs": ["R"], "output": "S(2)",
+                                    "params": ["S(0)"] * len(names)}
+            plan["parameters"].update({n: "S(0)" for n in names})
+        elif leaf in ROWWISE:
+            plan["ops"][op.name] = {"strategy": "rowwise", "module": path, "inputs": ["S(2)"], "output": "P",
+                                    "params": ["S(1)"] + ["R"] * (len(names) - 1)}
+            plan["parameters"][names[0]] = "S(1)"
+    out = plan_path.replace(".plan.json", ".megatron.plan.json")
+    with open(out, "w") as f:
+        json.dump(plan, f, indent=1)
+    return out
+
+
+def _train_all(jobs: list[dict], world: int, folder: str) -> dict[str, dict]:
+    """Train every job in one torchrun launch of the worker; job name -> its result. When a launch dies (a rank
+    killed by a signal: no Python error to record), the job it was running gets the launch's error and a new launch
+    trains the jobs left, at most MAX_LAUNCHES in all."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    results: dict[str, dict] = {}
+    for attempt in range(MAX_LAUNCHES):
+        left = [j for j in jobs if j["name"] not in results]
+        if not left:
+            break
+        jobs_path = os.path.join(folder, f"jobs{attempt}.json")
+        with open(jobs_path, "w") as f:
+            json.dump({"steps": STEPS, "jobs": left}, f)
+        ended = None
+        try:
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                   str(world), WORKER, jobs_path, folder], capture_output=True, text=True,
+                                  timeout=LAUNCH_TIMEOUT_S, env=env, cwd=ROOT)
+            if proc.returncode:
+                ended = f"the launch died in this model: torchrun exited {proc.returncode}: {_died(proc.stderr)}"
+        except subprocess.TimeoutExpired:
+            ended = f"the launch was still in this model after {LAUNCH_TIMEOUT_S} s"
+        for job in left:
+            path = os.path.join(folder, job["name"] + ".json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results[job["name"]] = json.load(f)
+            elif ended and os.path.exists(os.path.join(folder, job["name"] + ".started")):
+                results[job["name"]] = {"error": ended, "where": ""}  # the job the launch died in
+                break
+        if ended and ended.startswith("the launch was still"):
+            break
+    for job in jobs:
+        results.setdefault(job["name"], {"error": f"not run: {MAX_LAUNCHES} launches died before it", "where": ""})
+    return results
+
+
+def _died(stderr: str) -> str:
+    """The line of torchrun's report that says how a rank died (a signal), else its last line."""
+    lines = [l.strip() for l in stderr.strip().splitlines() if l.strip()]
+    signal = [l for l in lines if "Signal" in l and "received" in l]
+    return (signal or lines or [""])[-1]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """mesh -> its launch's outcomes, each mesh launched once, when its first test asks."""
+    done = {}
+
+    def outcomes(mesh: str) -> dict[str, dict]:
+        if mesh not in done:
+            done[mesh] = _launch(mesh, tmp_path_factory.mktemp(mesh))
+        return done[mesh]
+    return outcomes
+
+
+_REFERENCES: dict[tuple[str, int], list[float]] = {}
+
+
+def _reference(name: str, dp: int = 1, microbatches: int = 1) -> list[float]:
+    """One process's losses: `reference_losses`, or for a model in PER_CHUNK the function dp replicas of
+    `microbatches` micro-batches train (`_chunked_reference`)."""
+    key = (name, dp, microbatches) if name in PER_CHUNK else (name, 1, 1)
+    if key not in _REFERENCES:
+        if key[1:] == (1, 1):
+            _REFERENCES[key] = reference_losses(MODELS[name], STEPS, BATCH)
+        else:
+            _REFERENCES[key] = _chunked_reference(MODELS[name], dp, microbatches)
+    return _REFERENCES[key]
+
+
+def _chunked_reference(path: str, dp: int, microbatches: int) -> list[float]:
+    """`reference_losses` with each step's loss the mean over dp x microbatches equal slices of the batch (sliced as
+    the executor slices it), each its own forward; every replica's forwards start from the same random state (each
+    dp rank draws its dropout masks from the same seed), a replica's micro-batches draw one after another."""
+    from executor.worker import BUILD_SEED, DATA_SEED
+    from planner.model_file import batch, build, load_model_file
+    mf = load_model_file(path)
+    torch.manual_seed(BUILD_SEED)
+    model = build(mf)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.manual_seed(DATA_SEED)
+    losses, n = [], BATCH // (dp * microbatches)
+    for _ in range(STEPS):
+        x, y = batch(mf, BATCH)
+        start, total = torch.get_rng_state(), 0.0
+        for r in range(dp):
+            torch.set_rng_state(start)
+            for k in range(microbatches):
+                i = (r * microbatches + k) * n
+                xs = {key: v[i:i + n] for key, v in x.items()} if isinstance(x, dict) else x[i:i + n]
+                total = total + mf.loss_fn(model(**xs) if isinstance(xs, dict) else model(xs), y[i:i + n])
+        loss = total / (dp * microbatches)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def _close(a, b) -> bool:
+    # relative to the loss's size past 1: a vocabulary-parallel cross-entropy sums over vocabulary shards in
+    # another order than one process, so fp32 rounding (~1e-7 relative) shows at 1e-5 on a loss of ~80
+    return len(a) == len(b) == STEPS and all(abs(x - y) <= TOL * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+def _cases():
+    for mesh in MESHES:
+        for name in MODELS:
+            why = KNOWN_FAILURES.get((name, mesh))
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            yield pytest.param(mesh, name, id=f"{mesh}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("mesh,name", list(_cases()))
+def test_zoo_model_trains_its_own_function(zoo, mesh, name):
+    """`plan --force MESH` writes a plan for the mesh and the model trains under it with one process's losses."""
+    if name.startswith("hf_"):
+        pytest.importorskip("transformers")
+    from planner.plan import Plan
+    out = zoo(mesh)[name]
+    if "refused" in out:
+        assert (name, mesh) in REFUSAL_ALLOWED, f"plan refused {name} under {mesh}: {out['refused']}"
+        assert out["code"] == 2 and out["refused"], out
+        return
+    plan = Plan.load(out["plan"])
+    assert {axis: getattr(plan.mesh, axis) for axis in ("dp", "tp", "pp")} == _axes(mesh), plan.mesh
+    assert "error" not in out, f"{name} under {mesh}: {out['error']} ({out['where']})"
+    ref = _reference(name, plan.mesh.dp, plan.num_microbatches)
+    assert _close(out["losses"], ref), (out["losses"], ref)
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_zoo_tp_plans_shard_weights(zoo, mesh):
+    """Every plan written for a tp=2 mesh shards some parameter over tp (`Plan.parameters`, what the executor
+    distributes): an all-replicated plan would train one process's function trivially and test nothing of tensor
+    parallelism."""
+    from planner.plan import Plan
+    replicated = []
+    for name, out in zoo(mesh).items():
+        if "plan" in out and not any(p.startswith("S(") for p in Plan.load(out["plan"]).parameters.values()):
+            replicated.append(name)
+    assert not replicated, f"plans for {mesh} that replicate every weight: {', '.join(replicated)}"
+
+
+@pytest.mark.parametrize("name", HAND_LAYOUTS)
+def test_zoo_hand_megatron_layout_trains_its_own_function(zoo, name):
+    """The executor runs a Megatron tp=2 layout of the block Linears with one process's losses (HAND_LAYOUTS)."""
+    from planner.plan import Plan
+    out = zoo("tp2").get(name + "+megatron")
+    assert out is not None, f"no tp=2 plan for {name} to write a Megatron layout into"
+    assert "error" not in out, f"{name} with a Megatron layout: {out['error']} ({out['where']})"
+    sharded = [p for p, x in Plan.load(out["plan"]).parameters.items() if x.startswith("S(")]
+    assert any(".attention.wq." in p or ".q." in p for p in sharded), sharded
+    ref = _reference(name)
+    assert _close(out["losses"], ref), (out["losses"], ref)
