@@ -56,16 +56,10 @@ every zoo model under every mesh."""
 KNOWN_FAILURES = {
     ("mlp", "tp2xpp2"): "plan builds no pp candidate: no repeated blocks in an nn.Sequential of bare Linears "
                         "(planner.blocks), so the model is one pipeline layer",
-    ("titan_style", "tp2xpp2"): "plan builds no pp candidate: planner.blocks finds no repeated blocks in an "
-                                "nn.ModuleDict (torchtitan's `layers`), so the model is one pipeline layer",
-    ("llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on `self.rope_cos[:s]` "
-                          "(TypeError: slice indices must be integers)",
     ("hf_llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' Llama "
                              "(ValueError: code: co_varnames is too small)",
     ("hf_gpt2", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' GPT-2 "
                             "(ValueError: code: co_varnames is too small)",
-    ("resnet", "tp2xpp2"): "dry run, stage 0: stem.0 (replicated over tp) gets the input as a Replicate DTensor "
-                           "with a local weight: convolution 'got mixed torch.Tensor and DTensor'",
 }
 """(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
 deleted here."""
