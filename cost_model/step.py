@@ -343,10 +343,20 @@ class StepPredictor:
             free = s + d
             if self.serial and t < last_end:  # shared cores: the backward still to run waits for it
                 delay += d
+        # DDP's reducer works on the compute thread, before the buckets go out (hooks, copies into the buckets) and
+        # after they are back (waiting, copies out): it delays both the backward's end and the reduction's
+        own = self.ddp_reducer(r) if ddp else 0.0
         if self.serial:
-            return free, spans, delay
+            return free + own, spans, delay + own
         slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
-        return free, spans, slowed
+        return free + own, spans, slowed + own
+
+    def ddp_reducer(self, r: int) -> float:
+        """DDP's own seconds in rank r's synchronised backward beyond its all-reduces (`OpOverhead.ddp_call`,
+        `ddp_tensor`, `ddp_byte`: measured by `plan profile`; 0 in profiles without them)."""
+        ov = self.cm.cluster.device.op_overhead
+        return ov.ddp_call + sum(self.rank_tensors(r).values()) * ov.ddp_tensor \
+            + self.rank_params(r) * self.gbytes * ov.ddp_byte
 
     def tied_all_reduce(self) -> float:
         """Seconds of the all-reduce of a weight tied between the first and the last pipeline stage (its fp32

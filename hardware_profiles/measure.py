@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -408,6 +408,95 @@ def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: Measure
         out[key] = max(per[0] - n0 * per_tensor, 0.0)
         out[key.replace("module", "tensor")] = per_tensor
     return out
+
+
+DDP_STACKS = ((8, 32), (32, 32), (8, 256))
+"""(linears, width) of the nn.Linear stacks timed under DDP: 16 and 64 parameter tensors with little gradient
+(per-tensor cost), and 16 tensors holding 2.1 MB of gradient (per-byte cost)."""
+DDP_FIRST_BUCKET = 2**20
+"""DDP's first bucket cap (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES); later buckets close at 25 MiB."""
+
+
+def _ddp_buckets(params: list, cap: int = 25 * 2**20) -> list[int]:
+    """Bytes of each DDP gradient bucket: parameters in reverse order, a bucket closing once it reaches its cap
+    (the first DDP_FIRST_BUCKET), as torch's _compute_bucket_assignment_by_size does for one dtype."""
+    out, acc = [], 0
+    for p in reversed(params):
+        acc += p.numel() * p.element_size()
+        if acc >= (cap if out else DDP_FIRST_BUCKET):
+            out.append(acc)
+            acc = 0
+    return out + ([acc] if acc else [])
+
+
+def _paired_extra(base: Callable[[], object], other: Callable[[], object], sync: Callable[[], None],
+                  plan: MeasurePlan, group: dist.ProcessGroup | None) -> float:
+    """Median over repeats of (seconds of `other` - seconds of `base`), the two timed back to back in each repeat
+    after a barrier, so that load from other processes hits both alike (every rank makes the same calls)."""
+    for _ in range(plan.warmup):
+        base()
+        other()
+    diffs = []
+    for _ in range(plan.repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        base()
+        sync()
+        t1 = time.perf_counter()
+        other()
+        sync()
+        diffs.append((time.perf_counter() - t1) - (t1 - t0))
+    return statistics.median(diffs)
+
+
+def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                  group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """DDP's own seconds per synchronised forward + backward (`ddp_call`), per parameter tensor (`ddp_tensor`) and
+    per gradient byte (`ddp_byte`): for each DDP_STACKS stack, its step under DDP (default buckets, as the
+    executor wraps a model) minus the same stack unwrapped (paired repeats), minus its buckets' all-reduces each
+    timed alone; three stacks, three unknowns. `ddp_extra_*` / `ddp_allreduce_*` keep the raw figures (seconds
+    per step under DDP beyond plain, and of its buckets' all-reduces alone) so their overlap can be read off."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    plan = replace(plan, repeats=2 * plan.repeats)  # differences of noisy times: twice the samples
+    rows, extra, comm = [], [], []
+    for n, w in DDP_STACKS:
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(*[torch.nn.Linear(w, w, device=device) for _ in range(n)])
+        wrapped = DDP(torch.nn.Sequential(*[torch.nn.Linear(w, w, device=device) for _ in range(n)]),
+                      process_group=group, device_ids=[device.index] if device.type == "cuda" else None)
+        x = torch.ones(4, w, device=device)
+
+        def step(m: torch.nn.Module) -> None:
+            m(x).sum().backward()
+            for p in m.parameters():
+                p.grad = None
+        extra.append(_paired_extra(lambda: step(plain), lambda: step(wrapped), sync, plan, group))
+        params = list(plain.parameters())
+        bufs = [torch.ones(b // 4, device=device) for b in _ddp_buckets(params)]
+        comm.append(sum(_alone(lambda b=b: dist.all_reduce(b, group=group), sync, plan, group) for b in bufs))
+        rows.append((1.0, float(len(params)), float(sum(p.numel() * p.element_size() for p in params))))
+    own = np.array([e - c for e, c in zip(extra, comm)])
+    call, per_tensor, per_byte = np.linalg.solve(np.array(rows), own)
+    out = {"ddp_call": max(float(call), 0.0), "ddp_tensor": max(float(per_tensor), 0.0),
+           "ddp_byte": max(float(per_byte), 0.0)}
+    for (n, w), e, c in zip(DDP_STACKS, extra, comm):
+        out[f"ddp_extra_{n}x{w}"], out[f"ddp_allreduce_{n}x{w}"] = e, c
+    return out
+
+
+def _alone(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
+           group: dist.ProcessGroup | None) -> float:
+    """Median seconds of one collective call issued alone after a barrier (every rank makes the same calls)."""
+    for _ in range(plan.warmup):
+        fn()
+    samples = []
+    for _ in range(plan.repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
 
 
 def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object,
