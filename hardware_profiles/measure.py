@@ -302,6 +302,7 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
               for _ in range(ADAM_TENSORS)]
         out["dtensor_optimizer"] = _adam_time(ps, sync, plan)
         out["dtensor_partial_optimizer"] = partial_grad_adam(device, sync, plan, mesh)
+        out["dtensor_redistribute"] = redistribute_overhead(device, sync, plan, mesh)
         out.update(fsdp_overheads(device, sync, plan, mesh))
     return out
 
@@ -497,6 +498,35 @@ def _alone(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan
         sync()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
+
+
+REDISTRIBUTE_CHAIN = 8
+"""Matmul + redistribution pairs per timed call of `redistribute_overhead`."""
+
+
+def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object) -> float:
+    """Seconds per DTensor redistribution (a sequence-sharded activation all-gathered, as tensor parallelism's
+    PrepareModuleInput does) beyond its all-gather timed alone after a barrier: functional collective issue and
+    wait (on gloo a hand-off to its worker thread), DTensor's copies, and the ranks arriving apart after compute.
+    A chain of REDISTRIBUTE_CHAIN (matmul, redistribution) pairs against the same matmuls with a plain add in its
+    place (paired repeats), per redistribution, minus the all-gather alone."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    world, group = mesh.size(), mesh.get_group()
+    a = torch.randn(256, 256, device=device)
+    local = torch.ones(4, 16, 128, device=device)  # gathers to [4, 16 x world, 128]: an activation-sized message
+    x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
+
+    def chain(redistribute: bool) -> None:
+        for _ in range(REDISTRIBUTE_CHAIN):
+            torch.mm(a, a)
+            if redistribute:
+                x.redistribute(mesh, [Replicate()]).to_local().add_(0.0)  # add_ waits for the gather
+            else:
+                local.add(0.0)
+    extra = _paired_extra(lambda: chain(False), lambda: chain(True), sync, plan, group) / REDISTRIBUTE_CHAIN
+    full = torch.ones(local.numel() * world, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    return max(extra - _alone(lambda: gather(full, local.reshape(-1), group=group), sync, plan, group), 0.0)
 
 
 def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object,

@@ -131,3 +131,21 @@ def test_ddp_overheads_round_trip_through_yaml():
     c = _with(cluster(per_node=2), op_overhead=OpOverhead(ddp_call=1e-3, ddp_tensor=2e-5, ddp_byte=3e-10))
     back = cluster_from_dict(cluster_to_dict(c))
     assert back.device.op_overhead == c.device.op_overhead
+
+
+def test_dtensor_redistribute_overhead_is_added_to_every_tensor_parallel_collective():
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=2)
+    x = 4e-4
+    over = _with(base, op_overhead=OpOverhead(dtensor_redistribute=x))
+    meta = next(op.output_meta[0] for op in g.ops if op.kind == "linear")
+    m0, m1 = CostModel(base), CostModel(over)
+    for src, dst, partial in (("S(1)", "R", True), ("S(1)", "R", False), ("P", "R", False), ("P", "S(1)", False),
+                              ("R", "S(1)", False), ("R", "R", True), ("R", "R", False)):
+        t0 = m0.reshard_time(meta, src, dst, 2, 1, "bf16", consumer_partial_grad=partial)
+        t1 = m1.reshard_time(meta, src, dst, 2, 1, "bf16", consumer_partial_grad=partial)
+        for a, b in zip(t0, t1):  # a collective pays it, no collective pays nothing
+            assert b == pytest.approx(a + x) if a > 0 else b == 0.0
+    assert m1.reshard_time(meta, "S(1)", "R", 1, 1, "bf16") == (0.0, 0.0)  # no tp, no collective
+    c = _with(base, op_overhead=OpOverhead(dtensor_redistribute=x))
+    assert cluster_from_dict(cluster_to_dict(c)).device.op_overhead.dtensor_redistribute == x
