@@ -328,27 +328,33 @@ FSDP_TENSORS = (1, 16)
 """Parameter tensors per module in the two stacks, to separate the per-module from the per-tensor cost."""
 
 
+FSDP_MATMUL = 128
+"""Side of the square matmul each `_Tiny` module runs in forward (and twice in backward): compute between FSDP2's
+collectives, as a model's blocks have, so that the ranks reach each collective apart as they do in training."""
+
+
 class _Tiny(torch.nn.Module):
-    """A module with `n` tiny parameters whose forward adds each to its input (no kernel time to speak of)."""
+    """A module with `n` tiny parameters whose forward adds each to its input and runs one FSDP_MATMUL matmul
+    (a little compute between units, no parameter in it)."""
 
     def __init__(self, n: int, numel: int, device: torch.device, inner: list | None = None):
         super().__init__()
         self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(numel, device=device)) for _ in range(n))
         self.inner = torch.nn.ModuleList(inner or [])
+        self.register_buffer("a", torch.full((FSDP_MATMUL, FSDP_MATMUL), 1.0 / FSDP_MATMUL, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for p in self.ps:
             x = x + p
+        x = x + (self.a * x[0]).mm(self.a).sum() * 0.0
         for m in self.inner:
             x = m(x)
         return x
 
 
-def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Callable[[], None],
-                    plan: MeasurePlan, mesh: object) -> float:
-    """Seconds of forward + backward of a root `_Tiny` holding FSDP_MODULES `_Tiny` blocks of `n` parameters each,
-    under FSDP2 `fully_shard` per block and on the root (as the executor applies it), or plain when `reshard` is
-    None."""
+def _fsdp_stack(n: int, reshard: bool | None, device: torch.device, mesh: object) -> Callable[[], None]:
+    """One forward + backward of a root `_Tiny` holding FSDP_MODULES `_Tiny` blocks of `n` parameters each, under
+    FSDP2 `fully_shard` per block and on the root (as the executor applies it), or plain when `reshard` is None."""
     numel = 4 * mesh.size()
     root = _Tiny(n, numel, device, [_Tiny(n, numel, device) for _ in range(FSDP_MODULES)])
     if reshard is not None:
@@ -362,12 +368,12 @@ def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Ca
         root(x).sum().backward()
         for p in root.parameters():
             p.grad = None
-    return _fixed_times(step, sync, plan)
+    return step
 
 
 def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
                     mesh: object) -> float:
-    """Seconds of the collectives one `_fsdp_step_time` module issues, each timed on its own after a barrier (as
+    """Seconds of the collectives one `_fsdp_stack` module issues, each timed on its own after a barrier (as
     FSDP2 issues them, between other work): its all-gather of the `n` parameters (twice when resharding after
     forward) and its gradients' reduce-scatter, at the stack's sizes."""
     group, world = mesh.get_group(), mesh.size()
@@ -396,14 +402,15 @@ def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: Measure
     """FSDP2's own seconds per forward + backward of one `fully_shard`ed module (its pre/post forward and
     backward hooks, all-gather copy-in/copy-out, the gradient reduce-scatter's copies), with and without
     resharding after forward (ZeRO-3 / ZeRO-1,2), split into a part per module and a part per parameter tensor
-    from stacks of FSDP_TENSORS tensors per module: the stack's time under FSDP2 minus the same stack unsharded,
-    over its FSDP_MODULES + 1 modules, minus the module's collectives timed on their own (the cost model prices
+    from stacks of FSDP_TENSORS tensors per module: the stack's time under FSDP2 minus the same stack unsharded
+    (paired repeats; a small matmul per module puts compute between the collectives), over its FSDP_MODULES + 1
+    modules, minus the module's collectives timed on their own (the cost model prices
     each unit's all-gather and reduce-scatter at its real size from the collective curves)."""
     out: dict[str, float] = {}
     (n0, n1), mods = FSDP_TENSORS, FSDP_MODULES + 1
     for key, reshard in (("fsdp_module", False), ("fsdp_module_reshard", True)):
-        per = [(_fsdp_step_time(n, reshard, device, sync, plan, mesh)
-                - _fsdp_step_time(n, None, device, sync, plan, mesh)) / mods
+        per = [_paired_extra(_fsdp_stack(n, None, device, mesh), _fsdp_stack(n, reshard, device, mesh), sync,
+                             plan, mesh.get_group()) / mods
                - _fsdp_comm_time(n, reshard, device, sync, plan, mesh) for n in (n0, n1)]
         per_tensor = max((per[1] - per[0]) / (n1 - n0), 0.0)
         out[key] = max(per[0] - n0 * per_tensor, 0.0)
