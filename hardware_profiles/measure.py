@@ -408,6 +408,7 @@ def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: Measure
     each unit's all-gather and reduce-scatter at its real size from the collective curves)."""
     out: dict[str, float] = {}
     (n0, n1), mods = FSDP_TENSORS, FSDP_MODULES + 1
+    plan = replace(plan, repeats=2 * plan.repeats)  # differences of noisy times: twice the samples
     for key, reshard in (("fsdp_module", False), ("fsdp_module_reshard", True)):
         per = [_paired_extra(_fsdp_stack(n, None, device, mesh), _fsdp_stack(n, reshard, device, mesh), sync,
                              plan, mesh.get_group()) / mods
@@ -522,6 +523,7 @@ def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: 
     a = torch.randn(256, 256, device=device)
     local = torch.ones(4, 16, 128, device=device)  # gathers to [4, 16 x world, 128]: an activation-sized message
     x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
+    plan = replace(plan, repeats=2 * plan.repeats)  # a difference of noisy times: twice the samples
 
     def chain(redistribute: bool) -> None:
         for _ in range(REDISTRIBUTE_CHAIN):

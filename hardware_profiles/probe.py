@@ -409,6 +409,9 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "kernel_costs: [forward, backward] seconds per element "
              "of fp32 kernels on a 256 x 512 tensor. fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
+             "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
+             "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
+             "DTensor all-gather of an activation between matmuls beyond the all-gather alone.",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
