@@ -90,7 +90,8 @@ class CostModel:
             return 0.0, 0.0
         size = tensor_bytes(meta, precision) * microbatch_size / traced_batch_size
         group = self.tp_group(tp)
-        t = lambda coll: self.comm.time(coll, size, group)  # noqa: E731
+        extra = self.cluster.device.op_overhead.dtensor_redistribute  # per collective, issued through DTensor
+        t = lambda coll: self.comm.time(coll, size, group) + extra  # noqa: E731
         s, d = _kind(src), _kind(dst)
         if s == "S" and d == "S":
             return (0.0, 0.0) if src == dst else (t("all_to_all"), t("all_to_all"))

@@ -7,7 +7,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 - Dtypes: gradients are reduced in fp32 (`GRAD_REDUCE_BYTES`: FSDP2's reduce_dtype, DDP's fp32 buckets; Megatron-LM
   does the same for bf16 models); ZeRO parameter all-gathers move the compute dtype (FSDP2's param_dtype).
 - Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets (the first: 1 MiB) of fp32 gradients
-  during the last micro-batch's backward as they fill; FSDP2 units (each block, then the root holding the rest) reduce when their
+  during the last micro-batch's backward as they fill, and its reducer's own work (hooks, bucket copies, waits:
+  the profile's `ddp_*` per step, tensor and byte) delays that backward and the reduction; FSDP2 units (each block, then the root holding the rest) reduce when their
   backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last micro-batch only, ZeRO-2/3 in
   every micro-batch, on their own stream.
 - With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
@@ -343,10 +344,20 @@ class StepPredictor:
             free = s + d
             if self.serial and t < last_end:  # shared cores: the backward still to run waits for it
                 delay += d
+        # DDP's reducer works on the compute thread, before the buckets go out (hooks, copies into the buckets) and
+        # after they are back (waiting, copies out): it delays both the backward's end and the reduction's
+        own = self.ddp_reducer(r) if ddp else 0.0
         if self.serial:
-            return free, spans, delay
+            return free + own, spans, delay + own
         slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
-        return free, spans, slowed
+        return free + own, spans, slowed + own
+
+    def ddp_reducer(self, r: int) -> float:
+        """DDP's own seconds in rank r's synchronised backward beyond its all-reduces (`OpOverhead.ddp_call`,
+        `ddp_tensor`, `ddp_byte`: measured by `plan profile`; 0 in profiles without them)."""
+        ov = self.cm.cluster.device.op_overhead
+        return ov.ddp_call + sum(self.rank_tensors(r).values()) * ov.ddp_tensor \
+            + self.rank_params(r) * self.gbytes * ov.ddp_byte
 
     def tied_all_reduce(self) -> float:
         """Seconds of the all-reduce of a weight tied between the first and the last pipeline stage (its fp32
@@ -506,6 +517,8 @@ class StepPredictor:
             f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
             "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
             (f"dp={self.dp}, ZeRO-{zero}: {dp_how}" + (
+                "; DDP's measured reducer cost per step, parameter tensor and gradient byte"
+                if zero == 0 and self.tp == 1 and not self.deferred and self.ddp_reducer(0) > 0 else "") + (
                 "; FSDP2's measured cost per fully_shard'ed module and parameter tensor"
                 if zero >= 1 and (cl.device.op_overhead.fsdp_module or cl.device.op_overhead.fsdp_module_reshard)
                 else "")) if self.dp > 1 else "dp=1: no gradient reduction",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -302,6 +302,7 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
               for _ in range(ADAM_TENSORS)]
         out["dtensor_optimizer"] = _adam_time(ps, sync, plan)
         out["dtensor_partial_optimizer"] = partial_grad_adam(device, sync, plan, mesh)
+        out["dtensor_redistribute"] = redistribute_overhead(device, sync, plan, mesh)
         out.update(fsdp_overheads(device, sync, plan, mesh))
     return out
 
@@ -327,27 +328,33 @@ FSDP_TENSORS = (1, 16)
 """Parameter tensors per module in the two stacks, to separate the per-module from the per-tensor cost."""
 
 
+FSDP_MATMUL = 128
+"""Side of the square matmul each `_Tiny` module runs in forward (and twice in backward): compute between FSDP2's
+collectives, as a model's blocks have, so that the ranks reach each collective apart as they do in training."""
+
+
 class _Tiny(torch.nn.Module):
-    """A module with `n` tiny parameters whose forward adds each to its input (no kernel time to speak of)."""
+    """A module with `n` tiny parameters whose forward adds each to its input and runs one FSDP_MATMUL matmul
+    (a little compute between units, no parameter in it)."""
 
     def __init__(self, n: int, numel: int, device: torch.device, inner: list | None = None):
         super().__init__()
         self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(numel, device=device)) for _ in range(n))
         self.inner = torch.nn.ModuleList(inner or [])
+        self.register_buffer("a", torch.full((FSDP_MATMUL, FSDP_MATMUL), 1.0 / FSDP_MATMUL, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for p in self.ps:
             x = x + p
+        x = x + (self.a * x[0]).mm(self.a).sum() * 0.0
         for m in self.inner:
             x = m(x)
         return x
 
 
-def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Callable[[], None],
-                    plan: MeasurePlan, mesh: object) -> float:
-    """Seconds of forward + backward of a root `_Tiny` holding FSDP_MODULES `_Tiny` blocks of `n` parameters each,
-    under FSDP2 `fully_shard` per block and on the root (as the executor applies it), or plain when `reshard` is
-    None."""
+def _fsdp_stack(n: int, reshard: bool | None, device: torch.device, mesh: object) -> Callable[[], None]:
+    """One forward + backward of a root `_Tiny` holding FSDP_MODULES `_Tiny` blocks of `n` parameters each, under
+    FSDP2 `fully_shard` per block and on the root (as the executor applies it), or plain when `reshard` is None."""
     numel = 4 * mesh.size()
     root = _Tiny(n, numel, device, [_Tiny(n, numel, device) for _ in range(FSDP_MODULES)])
     if reshard is not None:
@@ -361,12 +368,12 @@ def _fsdp_step_time(n: int, reshard: bool | None, device: torch.device, sync: Ca
         root(x).sum().backward()
         for p in root.parameters():
             p.grad = None
-    return _fixed_times(step, sync, plan)
+    return step
 
 
 def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
                     mesh: object) -> float:
-    """Seconds of the collectives one `_fsdp_step_time` module issues, each timed on its own after a barrier (as
+    """Seconds of the collectives one `_fsdp_stack` module issues, each timed on its own after a barrier (as
     FSDP2 issues them, between other work): its all-gather of the `n` parameters (twice when resharding after
     forward) and its gradients' reduce-scatter, at the stack's sizes."""
     group, world = mesh.get_group(), mesh.size()
@@ -395,19 +402,140 @@ def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: Measure
     """FSDP2's own seconds per forward + backward of one `fully_shard`ed module (its pre/post forward and
     backward hooks, all-gather copy-in/copy-out, the gradient reduce-scatter's copies), with and without
     resharding after forward (ZeRO-3 / ZeRO-1,2), split into a part per module and a part per parameter tensor
-    from stacks of FSDP_TENSORS tensors per module: the stack's time under FSDP2 minus the same stack unsharded,
-    over its FSDP_MODULES + 1 modules, minus the module's collectives timed on their own (the cost model prices
+    from stacks of FSDP_TENSORS tensors per module: the stack's time under FSDP2 minus the same stack unsharded
+    (paired repeats; a small matmul per module puts compute between the collectives), over its FSDP_MODULES + 1
+    modules, minus the module's collectives timed on their own (the cost model prices
     each unit's all-gather and reduce-scatter at its real size from the collective curves)."""
     out: dict[str, float] = {}
     (n0, n1), mods = FSDP_TENSORS, FSDP_MODULES + 1
+    plan = replace(plan, repeats=2 * plan.repeats)  # differences of noisy times: twice the samples
     for key, reshard in (("fsdp_module", False), ("fsdp_module_reshard", True)):
-        per = [(_fsdp_step_time(n, reshard, device, sync, plan, mesh)
-                - _fsdp_step_time(n, None, device, sync, plan, mesh)) / mods
+        per = [_paired_extra(_fsdp_stack(n, None, device, mesh), _fsdp_stack(n, reshard, device, mesh), sync,
+                             plan, mesh.get_group()) / mods
                - _fsdp_comm_time(n, reshard, device, sync, plan, mesh) for n in (n0, n1)]
         per_tensor = max((per[1] - per[0]) / (n1 - n0), 0.0)
         out[key] = max(per[0] - n0 * per_tensor, 0.0)
         out[key.replace("module", "tensor")] = per_tensor
     return out
+
+
+DDP_STACKS = ((8, 32), (32, 32), (8, 256))
+"""(linears, width) of the nn.Linear stacks timed under DDP: 16 and 64 parameter tensors with little gradient
+(per-tensor cost), and 16 tensors holding 2.1 MB of gradient (per-byte cost)."""
+DDP_FIRST_BUCKET = 2**20
+"""DDP's first bucket cap (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES); later buckets close at 25 MiB."""
+
+
+def _ddp_buckets(params: list, cap: int = 25 * 2**20) -> list[int]:
+    """Bytes of each DDP gradient bucket: parameters in reverse order, a bucket closing once it reaches its cap
+    (the first DDP_FIRST_BUCKET), as torch's _compute_bucket_assignment_by_size does for one dtype."""
+    out, acc = [], 0
+    for p in reversed(params):
+        acc += p.numel() * p.element_size()
+        if acc >= (cap if out else DDP_FIRST_BUCKET):
+            out.append(acc)
+            acc = 0
+    return out + ([acc] if acc else [])
+
+
+def _paired_extra(base: Callable[[], object], other: Callable[[], object], sync: Callable[[], None],
+                  plan: MeasurePlan, group: dist.ProcessGroup | None) -> float:
+    """Median over repeats of (seconds of `other` - seconds of `base`), the two timed back to back in each repeat
+    after a barrier, so that load from other processes hits both alike (every rank makes the same calls)."""
+    for _ in range(plan.warmup):
+        base()
+        other()
+    diffs = []
+    for _ in range(plan.repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        base()
+        sync()
+        t1 = time.perf_counter()
+        other()
+        sync()
+        diffs.append((time.perf_counter() - t1) - (t1 - t0))
+    return statistics.median(diffs)
+
+
+def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                  group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """DDP's own seconds per synchronised forward + backward (`ddp_call`), per parameter tensor (`ddp_tensor`) and
+    per gradient byte (`ddp_byte`): for each DDP_STACKS stack, its step under DDP (default buckets, as the
+    executor wraps a model) minus the same stack unwrapped (paired repeats), minus its buckets' all-reduces each
+    timed alone; three stacks, three unknowns. `ddp_extra_*` / `ddp_allreduce_*` keep the raw figures (seconds
+    per step under DDP beyond plain, and of its buckets' all-reduces alone) so their overlap can be read off."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    plan = replace(plan, repeats=2 * plan.repeats)  # differences of noisy times: twice the samples
+    rows, extra, comm = [], [], []
+    for n, w in DDP_STACKS:
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(*[torch.nn.Linear(w, w, device=device) for _ in range(n)])
+        wrapped = DDP(torch.nn.Sequential(*[torch.nn.Linear(w, w, device=device) for _ in range(n)]),
+                      process_group=group, device_ids=[device.index] if device.type == "cuda" else None)
+        x = torch.ones(4, w, device=device)
+
+        def step(m: torch.nn.Module) -> None:
+            m(x).sum().backward()
+            for p in m.parameters():
+                p.grad = None
+        extra.append(_paired_extra(lambda: step(plain), lambda: step(wrapped), sync, plan, group))
+        params = list(plain.parameters())
+        bufs = [torch.ones(b // 4, device=device) for b in _ddp_buckets(params)]
+        comm.append(sum(_alone(lambda b=b: dist.all_reduce(b, group=group), sync, plan, group) for b in bufs))
+        rows.append((1.0, float(len(params)), float(sum(p.numel() * p.element_size() for p in params))))
+    own = np.array([e - c for e, c in zip(extra, comm)])
+    call, per_tensor, per_byte = np.linalg.solve(np.array(rows), own)
+    out = {"ddp_call": max(float(call), 0.0), "ddp_tensor": max(float(per_tensor), 0.0),
+           "ddp_byte": max(float(per_byte), 0.0)}
+    for (n, w), e, c in zip(DDP_STACKS, extra, comm):
+        out[f"ddp_extra_{n}x{w}"], out[f"ddp_allreduce_{n}x{w}"] = e, c
+    return out
+
+
+def _alone(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
+           group: dist.ProcessGroup | None) -> float:
+    """Median seconds of one collective call issued alone after a barrier (every rank makes the same calls)."""
+    for _ in range(plan.warmup):
+        fn()
+    samples = []
+    for _ in range(plan.repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+REDISTRIBUTE_CHAIN = 8
+"""Matmul + redistribution pairs per timed call of `redistribute_overhead`."""
+
+
+def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object) -> float:
+    """Seconds per DTensor redistribution (a sequence-sharded activation all-gathered, as tensor parallelism's
+    PrepareModuleInput does) beyond its all-gather timed alone after a barrier: functional collective issue and
+    wait (on gloo a hand-off to its worker thread), DTensor's copies, and the ranks arriving apart after compute.
+    A chain of REDISTRIBUTE_CHAIN (matmul, redistribution) pairs against the same matmuls with a plain add in its
+    place (paired repeats), per redistribution, minus the all-gather alone."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    world, group = mesh.size(), mesh.get_group()
+    a = torch.randn(256, 256, device=device)
+    local = torch.ones(4, 16, 128, device=device)  # gathers to [4, 16 x world, 128]: an activation-sized message
+    x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
+    plan = replace(plan, repeats=2 * plan.repeats)  # a difference of noisy times: twice the samples
+
+    def chain(redistribute: bool) -> None:
+        for _ in range(REDISTRIBUTE_CHAIN):
+            torch.mm(a, a)
+            if redistribute:
+                x.redistribute(mesh, [Replicate()]).to_local().add_(0.0)  # add_ waits for the gather
+            else:
+                local.add(0.0)
+    extra = _paired_extra(lambda: chain(False), lambda: chain(True), sync, plan, group) / REDISTRIBUTE_CHAIN
+    full = torch.ones(local.numel() * world, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    return max(extra - _alone(lambda: gather(full, local.reshape(-1), group=group), sync, plan, group), 0.0)
 
 
 def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object,

@@ -19,7 +19,7 @@ import re
 import socket
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -123,7 +123,8 @@ def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> 
     from torch.distributed.device_mesh import init_device_mesh
     from hardware_profiles import measure as M
     mesh = init_device_mesh(device.type, (world,))
-    local = (M.op_overheads(device, sync, plan, mesh), M.kernel_costs(device, sync, plan))
+    local = ({**M.op_overheads(device, sync, plan, mesh), **M.ddp_overheads(device, sync, plan)},
+             M.kernel_costs(device, sync, plan))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     over = {k: statistics.median(r[0][k] for r in everyone) for k in local[0]}
@@ -344,6 +345,12 @@ def _inter_kind() -> str:
     return "infiniband" if ib.is_dir() and any(ib.iterdir()) else "ethernet"
 
 
+def _op_overhead(measured: dict[str, float]) -> OpOverhead:
+    """The OpOverhead fields of rank 0's overhead figures (the raw DDP step / all-reduce times stay in raw)."""
+    names = {f.name for f in fields(OpOverhead)}
+    return OpOverhead(**{k: float(v) for k, v in measured.items() if k in names})
+
+
 def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
     """The Cluster that `raw` (rank 0's measurements) describes."""
     from hardware_profiles.measure import fit_ring_allreduce
@@ -357,7 +364,7 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
                         peak_flops=peaks, memory_bandwidth=bw_peak,
                         matmul_efficiency=_efficiency(raw["matmul"][main_dtype], peaks[main_dtype]),
                         memory_efficiency=_efficiency(raw["copy"], bw_peak),
-                        op_overhead=OpOverhead(**raw["overhead"]) if "overhead" in raw else OpOverhead(),
+                        op_overhead=_op_overhead(raw.get("overhead", {})),
                         kernel_costs={k: (float(f), float(b)) for k, (f, b) in raw.get("kernels", {}).items()},
                         linear_efficiency=_efficiency([(f, r) for f, r, _ in raw.get("linear", [])],
                                                       peaks[main_dtype]),
@@ -402,6 +409,9 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
              "kernel_costs: [forward, backward] seconds per element "
              "of fp32 kernels on a 256 x 512 tensor. fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
+             "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
+             "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
+             "DTensor all-gather of an activation between matmuls beyond the all-gather alone.",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "

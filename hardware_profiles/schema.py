@@ -108,6 +108,19 @@ class OpOverhead:
     """As `fsdp_module`, resharding after forward (ZeRO-3: a second all-gather before backward)."""
     fsdp_tensor_reshard: float = 0.0
     """As `fsdp_tensor`, resharding after forward (ZeRO-3)."""
+    dtensor_redistribute: float = 0.0
+    """Seconds per tensor-parallel collective (a DTensor redistribution, forward or backward) beyond the collective
+    timed alone after a barrier: issuing and waiting for the functional collective, DTensor's copies and the
+    ranks' skew after compute (measured on a chain of matmuls and activation all-gathers)."""
+    ddp_call: float = 0.0
+    """DDP's own seconds per synchronised forward + backward, beyond the same module unwrapped and its buckets'
+    all-reduces timed on their own: its Python forward, the reducer's preparation and finalisation (waiting for
+    the all-reduce work, on gloo handed between threads)."""
+    ddp_tensor: float = 0.0
+    """Additional DDP seconds per parameter tensor of such a step (its reducer's autograd hook, bucket
+    bookkeeping)."""
+    ddp_byte: float = 0.0
+    """DDP's own seconds per fp32 gradient byte of such a step (copying gradients into the buckets and back)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -102,3 +102,50 @@ def test_linear_pays_its_measured_whole_call_overhead():
     pl = default_plan(g, base, 2, "bf16", {"tp": 2, "dp": 1}, "m").ops["h0_fc1"]
     f, b = (x - y for x, y in zip(cm.op_time(lin, pl, 2, 1, "bf16"), cm0.op_time(lin, pl, 2, 1, "bf16")))
     assert (f, b) == (pytest.approx(3e-4), pytest.approx(5e-4))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_ddp_reducer_adds_its_measured_cost_per_call_tensor_and_byte(shared):
+    g = megatron_gpt(layers=3)
+    base = _with(cluster(per_node=2), comm_shares_compute=shared)
+    call, ten, byte = 2e-3, 5e-5, 1e-10
+    over = _with(base, op_overhead=OpOverhead(ddp_call=call, ddp_tensor=ten, ddp_byte=byte))
+    plan = default_plan(g, base, 2, "bf16", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, "m")
+    p0, p1 = CostModel(base).predict(g, plan), CostModel(over).predict(g, plan)
+    tensors = len({p.name for op in g.ops for p in op.params})
+    params = {p.name: p.numel for op in g.ops for p in op.params}
+    want = call + tensors * ten + sum(params.values()) * 4 * byte  # fp32 gradients
+    assert tensors
+    assert p1.step_time_s - p0.step_time_s == pytest.approx(want, rel=1e-6)
+    # once per step, not per micro-batch; nothing without DDP (FSDP2 under ZeRO >= 1, replicate under tp)
+    plan = default_plan(g, base, 4, "bf16", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, "m")
+    assert plan.num_microbatches == 2
+    assert CostModel(over).predict(g, plan).step_time_s - CostModel(base).predict(g, plan).step_time_s == \
+        pytest.approx(want, rel=1e-6)
+    for force in ({"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 1}, {"dp": 1, "tp": 2, "pp": 1, "mbs": 1}):
+        plan = default_plan(g, base, 2, "bf16", force, "m")
+        assert CostModel(over).predict(g, plan).step_time_s == CostModel(base).predict(g, plan).step_time_s
+
+
+def test_ddp_overheads_round_trip_through_yaml():
+    c = _with(cluster(per_node=2), op_overhead=OpOverhead(ddp_call=1e-3, ddp_tensor=2e-5, ddp_byte=3e-10))
+    back = cluster_from_dict(cluster_to_dict(c))
+    assert back.device.op_overhead == c.device.op_overhead
+
+
+def test_dtensor_redistribute_overhead_is_added_to_every_tensor_parallel_collective():
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=2)
+    x = 4e-4
+    over = _with(base, op_overhead=OpOverhead(dtensor_redistribute=x))
+    meta = next(op.output_meta[0] for op in g.ops if op.kind == "linear")
+    m0, m1 = CostModel(base), CostModel(over)
+    for src, dst, partial in (("S(1)", "R", True), ("S(1)", "R", False), ("P", "R", False), ("P", "S(1)", False),
+                              ("R", "S(1)", False), ("R", "R", True), ("R", "R", False)):
+        t0 = m0.reshard_time(meta, src, dst, 2, 1, "bf16", consumer_partial_grad=partial)
+        t1 = m1.reshard_time(meta, src, dst, 2, 1, "bf16", consumer_partial_grad=partial)
+        for a, b in zip(t0, t1):  # a collective pays it, no collective pays nothing
+            assert b == pytest.approx(a + x) if a > 0 else b == 0.0
+    assert m1.reshard_time(meta, "S(1)", "R", 1, 1, "bf16") == (0.0, 0.0)  # no tp, no collective
+    c = _with(base, op_overhead=OpOverhead(dtensor_redistribute=x))
+    assert cluster_from_dict(cluster_to_dict(c)).device.op_overhead.dtensor_redistribute == x

@@ -5,7 +5,7 @@ import pytest
 
 from hardware_profiles import load_cluster, save_cluster
 from hardware_profiles.host import link_kind_from_topo, meminfo, parse_nvidia_topo
-from hardware_profiles.measure import fit_ring_allreduce, plan_for
+from hardware_profiles.measure import DDP_STACKS, fit_ring_allreduce, plan_for
 from hardware_profiles.probe import profile_local
 
 DGX_A100_TOPO = """\
@@ -89,6 +89,11 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert ov.dtensor_linear_forward > ov.linear_forward
     assert 0 < ov.matmul_forward < ov.dtensor_matmul_forward and 0 < ov.matmul_backward < 1e-3
     assert ov.dtensor_matmul_backward > 0 and ov.dtensor_backward > 0
+    # a synchronised DDP step costs more than the plain one (at least its all-reduces, which are timed apart and
+    # kept in the raw figures only); DDP's own part and a DTensor redistribution's extra are sane
+    raw = result.raw["overhead"]
+    assert all(raw[f"ddp_extra_{n}x{w}"] > 0 and raw[f"ddp_allreduce_{n}x{w}"] > 0 for n, w in DDP_STACKS)
+    assert ov.ddp_call < 0.5 and ov.ddp_tensor < 0.01 and ov.ddp_byte < 1e-6 and 0 <= ov.dtensor_redistribute < 0.1
     # one compute thread per rank, and gloo's collectives run on the same cores
     assert c.device.threads == 1 and c.device.comm_shares_compute
     n = len(plan_for(True, False).matmul_sizes["fp32"])  # nn.Linear rates at every fp32 matmul size
