@@ -253,9 +253,10 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     """`apply_plan`, then forward, backward, tied-gradient sum and optimizer step of one micro-batch."""
     from executor.runner import apply_plan
     where.strategies = {p.module: p.strategy for p in plan.ops.values() if p.module}
-    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh)  # default AdamW
-    where.uneven = _uneven(runner)
     inputs, targets = batch(mf, plan.microbatch_size)
+    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh,  # default AdamW
+                        example_inputs=inputs if plan.mesh.pp > 1 else None)
+    where.uneven = _uneven(runner)
     out = None
     if plan.mesh.pp == 1:
         where.phase = "forward"  # until the model's forward returns (`_track_modules`)
@@ -274,11 +275,10 @@ def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -
     """Forward and backward of pipeline stage `where.stage` alone (see the module docstring)."""
     from torch.distributed.tensor import DTensor
 
-    from executor.runner import _as_args
     plan = runner.plan
     part = runner.parts[runner.stage_ids.index(where.stage)]
     last = where.stage == plan.mesh.pp * plan.virtual_stages - 1
-    args = _as_args(inputs) if boundary is None else tuple(
+    args = runner.stage_args(inputs) if boundary is None else tuple(
         torch.empty(b[1], dtype=b[2], device=runner.device, requires_grad=b[2].is_floating_point)
         if b[0] == "tensor" else b[1] for b in boundary)
     where.phase = "forward"

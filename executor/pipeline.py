@@ -66,19 +66,29 @@ class _LeafTracer(fx.Tracer):
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
 
 
-def split_model(model: nn.Module, modules: list[list[str]]) -> list[fx.GraphModule]:
+def split_model(model: nn.Module, modules: list[list[str]], example: object = None) -> list[fx.GraphModule]:
     """Cut `model` into one GraphModule per stage (see the module docstring); raises ExecutorError when the model
-    cannot be traced or a stage's modules do not run in model order."""
+    cannot be traced or a stage's modules do not run in model order.
+
+    A forward torch.fx cannot trace (transformers' models) is exported instead, with `example` (one micro-batch of
+    inputs, as `model` is called: a tensor, a tuple, or a dict of keyword arguments): torch.export's training IR,
+    unflattened to the model's module tree (`torch.export.unflatten`, parameter names kept), with the modules
+    above the stage modules inlined into one graph. Its first stage then takes the inputs flattened
+    (`flat_inputs`), as the exported graph does."""
     owner = {m: i for i, mods in enumerate(modules) for m in mods}
     named = dict(model.named_modules())
     missing = [m for m in owner if m not in named]
     if missing:
         raise ExecutorError(f"plan stage module {missing[0]!r} is not a module of this model; re-plan for it")
+    root: nn.Module = model
     try:
         graph = _LeafTracer(set(owner)).trace(model)
     except Exception as e:  # fx cannot trace data-dependent control flow
-        raise ExecutorError(f"pipeline parallelism traces the model's forward with torch.fx, which failed "
-                            f"({type(e).__name__}: {e}); use pp = 1 for this model") from None
+        if example is None:
+            raise ExecutorError(f"pipeline parallelism traces the model's forward with torch.fx, which failed "
+                                f"({type(e).__name__}: {e}); pass example_inputs= (one micro-batch) to apply_plan "
+                                "so it can export the model instead, or use pp = 1") from None
+        root, graph = _exported(model, set(owner), example, e)
     stage: dict[fx.Node, int] = {}
     nodes = list(graph.nodes)
     for node in nodes:
@@ -99,7 +109,72 @@ def split_model(model: nn.Module, modules: list[list[str]]) -> list[fx.GraphModu
     for node in nodes:
         if stage[node] < 0:
             stage[node] = min((stage[u] for u in node.users), default=0)
-    return [_stage_graph(model, graph, stage, k) for k in range(len(modules))]
+    stages = [_stage_graph(root, graph, stage, k) for k in range(len(modules))]
+    if root is not model:
+        stages[0].flat_inputs = True  # type: ignore[attr-defined]
+    return stages
+
+
+def flat_inputs(inputs: object) -> tuple:
+    """A micro-batch as an exported stage 0 takes it: tensor -> (x,), tuple -> itself, dict -> its leaves in
+    torch.export's (args, kwargs) flattening order."""
+    from torch.utils._pytree import tree_flatten
+    if isinstance(inputs, dict):
+        return tuple(tree_flatten(((), inputs))[0])
+    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(tree_flatten(tuple(inputs))[0])
+
+
+def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Exception) -> tuple[nn.Module, fx.Graph]:
+    """The model exported with `example` and unflattened, and one graph over it in which every module above the
+    stage modules is inlined (see `split_model`)."""
+    from torch.export.unflatten import InterpreterModule
+    args, kwargs = ((), dict(example)) if isinstance(example, dict) else \
+        (((example,) if isinstance(example, torch.Tensor) else tuple(example)), {})
+    try:
+        root = torch.export.unflatten(torch.export.export(model, args, kwargs, strict=False))
+    except Exception as e:  # noqa: BLE001 — said in one line below
+        raise ExecutorError(f"pipeline parallelism cannot cut this model: torch.fx failed ({type(fx_error).__name__}: "
+                            f"{str(fx_error).splitlines()[0][:120]}) and so did torch.export ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:120]}); use pp = 1") from None
+    g = fx.Graph()
+
+    def inline(prefix: str, sub: fx.Graph, args: tuple, kwargs: dict) -> object:
+        env: dict[fx.Node, object] = {}
+        holders = [n for n in sub.nodes if n.op == "placeholder"]
+        for i, n in enumerate(holders):
+            if i < len(args):
+                env[n] = args[i]
+            elif n.target in kwargs:
+                env[n] = kwargs[n.target]
+            else:
+                raise ExecutorError(f"pipeline split of the exported model: input {n.target!r} of {prefix!r} is "
+                                    "not bound; use pp = 1")
+        for n in sub.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                return fx.node.map_arg(n.args[0], lambda a: env[a])
+            path = f"{prefix}.{n.target}" if prefix and n.op in ("call_module", "get_attr") else n.target
+            if n.op == "call_module":
+                a = fx.node.map_arg(n.args, lambda x: env[x])
+                k = fx.node.map_arg(n.kwargs, lambda x: env[x])
+                mod = root.get_submodule(path)
+                if isinstance(mod, InterpreterModule) and any(m.startswith(path + ".") for m in keep):
+                    # above (or listed beside) the stage modules, e.g. HF's `transformer`: its glue ops go to
+                    # the stages as any other glue does
+                    env[n] = inline(path, mod.graph, a, k)
+                else:
+                    env[n] = g.create_node("call_module", path, a, k)
+            elif n.op == "get_attr":
+                env[n] = g.get_attr(path)
+            elif n.op == "call_function" and not n.users and str(n.target).startswith("aten._assert"):
+                continue  # export's own shape/dtype assertions: nothing to run, and DTensor has no rule for them
+            else:
+                env[n] = g.node_copy(n, lambda x: env[x])
+        raise ExecutorError("pipeline split of the exported model: a graph without an output; use pp = 1")
+    ins = tuple(g.placeholder(n.name) for n in root.graph.nodes if n.op == "placeholder")
+    g.output(inline("", root.graph, ins, {}))
+    return root, g
 
 
 def _stage_graph(model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int], k: int) -> fx.GraphModule:

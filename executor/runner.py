@@ -113,7 +113,8 @@ def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
 
 def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
                optimizer: OptimizerFactory | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-               *, sync_init: bool = True, mesh: DeviceMesh | None = None) -> "Runner":
+               *, sync_init: bool = True, mesh: DeviceMesh | None = None,
+               example_inputs: Any = None) -> "Runner":
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
     Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
@@ -122,6 +123,8 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
     (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
+    `example_inputs`: one micro-batch of inputs, needed only to pipeline a model torch.fx cannot trace (it is
+    exported instead, `executor.pipeline.split_model`).
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
@@ -130,15 +133,17 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
-                  device, sync_init, mesh)
+                  device, sync_init, mesh, example_inputs)
 
 
 class Runner:
     """Trains one rank's share of the model under a plan. Build with `apply_plan`."""
 
     def __init__(self, model: nn.Module, plan: Plan, optimizer: OptimizerFactory, loss_fn, device: torch.device,
-                 sync_init: bool = True, mesh: DeviceMesh | None = None):
+                 sync_init: bool = True, mesh: DeviceMesh | None = None, example_inputs: Any = None):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
+        self.example_inputs = example_inputs
+        self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         m = plan.mesh
         self.mesh = mesh or build_mesh(plan, device)
         if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
@@ -186,7 +191,8 @@ class Runner:
         from torch.distributed.pipelining import PipelineStage
         plan = self.plan
         mods = pipeline.stage_modules(model, plan)
-        graphs = pipeline.split_model(model, mods)
+        graphs = pipeline.split_model(model, mods, self.example_inputs)
+        self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))
         pairs = pipeline.tied_pairs(model, mods)  # before sharding replaces (and unties) parameters
         pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]
@@ -278,6 +284,10 @@ class Runner:
         self.step_count += 1
         return loss
 
+    def stage_args(self, inputs) -> tuple:
+        """A batch as the first pipeline stage takes it (flattened for an exported model)."""
+        return pipeline.flat_inputs(inputs) if self.flat_inputs else _as_args(inputs)
+
     def optimizer_step(self) -> None:
         """Tied-weight gradients summed across stages, partial tp gradients summed once, then the optimizer."""
         if self.tied:
@@ -297,7 +307,7 @@ class Runner:
             losses: list[torch.Tensor] = []
             with self._tp_context(), self._autocast():
                 first = 0 in self.stage_ids
-                self.schedule.step(*(_as_args(inputs) if first else ()), target=targets, losses=losses)
+                self.schedule.step(*(self.stage_args(inputs) if first else ()), target=targets, losses=losses)
             if losses:
                 return torch.stack([l.detach().float() for l in losses]).mean()
             return torch.zeros((), device=self.device)

@@ -36,7 +36,9 @@ def _run(args: argparse.Namespace) -> None:
     plan = Plan.load(args.plan)
     mf = load_model_file(args.model)
     torch.manual_seed(BUILD_SEED)
-    runner = apply_plan(build(mf), plan, loss_fn=mf.loss_fn)
+    model = build(mf)
+    example = batch(mf, plan.microbatch_size)[0] if plan.mesh.pp > 1 else None  # to export what fx cannot trace
+    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
     rank = dist.get_rank()
     torch.manual_seed(DATA_SEED)
     losses = []

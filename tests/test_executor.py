@@ -251,3 +251,27 @@ def test_split_model_matches_whole_model():
     torch.testing.assert_close(out, model(x))
     assert "h.2.attn.q_proj.weight" in dict(stages[1].named_parameters())
     assert tied_pairs(model, mods) == [("wte.weight", [0, 1])]
+
+
+def test_a_model_fx_cannot_trace_is_cut_from_its_export():
+    """transformers' GPT-2 defeats torch.fx; with one micro-batch of example inputs its stages are cut from the
+    unflattened torch.export graph, keep the model's parameter names, and chained compute the model's logits."""
+    pytest.importorskip("transformers")
+    from executor.errors import ExecutorError
+    from executor.pipeline import flat_inputs, split_model
+    from planner.model_file import batch, build, load_model_file
+    mf = load_model_file(os.path.join(ROOT, "examples", "hf_gpt2.py"))
+    torch.manual_seed(0)
+    model = build(mf).eval()  # no dropout: the chained stages must equal the model exactly
+    mods = [["transformer", "transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h.0"],
+            ["transformer.h.1", "transformer.ln_f", "lm_head"]]  # as `plan` lists them (HF's glue in transformer)
+    x, _ = batch(mf, 2)
+    with pytest.raises(ExecutorError, match="example_inputs"):
+        split_model(model, mods)
+    stages = split_model(model, mods, x)
+    out = flat_inputs(x)
+    for s in stages:
+        out = s(*out)
+        out = out if isinstance(out, tuple) else (out,)
+    torch.testing.assert_close(out[0], model(**x).logits)
+    assert "transformer.h.1.attn.c_attn.weight" in dict(stages[-1].named_parameters())

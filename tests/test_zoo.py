@@ -54,12 +54,11 @@ REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
 every zoo model under every mesh."""
 KNOWN_FAILURES = {
+    ("hf_gpt2", "tp2xpp2"): "runs (stages cut from the exported model), but GPT2Config's dropout 0.1 draws its masks "
+                            "on each stage's ranks, which one process cannot reproduce: losses differ ~0.5 %; the "
+                            "same split without dropout (eval) equals the model exactly",
     ("mlp", "tp2xpp2"): "plan builds no pp candidate: no repeated blocks in an nn.Sequential of bare Linears "
                         "(planner.blocks), so the model is one pipeline layer",
-    ("hf_llama", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' Llama "
-                             "(ValueError: code: co_varnames is too small)",
-    ("hf_gpt2", "tp2xpp2"): "dry run: pipeline stages are cut with torch.fx, which fails on transformers' GPT-2 "
-                            "(ValueError: code: co_varnames is too small)",
 }
 """(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
 deleted here."""

@@ -54,7 +54,9 @@ def _train(job: dict, steps: int) -> list[float]:
     plan = Plan.load(job["plan"])
     mf = load_model_file(job["model"])
     torch.manual_seed(BUILD_SEED)
-    runner = apply_plan(build(mf), plan, loss_fn=mf.loss_fn)
+    model = build(mf)
+    example = batch(mf, plan.microbatch_size)[0] if plan.mesh.pp > 1 else None  # to export what fx cannot trace
+    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
     torch.manual_seed(DATA_SEED)
     losses = []
     for _ in range(steps):
