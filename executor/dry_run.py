@@ -182,8 +182,9 @@ def run_plan(plan: Plan) -> Plan:
 
 def _stages(plan: Plan, mf: ModelFile) -> list[tuple[int | None, tuple]]:
     """(stage, signature) to run in order: [(None, ())] without pipelining. A signature is the stage's module
-    types, plus its index when it is the first or last stage (they hold the embedding, head and tied weights), so
-    middle stages of the same blocks share one."""
+    types, plus its index when it is the first or last stage (they hold the embedding, head and tied weights) or
+    the one before the last (its outputs are exactly what the last stage takes: a stage cut from an exported graph
+    passes on only the values later stages still read), so middle stages of the same blocks share one."""
     if plan.mesh.pp == 1:
         return [(None, ())]
     from executor.pipeline import stage_modules
@@ -191,7 +192,7 @@ def _stages(plan: Plan, mf: ModelFile) -> list[tuple[int | None, tuple]]:
     mods = stage_modules(model, plan)
     last = len(mods) - 1
     kinds = [tuple(type(model.get_submodule(p)).__qualname__ for p in paths) for paths in mods]
-    return [(i, (k, i) if i in (0, last) else (k,)) for i, k in enumerate(kinds)]
+    return [(i, (k, i) if i in (0, last - 1, last) else (k,)) for i, k in enumerate(kinds)]
 
 
 @contextlib.contextmanager

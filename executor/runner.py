@@ -178,8 +178,8 @@ class Runner:
         if plan.mesh.tp > 1:
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
             if tp.REPLICATED_OPS and not self.notes:
-                self.notes.append("custom ops without a DTensor sharding rule ran replicated over tp (inputs "
-                                  f"gathered): {', '.join(tp.REPLICATED_OPS)}")
+                self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
+                                  f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
         parallel.apply_ac(module, plan.recompute, self.block_paths)
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
