@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
+
+from planner.graph import OpGraph
+from planner.plan import Plan
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """PyTorch DDP's default gradient bucket (bucket_cap_mb=25, torch.nn.parallel.DistributedDataParallel docs)."""
@@ -203,3 +207,50 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                               temporaries=gather_buffer + rs_input + (own if per_layer else 0.0)))
             fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
+
+
+def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
+    """Peak bytes on one device of pipeline rank r of a step (`cost_model.step.StepPredictor` `sp`), by part
+    (`peak_memory`)."""
+    plan, cl = sp.plan, sp.cm.cluster
+    chunks = sp.chunks[r]
+    n_stages = len(sp.stage_ranges)
+    stage = [c * sp.pp + r for c in range(len(chunks))]
+    boundary = []
+    for c, i in enumerate(stage):
+        recv_fwd = sp.chunks[(i - 1) % sp.pp][(i - 1) // sp.pp].layers[-1].out_bytes if i > 0 else 0.0
+        recv_bwd = chunks[c].layers[-1].out_bytes if i < n_stages - 1 else 0.0
+        boundary.append(recv_fwd + recv_bwd)  # torch.distributed.pipelining: one receive buffer per micro-batch
+    tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
+    tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
+    work = DeviceWork(
+        params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
+        held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
+        zero_stage=plan.zero_stage if sp.dp > 1 else 0, precision=plan.precision, pipelined=sp.pp > 1,
+        # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
+        ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
+        logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
+        boundary=tuple(boundary), largest_tensor=max(tensors, default=0.0),
+        # CPU ranks (gloo over loopback) take AdamW's single-tensor path: torch.optim.optimizer.
+        # _default_to_fused_or_foreach picks foreach only for tensors on CUDA-like devices
+        foreach=cl.intra_node.kind != "loopback")
+    out = peak_memory(work)
+    out["headroom"] = cl.device.memory_bytes - cl.device.usable_memory_bytes
+    return out
+
+
+def loss_input_elems(graph: OpGraph, plan: Plan) -> float:
+    """Elements per device of the loss's input (the logits) for one micro-batch: the vocabulary shard when a
+    column-parallel head's sharded logits go to a cross-entropy on class indices (the executor's
+    `loss_parallel`), else the whole tensor; 0 when the graph has no loss op."""
+    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    if loss is None or not loss.input_meta:
+        return 0.0
+    logits = loss.input_meta[0]
+    elems = logits.numel * plan.microbatch_size / graph.batch_size
+    head = plan.ops.get(loss.inputs[0]) if loss.inputs else None
+    integer = len(loss.input_meta) > 1 and loss.input_meta[1].dtype.removeprefix("torch.").startswith(("int", "uint"))
+    if plan.mesh.tp > 1 and head is not None and head.strategy == "colwise" and head.output.startswith("S") \
+            and integer:
+        elems /= plan.mesh.tp
+    return elems

@@ -38,8 +38,9 @@ import numpy as np
 
 from cost_model.communication import Group, mesh_groups
 from cost_model.layers import TENSOR_KINDS, LayerCost, LayerCoster
-from cost_model.memory import DDP_BUCKET_BYTES, DeviceWork, in_flight, peak_memory
+from cost_model.memory import DDP_BUCKET_BYTES, memory_per_rank
 from cost_model.prediction import Prediction, TraceEvent
+from cost_model.assumptions import step_assumptions
 from cost_model.compute import peak_flops
 from cost_model.simulator import simulate
 from planner.errors import PlanError
@@ -490,133 +491,9 @@ class StepPredictor:
             step_time_s=step, breakdown=breakdown, peak_memory_bytes=max(per_dev), memory_per_device_bytes=per_dev,
             memory_breakdown={k: int(v) for k, v in mems[worst].items() if k != "total"},
             tflops_per_device=tflops, mfu=tflops * 1e12 / pk, fits=max(per_dev) <= dev.usable_memory_bytes,
-            assumptions=self._assumptions(pk), timeline=events)
-
-    def _assumptions(self, pk: float) -> tuple[str, ...]:
-        plan, cl, g = self.plan, self.cm.cluster, self.groups
-        zero = self.zero
-        mb = DDP_BUCKET_BYTES >> 20
-        if self.deferred:
-            dp_how = ("all-reduced" if zero == 0 else "reduce-scattered") + " per FSDP2 unit after each chunk's last " \
-                "backward (the pipelining stage defers them; exposed)"
-        else:
-            dp_how = {0: f"all-reduced in {mb} MiB buckets (DDP) during the last backward" if self.tp == 1 else
-                         "all-reduced per block (replicate) during the last backward",
-                      1: "reduce-scattered per block during the last micro-batch's backward",
-                      2: "reduce-scattered per block in every micro-batch's backward",
-                      3: "reduce-scattered per block in every micro-batch's backward"}[zero]
-        gathers = {0: "", 1: "; parameters all-gathered once per step in the first forward",
-                   2: "; parameters all-gathered once per step in the first forward",
-                   3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
-                      "(prefetched one block ahead)"}[zero]
-        dp_how = f"fp32 gradients {dp_how}{gathers}" + (
-            "; collectives share the ranks' cores with compute (gloo on CPU): serialised, none hidden"
-            if self.serial else f"; overlapped compute {self.slow:.1%} slower (NCCL contention)" if self.slow else "")
-        out = [
-            _compute_assumption(cl.device, plan.precision, pk),
-            f"tp={self.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
-            "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
-            (f"dp={self.dp}, ZeRO-{zero}: {dp_how}" + (
-                "; DDP's measured reducer cost per step, parameter tensor and gradient byte"
-                if zero == 0 and self.tp == 1 and not self.deferred and self.ddp_reducer(0) > 0 else "") + (
-                "; FSDP2's measured cost per fully_shard'ed module and parameter tensor"
-                if zero >= 1 and (cl.device.op_overhead.fsdp_module or cl.device.op_overhead.fsdp_module_reshard)
-                else "")) if self.dp > 1 else "dp=1: no gradient reduction",
-            f"pp={self.pp}, schedule {plan.schedule}" + (f" with v={self.v}" if self.v > 1 else "")
-            + f", {self.m} micro-batches of {plan.microbatch_size}; stage-boundary send/recv "
-              f"{self.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else "")
-            + ("; tied first/last-stage weight gradients all-reduced before the optimizer"
-               if self.tied_all_reduce() else ""),
-            "communication: ring alpha-beta formulas per link level, hierarchical across nodes (NCCL ring "
-            "latency model); measured curves in the profile take precedence",
-            "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; under "
-            f"{plan.precision} autocast norms, softmax and losses run in fp32"
-            + ("; a cross-entropy over a column-parallel head runs vocabulary-parallel (no logits all-gather)"
-               if self.tp > 1 else ""),
-            ("optimizer: AdamW over the local shard at the profile's measured cost per element and per tensor"
-             if "adamw" in cl.device.kernel_costs else
-             f"optimizer: Adam over the local shard, memory-bound ({ADAM_BYTES_PER_PARAM[plan.precision]:.0f} "
-             "bytes per parameter)"),
-            f"activations: the traced graph's saved tensors at {plan.precision} (masks 1 byte), recompute "
-            f"{plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}; in-flight "
-            f"micro-batches per {plan.schedule}",
-            f"memory: usable {cl.device.usable_memory_fraction:.0%} of {cl.device.memory_bytes / 2**30:.0f} GiB "
-            "per device (the profile's allocator headroom)",
-        ]
-        return tuple(out)
+            assumptions=step_assumptions(self, pk, ADAM_BYTES_PER_PARAM[plan.precision]), timeline=events)
 
 
 def predict_step(cm, graph: OpGraph, plan: Plan, timeline: bool = False) -> Prediction:
     """Predict one training step of `plan` (see the module docstring)."""
     return StepPredictor(cm, graph, plan).run(timeline)
-
-
-def memory_per_rank(sp: StepPredictor, r: int, psi: float) -> dict[str, float]:
-    """Peak bytes on one device of pipeline rank r, by part (`cost_model.memory.peak_memory`)."""
-    plan, cl = sp.plan, sp.cm.cluster
-    chunks = sp.chunks[r]
-    n_stages = len(sp.stage_ranges)
-    stage = [c * sp.pp + r for c in range(len(chunks))]
-    boundary = []
-    for c, i in enumerate(stage):
-        recv_fwd = sp.chunks[(i - 1) % sp.pp][(i - 1) // sp.pp].layers[-1].out_bytes if i > 0 else 0.0
-        recv_bwd = chunks[c].layers[-1].out_bytes if i < n_stages - 1 else 0.0
-        boundary.append(recv_fwd + recv_bwd)  # torch.distributed.pipelining: one receive buffer per micro-batch
-    tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
-    tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
-    work = DeviceWork(
-        params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
-        held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
-        zero_stage=plan.zero_stage if sp.dp > 1 else 0, precision=plan.precision, pipelined=sp.pp > 1,
-        # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
-        ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
-        logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
-        boundary=tuple(boundary), largest_tensor=max(tensors, default=0.0),
-        # CPU ranks (gloo over loopback) take AdamW's single-tensor path: torch.optim.optimizer.
-        # _default_to_fused_or_foreach picks foreach only for tensors on CUDA-like devices
-        foreach=cl.intra_node.kind != "loopback")
-    out = peak_memory(work)
-    out["headroom"] = cl.device.memory_bytes - cl.device.usable_memory_bytes
-    return out
-
-
-def loss_input_elems(graph: OpGraph, plan: Plan) -> float:
-    """Elements per device of the loss's input (the logits) for one micro-batch: the vocabulary shard when a
-    column-parallel head's sharded logits go to a cross-entropy on class indices (the executor's
-    `loss_parallel`), else the whole tensor; 0 when the graph has no loss op."""
-    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
-    if loss is None or not loss.input_meta:
-        return 0.0
-    logits = loss.input_meta[0]
-    elems = logits.numel * plan.microbatch_size / graph.batch_size
-    head = plan.ops.get(loss.inputs[0]) if loss.inputs else None
-    integer = len(loss.input_meta) > 1 and loss.input_meta[1].dtype.removeprefix("torch.").startswith(("int", "uint"))
-    if plan.mesh.tp > 1 and head is not None and head.strategy == "colwise" and head.output.startswith("S") \
-            and integer:
-        elems /= plan.mesh.tp
-    return elems
-
-
-def _compute_assumption(dev, precision: str, peak: float) -> str:
-    """The compute line of the printed assumptions: which of the profile's compute terms priced this plan."""
-    rate = f"{peak / 1e12:.0f} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.0f} GFLOP/s"
-    parts = [f"compute: per op at {precision} (peak {rate}, {dev.memory_bandwidth / 1e9:.0f} GB/s)"]
-    if dev.matmul is not None and dev.sms:
-        parts.append(f"GEMMs by (M, N, K) after sharding: tile and wave quantization on {dev.sms} SMs x "
-                     f"{dev.matmul.best_efficiency:.1%} best efficiency")
-    else:
-        parts.append("GEMMs by the profile's efficiency curves by size")
-    if dev.matmul_shapes or dev.attention_shapes:
-        parts.append("the model's own measured GEMM/attention shapes first")
-    if dev.attention is not None:
-        parts.append("SDPA at the profile's attention kernel efficiency on its real (causal) work")
-    parts.append("copies cost their bytes, views nothing")
-    if dev.kernel_floor:
-        parts.append(f"at least {dev.kernel_floor * 1e6:.1f} us per kernel")
-    if dev.op_overhead.forward:
-        parts.append("host dispatch per op " + ("overlapped with kernels (max per layer)" if dev.async_host
-                                                else "added to the kernels"))
-    if dev.kernel_costs:
-        parts.append("measured elementwise kernel costs")
-    return "; ".join(parts)
-

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from hardware_profiles.schema import Cluster, ProfileError, cluster_from_dict, cluster_to_dict
+from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict
+from hardware_profiles.schema import Cluster, ProfileError
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 """Folder of the bundled presets; a preset's name is its file name without `.yaml`."""

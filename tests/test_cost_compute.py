@@ -15,7 +15,8 @@ from cost_model import kernels
 from cost_model.compute import ComputeModel, op_work
 from cost_model.model import CostModel
 from hardware_profiles.load import load_cluster
-from hardware_profiles.schema import ProfileError, cluster_from_dict, cluster_to_dict
+from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict
+from hardware_profiles.schema import ProfileError
 from planner.defaults import default_plan
 from planner.model_file import ModelFile, default_loss
 from planner.trace import trace_model

@@ -1,0 +1,87 @@
+"""The assumptions a step prediction prints: which terms priced this plan, in words (`Prediction.assumptions`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from cost_model.memory import DDP_BUCKET_BYTES
+
+
+def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
+    """The printed assumptions of `sp` (a `cost_model.step.StepPredictor`) at peak `pk` FLOP/s; `adam_bytes`: the
+    Adam update's bytes per parameter when the profile has no measured AdamW cost."""
+    plan, cl, g = sp.plan, sp.cm.cluster, sp.groups
+    zero = sp.zero
+    mb = DDP_BUCKET_BYTES >> 20
+    if sp.deferred:
+        dp_how = ("all-reduced" if zero == 0 else "reduce-scattered") + " per FSDP2 unit after each chunk's last " \
+            "backward (the pipelining stage defers them; exposed)"
+    else:
+        dp_how = {0: f"all-reduced in {mb} MiB buckets (DDP) during the last backward" if sp.tp == 1 else
+                     "all-reduced per block (replicate) during the last backward",
+                  1: "reduce-scattered per block during the last micro-batch's backward",
+                  2: "reduce-scattered per block in every micro-batch's backward",
+                  3: "reduce-scattered per block in every micro-batch's backward"}[zero]
+    gathers = {0: "", 1: "; parameters all-gathered once per step in the first forward",
+               2: "; parameters all-gathered once per step in the first forward",
+               3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
+                  "(prefetched one block ahead)"}[zero]
+    dp_how = f"fp32 gradients {dp_how}{gathers}" + (
+        "; collectives share the ranks' cores with compute (gloo on CPU): serialised, none hidden"
+        if sp.serial else f"; overlapped compute {sp.slow:.1%} slower (NCCL contention)" if sp.slow else "")
+    out = [
+        _compute_assumption(cl.device, plan.precision, pk),
+        f"tp={sp.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
+        "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
+        (f"dp={sp.dp}, ZeRO-{zero}: {dp_how}" + (
+            "; DDP's measured reducer cost per step, parameter tensor and gradient byte"
+            if zero == 0 and sp.tp == 1 and not sp.deferred and sp.ddp_reducer(0) > 0 else "") + (
+            "; FSDP2's measured cost per fully_shard'ed module and parameter tensor"
+            if zero >= 1 and (cl.device.op_overhead.fsdp_module or cl.device.op_overhead.fsdp_module_reshard)
+            else "")) if sp.dp > 1 else "dp=1: no gradient reduction",
+        f"pp={sp.pp}, schedule {plan.schedule}" + (f" with v={sp.v}" if sp.v > 1 else "")
+        + f", {sp.m} micro-batches of {plan.microbatch_size}; stage-boundary send/recv "
+          f"{sp.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else "")
+        + ("; tied first/last-stage weight gradients all-reduced before the optimizer"
+           if sp.tied_all_reduce() else ""),
+        "communication: ring alpha-beta formulas per link level, hierarchical across nodes (NCCL ring "
+        "latency model); measured curves in the profile take precedence",
+        "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; under "
+        f"{plan.precision} autocast norms, softmax and losses run in fp32"
+        + ("; a cross-entropy over a column-parallel head runs vocabulary-parallel (no logits all-gather)"
+           if sp.tp > 1 else ""),
+        ("optimizer: AdamW over the local shard at the profile's measured cost per element and per tensor"
+         if "adamw" in cl.device.kernel_costs else
+         f"optimizer: Adam over the local shard, memory-bound ({adam_bytes:.0f} "
+         "bytes per parameter)"),
+        f"activations: the traced graph's saved tensors at {plan.precision} (masks 1 byte), recompute "
+        f"{plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}; in-flight "
+        f"micro-batches per {plan.schedule}",
+        f"memory: usable {cl.device.usable_memory_fraction:.0%} of {cl.device.memory_bytes / 2**30:.0f} GiB "
+        "per device (the profile's allocator headroom)",
+    ]
+    return tuple(out)
+
+
+def _compute_assumption(dev, precision: str, peak: float) -> str:
+    """The compute line of the printed assumptions: which of the profile's compute terms priced this plan."""
+    rate = f"{peak / 1e12:.0f} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.0f} GFLOP/s"
+    parts = [f"compute: per op at {precision} (peak {rate}, {dev.memory_bandwidth / 1e9:.0f} GB/s)"]
+    if dev.matmul is not None and dev.sms:
+        parts.append(f"GEMMs by (M, N, K) after sharding: tile and wave quantization on {dev.sms} SMs x "
+                     f"{dev.matmul.best_efficiency:.1%} best efficiency")
+    else:
+        parts.append("GEMMs by the profile's efficiency curves by size")
+    if dev.matmul_shapes or dev.attention_shapes:
+        parts.append("the model's own measured GEMM/attention shapes first")
+    if dev.attention is not None:
+        parts.append("SDPA at the profile's attention kernel efficiency on its real (causal) work")
+    parts.append("copies cost their bytes, views nothing")
+    if dev.kernel_floor:
+        parts.append(f"at least {dev.kernel_floor * 1e6:.1f} us per kernel")
+    if dev.op_overhead.forward:
+        parts.append("host dispatch per op " + ("overlapped with kernels (max per layer)" if dev.async_host
+                                                else "added to the kernels"))
+    if dev.kernel_costs:
+        parts.append("measured elementwise kernel costs")
+    return "; ".join(parts)
+
