@@ -125,11 +125,11 @@ def _collective_fn(name: str, size: int, world: int, rank: int, device: torch.de
         return lambda: dist.all_reduce(x, group=group)
     if name == "all_gather":
         shard = torch.ones(numel // world, dtype=torch.float32, device=device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        gather = _all_gather()
         return lambda: gather(x, shard, group=group)
     if name == "reduce_scatter":
         out = torch.empty(numel // world, dtype=torch.float32, device=device)
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        scatter = _reduce_scatter()
         return lambda: scatter(out, x, group=group)
     if name == "broadcast":
         src = dist.get_global_rank(group, 0) if group is not None else 0
@@ -379,22 +379,11 @@ def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[
     group, world = mesh.get_group(), mesh.size()
     full = torch.ones(n * 4 * world, device=device)
     shard = torch.ones(n * 4, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather = _all_gather()
+    scatter = _reduce_scatter()
 
-    def alone(fn: Callable[[], object]) -> float:
-        for _ in range(plan.warmup):
-            fn()
-        samples = []
-        for _ in range(plan.repeats):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
-    return (2 if reshard else 1) * alone(lambda: gather(full, shard, group=group)) + \
-        alone(lambda: scatter(shard, full, group=group))
+    return (2 if reshard else 1) * _alone(lambda: gather(full, shard, group=group), sync, plan, group) + \
+        _alone(lambda: scatter(shard, full, group=group), sync, plan, group)
 
 
 def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
@@ -493,6 +482,17 @@ def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasureP
     return out
 
 
+
+def _all_gather() -> Callable[..., object]:
+    """torch's flat all-gather (`all_gather_single`; `all_gather_into_tensor` before torch 2.13)."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _reduce_scatter() -> Callable[..., object]:
+    """torch's flat reduce-scatter (`reduce_scatter_single`; `reduce_scatter_tensor` before torch 2.13)."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _alone(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
            group: dist.ProcessGroup | None) -> float:
     """Median seconds of one collective call issued alone after a barrier (every rank makes the same calls)."""
@@ -534,7 +534,7 @@ def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: 
                 local.add(0.0)
     extra = _paired_extra(lambda: chain(False), lambda: chain(True), sync, plan, group) / REDISTRIBUTE_CHAIN
     full = torch.ones(local.numel() * world, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    gather = _all_gather()
     return max(extra - _alone(lambda: gather(full, local.reshape(-1), group=group), sync, plan, group), 0.0)
 
 
