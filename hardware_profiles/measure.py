@@ -482,7 +482,6 @@ def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasureP
     return out
 
 
-
 def _all_gather() -> Callable[..., object]:
     """torch's flat all-gather (`all_gather_single`; `all_gather_into_tensor` before torch 2.13)."""
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
