@@ -80,10 +80,8 @@ def local_modules(plan: Plan, model: nn.Module) -> list[str]:
         busy.update(".".join(parts[:i]) for i in range(len(parts) + 1))
     out: list[str] = []
     for path, mod in model.named_modules():
-        if path in busy or any(path.startswith(o + ".") for o in out) or not path:
-            continue
-        if any(q == path or q.startswith(path + ".") for q in placed_paths):
-            continue
+        if not path or path in busy or any(path.startswith(o + ".") for o in out):
+            continue  # the root, a placed module or an ancestor of one, or inside a subtree already taken
         if type(mod) is nn.Module or isinstance(mod, (nn.ModuleList, nn.ModuleDict, nn.ParameterList,
                                                       nn.ParameterDict)):
             continue  # never called itself (a container, or one fx made for a pipeline stage): its children are
@@ -232,11 +230,6 @@ def _from_local(t: Any, mesh: DeviceMesh) -> Any:
     return t
 
 
-def as_dtensor(t: Any, mesh: DeviceMesh) -> Any:
-    """A plain tensor as a Replicate DTensor (differentiable), anything else unchanged."""
-    return _from_local(t, mesh)
-
-
 def _redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
@@ -332,7 +325,7 @@ def stage_boundary_hooks(stage: nn.Module, mesh: DeviceMesh, last: bool) -> None
     gradients come back as plain tensors); the outputs of every stage but the last are gathered to Replicate and
     unwrapped (the last stage's go to the loss as the model's outputs do)."""
     def pre(module, args):
-        return tuple(as_dtensor(a, mesh) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        return tuple(_from_local(a, mesh) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                      for a in args)
 
     def post(module, args, output):
@@ -351,13 +344,3 @@ def reduce_partial_grads(params) -> None:
         if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements) \
                 and any(pl.is_partial() for pl in g.placements):
             p.grad = g.redistribute(p.device_mesh, p.placements)
-
-
-def placements_of(model: nn.Module) -> Mapping[str, str]:
-    """Parameter name -> its placement as applied (`R`, `S(d)`), for reports and tests."""
-    out = {}
-    for name, p in model.named_parameters():
-        if isinstance(p, DTensor):
-            pl = p.placements[-1]
-            out[name] = f"S({pl.dim})" if isinstance(pl, Shard) else "R"
-    return out
