@@ -97,7 +97,11 @@ def check_parameters(plan: Plan, model: nn.Module) -> None:
         p = params.get(name)
         if p is None:
             raise ExecutorError(f"plan places parameter {name!r}, which this model does not have; re-plan for it")
-        if isinstance(parse_placement(where, p.dim()), Partial):
+        try:
+            placement = parse_placement(where, p.dim())
+        except ExecutorError as e:
+            raise ExecutorError(f"plan places parameter {name} ({p.dim()} dims) as {where}: {e}") from None
+        if isinstance(placement, Partial):
             raise ExecutorError(f"plan places parameter {name} as P (partial); a parameter is R or S(dim)")
 
 

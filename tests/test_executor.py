@@ -275,3 +275,12 @@ def test_a_model_fx_cannot_trace_is_cut_from_its_export():
         out = out if isinstance(out, tuple) else (out,)
     torch.testing.assert_close(out[0], model(**x).logits)
     assert "transformer.h.1.attn.c_attn.weight" in dict(stages[-1].named_parameters())
+
+
+def test_a_parameter_placement_past_its_dims_names_the_parameter():
+    from executor.errors import ExecutorError
+    from executor.tp import check_parameters
+    plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1,
+                parameters={"weight": "S(5)"})
+    with pytest.raises(ExecutorError, match=r"parameter weight \(2 dims\) as S\(5\)"):
+        check_parameters(plan, torch.nn.Linear(4, 4))
