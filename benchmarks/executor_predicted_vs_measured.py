@@ -242,6 +242,8 @@ def main() -> None:
     if not args.skip_matrix:
         with tempfile.TemporaryDirectory() as tmp:
             cluster = args.cluster or profile(tmp, args.quick_profile)
+            if args.trace:
+                os.makedirs(args.trace, exist_ok=True)  # plan measure wants the parent; make it, as the user asked
             rows = matrix(tmp, cluster, args.steps, args.only, args.trace)
         report(rows)
     if not args.skip_ddp:
