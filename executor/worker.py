@@ -20,7 +20,9 @@ import traceback
 BUILD_SEED = 0
 """Seed every rank builds the model with (the runner also broadcasts rank 0's weights)."""
 DATA_SEED = 1234
-"""Seed for sample_batch, the same on every rank."""
+"""Seed of sample_batch's own random stream (`planner.model_file.Batches`), the same on every rank."""
+STEP_SEED = 4321
+"""Seed of the random numbers the model draws while it trains (dropout), the same on every rank."""
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -29,7 +31,7 @@ def _run(args: argparse.Namespace) -> None:
 
     from executor import trace
     from executor.runner import apply_plan
-    from planner.model_file import batch, build, load_model_file
+    from planner.model_file import Batches, batch, build, load_model_file
     from planner.plan import Plan, write_atomic
 
     torch.set_num_threads(args.threads)
@@ -40,14 +42,15 @@ def _run(args: argparse.Namespace) -> None:
     example = batch(mf, plan.microbatch_size)[0] if plan.mesh.pp > 1 else None  # to export what fx cannot trace
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
     rank = dist.get_rank()
-    torch.manual_seed(DATA_SEED)
+    torch.manual_seed(STEP_SEED)
+    batches = Batches(mf, DATA_SEED)
     losses = []
     prof, pg_names = None, {}
     for i in range(args.steps):
         if args.trace and i == args.warmup:  # profile the steps after warm-up
             prof = trace.start_profiler()
             pg_names = trace.mark_groups(trace.process_groups(runner))
-        inputs, targets = batch(mf, plan.global_batch_size)
+        inputs, targets = batches(plan.global_batch_size)
         with trace.record(f"{trace.STEP_SPAN} {i + 1}"):
             loss = runner.step(inputs, targets)
         losses.append(loss)

@@ -120,3 +120,23 @@ def batch(model_file: ModelFile, batch_size: int) -> tuple[Any, Any]:
         raise ModelError(f"{model_file.path}: sample_batch() must return a pair (inputs, targets), got "
                          f"{type(out).__name__}")
     return out[0], out[1]
+
+
+class Batches:
+    """`batch` on a random stream of its own (torch's CPU generator state, seeded `seed`), so that every rank draws
+    the same data whatever random numbers its part of the model draws in between: under pipelining a stage with
+    dropout and one without would otherwise sample different batches from the second step on, and train one
+    stage's inputs against another stage's targets."""
+
+    def __init__(self, model_file: ModelFile, seed: int):
+        self.model_file = model_file
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self._state = torch.get_rng_state()
+
+    def __call__(self, batch_size: int) -> tuple[Any, Any]:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._state)
+            out = batch(self.model_file, batch_size)
+            self._state = torch.get_rng_state()
+        return out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from planner.errors import ModelError
-from planner.model_file import batch, build, default_loss, load_model_file
+from planner.model_file import Batches, batch, build, default_loss, load_model_file
 
 GOOD = """
 import torch
@@ -89,3 +89,18 @@ def test_sibling_imports_work():
     mf = load_model_file(os.path.join(examples, "gpt3_175b.py"))
     inputs, targets = batch(mf, 1)
     assert inputs.shape == (1, 2048)
+
+
+def test_batches_draw_the_same_data_whatever_the_model_draws_in_between(tmp_path):
+    """Two pipeline stages' ranks: one draws dropout masks between batches, the other does not; both must sample
+    the same batches (they train one stage's inputs against the other stage's targets)."""
+    mf = load_model_file(_write(tmp_path, GOOD))
+    torch.manual_seed(0)
+    quiet, busy = Batches(mf, 7), Batches(mf, 7)
+    for _ in range(3):
+        a, b = quiet(2), busy(2)
+        torch.rand(100)  # the busy rank's dropout
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    before = torch.get_rng_state()
+    busy(2)
+    assert torch.equal(before, torch.get_rng_state()), "sampling a batch moved the model's random stream"

@@ -246,16 +246,17 @@ def _chunked_reference(path: str, dp: int, microbatches: int) -> list[float]:
     """`reference_losses` with each step's loss the mean over dp x microbatches equal slices of the batch (sliced as
     the executor slices it), each its own forward; every replica's forwards start from the same random state (each
     dp rank draws its dropout masks from the same seed), a replica's micro-batches draw one after another."""
-    from executor.worker import BUILD_SEED, DATA_SEED
-    from planner.model_file import batch, build, load_model_file
+    from executor.worker import BUILD_SEED, DATA_SEED, STEP_SEED
+    from planner.model_file import Batches, build, load_model_file
     mf = load_model_file(path)
     torch.manual_seed(BUILD_SEED)
     model = build(mf)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    torch.manual_seed(DATA_SEED)
+    torch.manual_seed(STEP_SEED)
+    batches = Batches(mf, DATA_SEED)
     losses, n = [], BATCH // (dp * microbatches)
     for _ in range(STEPS):
-        x, y = batch(mf, BATCH)
+        x, y = batches(BATCH)
         start, total = torch.get_rng_state(), 0.0
         for r in range(dp):
             torch.set_rng_state(start)

@@ -47,8 +47,8 @@ def _train(job: dict, steps: int) -> list[float]:
     import torch
 
     from executor import apply_plan
-    from executor.worker import BUILD_SEED, DATA_SEED
-    from planner.model_file import batch, build, load_model_file
+    from executor.worker import BUILD_SEED, DATA_SEED, STEP_SEED
+    from planner.model_file import Batches, batch, build, load_model_file
     from planner.plan import Plan
 
     plan = Plan.load(job["plan"])
@@ -57,10 +57,11 @@ def _train(job: dict, steps: int) -> list[float]:
     model = build(mf)
     example = batch(mf, plan.microbatch_size)[0] if plan.mesh.pp > 1 else None  # to export what fx cannot trace
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
-    torch.manual_seed(DATA_SEED)
+    torch.manual_seed(STEP_SEED)
+    batches = Batches(mf, DATA_SEED)
     losses = []
     for _ in range(steps):
-        inputs, targets = batch(mf, plan.global_batch_size)
+        inputs, targets = batches(plan.global_batch_size)
         losses.append(float(runner.step(inputs, targets)))
     return losses
 
