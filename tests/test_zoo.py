@@ -50,13 +50,14 @@ MODELS = {
 sizes a CPU cannot train)."""
 MESHES = {"tp2": "dp=1,tp=2,pp=1", "dp2xtp2": "dp=2,tp=2,pp=1", "tp2xpp2": "dp=1,tp=2,pp=2,mbs=1"}
 """Mesh name -> `plan --force` keys (under pp, 4 micro-batches of 1: a schedule with several in flight)."""
+FORCE_MORE = {("hf_gpt2", "tp2xpp2"): "schedule=1f1b"}
+"""(model, mesh) -> keys forced on top of the mesh's, and why: hf_gpt2's dropout draws on each pipeline rank's
+own stream, which `_chunked_reference` replays stage by stage in micro-batch order; an interleaved schedule runs
+a rank's two stages in the schedule's own order."""
 REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
 every zoo model under every mesh."""
 KNOWN_FAILURES = {
-    ("hf_gpt2", "tp2xpp2"): "runs (stages cut from the exported model), but GPT2Config's dropout 0.1 draws its masks "
-                            "on each stage's ranks, which one process cannot reproduce: losses differ ~0.5 %; the "
-                            "same split without dropout (eval) equals the model exactly",
     ("mlp", "tp2xpp2"): "plan builds no pp candidate: no repeated blocks in an nn.Sequential of bare Linears "
                         "(planner.blocks), so the model is one pipeline layer",
 }
@@ -64,11 +65,12 @@ KNOWN_FAILURES = {
 deleted here."""
 PER_CHUNK = {
     "resnet": "BatchNorm: each dp replica and micro-batch normalises with its own batch statistics",
-    "hf_gpt2": "dropout (GPT2Config's default 0.1): each dp replica draws its masks for its share of the batch",
+    "hf_gpt2": "dropout (GPT2Config's default 0.1): each dp replica draws its masks for its share of the batch, "
+               "each pipeline rank for its own stage",
 }
-"""Models whose function depends on how the batch is split (DDP and pipeline schedules synchronise neither batch
-statistics nor random masks), and why: their reference is one process training the same split (`_reference`); at
-dp=1 with one micro-batch that is `reference_losses` itself."""
+"""Models whose function depends on how the batch and the model are split (DDP and pipeline schedules synchronise
+neither batch statistics nor random masks), and why: their reference is one process training the same split
+(`_reference`); at dp=1 with one micro-batch and one stage that is `reference_losses` itself."""
 HAND_LAYOUTS = ("flat_block", "titan_style")
 """Models whose attention code is the point of their zoo entry (a flat block; `view(bs, seqlen, -1, head_dim)`
 with complex RoPE and GQA): whatever layout `plan` picks for them (a cost-model choice, which may keep attention
@@ -113,7 +115,6 @@ def _plan(model: str, cluster: str, force: str, out: str) -> tuple[int, str]:
 def _launch(mesh: str, folder) -> dict[str, dict]:
     """Plan every zoo model for `mesh`, train them all in one torchrun launch; model name -> outcome: {"refused":
     line} from `plan`, {"losses": [...]} or {"error": line, "where": file:line} from the worker, plus "plan"."""
-    force = MESHES[mesh]
     world = math.prod(_axes(mesh).values())
     cluster = _cluster(str(folder), world)
     outcomes, jobs = {}, []
@@ -121,6 +122,7 @@ def _launch(mesh: str, folder) -> dict[str, dict]:
         if name.startswith("hf_") and not HAVE_HF:
             continue
         plan = os.path.join(folder, f"{name}.plan.json")
+        force = ",".join(filter(None, (MESHES[mesh], FORCE_MORE.get((name, mesh)))))
         try:
             code, line = _plan(path, cluster, force, plan)
         except Exception as e:  # noqa: BLE001 - a crash of `plan` is this model's outcome, not the whole mesh's
@@ -227,25 +229,47 @@ def zoo(tmp_path_factory):
     return outcomes
 
 
-_REFERENCES: dict[tuple[str, int], list[float]] = {}
+_REFERENCES: dict[tuple, list[float]] = {}
 
 
-def _reference(name: str, dp: int = 1, microbatches: int = 1) -> list[float]:
+def _reference(name: str, dp: int = 1, microbatches: int = 1, stage_starts: tuple[str, ...] = ()) -> list[float]:
     """One process's losses: `reference_losses`, or for a model in PER_CHUNK the function dp replicas of
-    `microbatches` micro-batches train (`_chunked_reference`)."""
-    key = (name, dp, microbatches) if name in PER_CHUNK else (name, 1, 1)
+    `microbatches` micro-batches, cut into pipeline stages starting at the modules `stage_starts`, train
+    (`_chunked_reference`)."""
+    key = (name, dp, microbatches, stage_starts) if name in PER_CHUNK else (name, 1, 1, ())
     if key not in _REFERENCES:
-        if key[1:] == (1, 1):
+        if key[1:] == (1, 1, ()):
             _REFERENCES[key] = reference_losses(MODELS[name], STEPS, BATCH)
         else:
-            _REFERENCES[key] = _chunked_reference(MODELS[name], dp, microbatches)
+            _REFERENCES[key] = _chunked_reference(MODELS[name], dp, microbatches, stage_starts)
     return _REFERENCES[key]
 
 
-def _chunked_reference(path: str, dp: int, microbatches: int) -> list[float]:
+def _stage_streams(model, stage_starts: tuple[str, ...]) -> None:
+    """Hooks giving each pipeline stage of `model` its own random stream, as each pipeline rank has: every rank
+    seeds the same STEP_SEED and draws only its own stage's masks, one micro-batch after another. Entering the
+    module that starts stage i switches to stream i; the end of the forward switches back to stream 0."""
+    if not stage_starts:
+        return
+    streams = [torch.get_rng_state()] * (len(stage_starts) + 1)
+    current = [0]
+
+    def switch(to: int) -> None:
+        streams[current[0]] = torch.get_rng_state()
+        torch.set_rng_state(streams[to])
+        current[0] = to
+
+    modules = dict(model.named_modules())
+    for i, path in enumerate(stage_starts, start=1):
+        modules[path].register_forward_pre_hook(lambda *_, i=i: switch(i))
+    model.register_forward_hook(lambda *_: switch(0))
+
+
+def _chunked_reference(path: str, dp: int, microbatches: int, stage_starts: tuple[str, ...] = ()) -> list[float]:
     """`reference_losses` with each step's loss the mean over dp x microbatches equal slices of the batch (sliced as
     the executor slices it), each its own forward; every replica's forwards start from the same random state (each
-    dp rank draws its dropout masks from the same seed), a replica's micro-batches draw one after another."""
+    dp rank draws its dropout masks from the same seed), a replica's micro-batches draw one after another, each
+    pipeline stage from its own stream (`_stage_streams`)."""
     from executor.worker import BUILD_SEED, DATA_SEED, STEP_SEED
     from planner.model_file import Batches, build, load_model_file
     mf = load_model_file(path)
@@ -253,6 +277,7 @@ def _chunked_reference(path: str, dp: int, microbatches: int) -> list[float]:
     model = build(mf)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(STEP_SEED)
+    _stage_streams(model, stage_starts)
     batches = Batches(mf, DATA_SEED)
     losses, n = [], BATCH // (dp * microbatches)
     for _ in range(STEPS):
@@ -300,7 +325,8 @@ def test_zoo_model_trains_its_own_function(zoo, mesh, name):
     plan = Plan.load(out["plan"])
     assert {axis: getattr(plan.mesh, axis) for axis in ("dp", "tp", "pp")} == _axes(mesh), plan.mesh
     assert "error" not in out, f"{name} under {mesh}: {out['error']} ({out['where']})"
-    ref = _reference(name, plan.mesh.dp, plan.num_microbatches)
+    starts = tuple(st.modules[0] for st in plan.stages[1:]) if plan.virtual_stages == 1 else ()
+    ref = _reference(name, plan.mesh.dp, plan.num_microbatches, starts)
     assert _close(out["losses"], ref), (out["losses"], ref)
 
 
