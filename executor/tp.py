@@ -281,11 +281,13 @@ def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any
     if _GATHERED is None:
         from torch.utils.weak import WeakIdKeyDictionary
         _GATHERED = WeakIdKeyDictionary()
-    per = _GATHERED.setdefault(t, {})
     key = (text, t._version, torch._C._current_graph_task_id())
-    if key not in per:
-        per.clear()
-        per[key] = _redistribute(t, text, mesh, where)
+    per = _GATHERED.get(t)
+    if per is None or key not in per:
+        out = _redistribute(t, text, mesh, where)
+        if out is t:  # already so: kept as a value, t would keep its own weak key (and itself) alive for good
+            return t
+        _GATHERED[t] = per = {key: out}
     return per[key]
 
 
