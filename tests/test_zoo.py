@@ -57,8 +57,6 @@ KNOWN_FAILURES = {
     ("hf_gpt2", "tp2xpp2"): "runs (stages cut from the exported model), but GPT2Config's dropout 0.1 draws its masks "
                             "on each stage's ranks, which one process cannot reproduce: losses differ ~0.5 %; the "
                             "same split without dropout (eval) equals the model exactly",
-    ("mlp", "tp2xpp2"): "plan builds no pp candidate: no repeated blocks in an nn.Sequential of bare Linears "
-                        "(planner.blocks), so the model is one pipeline layer",
 }
 """(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
 deleted here."""
