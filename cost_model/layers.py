@@ -26,9 +26,10 @@ Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTenso
 the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors).
 
 Loss: when the plan leaves the logits the loss reads sharded on their last dim (the vocabulary or classes: a
-column-parallel LM head) and the loss reads class indices (cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
-works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
-logit; torch.distributed.tensor.parallel.loss) run in forward.
+column-parallel LM head) and the loss reads class indices (cross-entropy), the executor computes it
+vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank works on its vocabulary shard and three
+all-reduces of one fp32 value per row (max, sum of exponentials, target logit; torch.distributed.tensor.parallel.loss)
+run in forward.
 """
 from __future__ import annotations
 

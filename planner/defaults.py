@@ -6,9 +6,10 @@ hand-written plan that gives a mesh and no placements (`default_plan`); the sear
 placement ILP's answer. It is derived from the graph's module structure, never from module names: in each block the
 nn.Linear children of one module form a column/row pair (`megatron_pairs`), the ops in between work on head /
 feature shards; the vocabulary embedding (`cost_model.ops.vocab_embedding`) is vocabulary-parallel and the LM head
-(`cost_model.ops.lm_head`: the linear whose output the loss reads) is column-parallel over the vocabulary (a cross-entropy reads its logits vocabulary-parallel). With sequence
-parallelism the [batch, seq, hidden] ops from the first block on (norms, residual adds, dropout) are sharded on the
-sequence dim. The result passes `planner.strategies.plan_tp_problems`.
+(`cost_model.ops.lm_head`: the linear whose output the loss reads) is column-parallel over the vocabulary (a
+cross-entropy reads its logits vocabulary-parallel). With sequence parallelism the [batch, seq, hidden] ops from the
+first block on (norms, residual adds, dropout) are sharded on the sequence dim. The result passes
+`planner.strategies.plan_tp_problems`.
 """
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
 
     - in each module of a block whose nn.Linear children form a pair (`megatron_pairs`), the last is rowwise and
       the others colwise; the ops between them work on head / feature shards (`heads`, `shard`);
-    - the largest embedding is vocab-parallel and the LM head column-parallel over the vocabulary: a
-      cross-entropy reads its sharded logits vocabulary-parallel (the executor's `loss_parallel`; the cost model
-      prices that, cost_model.layers), other losses read them all-gathered;
+    - the vocabulary embedding is vocab-parallel and the LM head (the linear the loss reads) column-parallel over
+      the vocabulary: a cross-entropy reads its sharded logits vocabulary-parallel (the executor's `loss_parallel`;
+      the cost model prices that, cost_model.layers), other losses read them all-gathered;
     - with sequence parallelism, the ops from the first block on that work on [batch, seq, ...] activations
       (norms, residual adds, dropout) are `sequence`; ops before the blocks stay replicated, as the executor
       shards the stream on entering the first block.
