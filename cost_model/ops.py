@@ -91,7 +91,8 @@ def call_name(op: OpNode) -> str:
 def sac_class(op: OpNode) -> str | None:
     """How the executor's selective policy sees an op: "mm" when it dispatches one `mm` / `addmm` (counted, every
     other one kept), "save" when it dispatches a kernel whose output is always kept (SDPA, `aten.max.default`: a
-    full reduction, no dim), None when its outputs are recomputed."""
+    full reduction, no dim), None when its outputs are recomputed. An nn.MultiheadAttention call is one "save" op:
+    its in- and out-projections are two mm/addmm, so the count's parity after it is unchanged."""
     name = call_name(op)
     if op.kind == "attention":
         return "save"
