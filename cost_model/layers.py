@@ -8,10 +8,12 @@ non-reentrant checkpoint replays the block's forward in backward and stops as so
 saved is regenerated (early stop, on by default): ops after the last one producing a saved tensor do not re-run
 (in a GPT block, the MLP's output projection and the residual add). Up to there:
 - `full` re-runs every op, attention and tp collectives included;
-- `selective` is torchtitan's op-level policy: the outputs of the attention kernel (SDPA) and of every other
-  linear (1st, 3rd, ... in forward order) are kept; every other op (norms, activations, residual adds, the 2nd,
-  4th, ... linears, a hand-written attention's score matmuls and softmax) re-runs, with the tp collectives feeding
-  re-run ops (one per tensor) except reduce-scatters, whose outputs it keeps.
+- `selective` is torchtitan's op-level policy (executor.parallel.selective_context), priced per op from the graph's
+  op order (`cost_model.ops.sac_kept`): the outputs of the attention kernel (SDPA), of a full `max` and of every
+  other mm/addmm (the 1st, 3rd, ... linear or folding matmul in forward order) are kept; every other op (norms,
+  activations, residual adds, the 2nd, 4th, ... linears, a hand-written attention's batched score matmuls and
+  softmax) re-runs, with the tp collectives feeding re-run ops (one per tensor) except reduce-scatters, whose
+  outputs it keeps.
 
 Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
 per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
@@ -23,18 +25,19 @@ memory-bound kernels on the compute stream.
 Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
 the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors).
 
-Loss: when the LM head is column-parallel (logits sharded over the vocabulary) and the loss reads class indices
-(cross-entropy), the executor computes it vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank
-works on its vocabulary shard and three all-reduces of one fp32 value per row (max, sum of exponentials, target
-logit; torch.distributed.tensor.parallel.loss) run in forward.
+Loss: when the plan leaves the logits the loss reads sharded on their last dim (the vocabulary or classes: a
+column-parallel LM head) and the loss reads class indices (cross-entropy), the executor computes it
+vocabulary-parallel (`loss_parallel`): no logits all-gather; each rank works on its vocabulary shard and three
+all-reduces of one fp32 value per row (max, sum of exponentials, target logit; torch.distributed.tensor.parallel.loss)
+run in forward.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
-from cost_model.ops import roles
+from cost_model.compute import FREE_KINDS, tensor_bytes
+from cost_model.ops import logits_producer, sac_kept
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
 
@@ -42,8 +45,6 @@ LOSS_PARALLEL_ALL_REDUCES = 3
 """All-reduces of one fp32 value per logits row in a vocabulary-parallel cross-entropy's forward: the row max
 (log-softmax), the sum of exponentials, and the target's logit (nll_loss); its backward is local
 (torch.distributed.tensor.parallel.loss)."""
-SAC_KEPT_KINDS = frozenset({"attention"}) | FREE_KINDS
-"""Op kinds whose outputs torchtitan's selective policy keeps (SDPA) or that launch nothing (views)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,6 @@ class LayerCoster:
         self.model, self.graph, self.plan, self.tp_group = model, graph, plan, tp_group
         self.tp = plan.mesh.tp
         self.mbs, self.prec = plan.microbatch_size, plan.precision
-        self.roles = roles(graph)
         self.on_dtensors = runs_on_dtensors(plan)
         self._cache: dict = {}
 
@@ -153,7 +153,6 @@ class LayerCoster:
         g, plan, tp, m = self.graph, self.plan, self.tp, self.model
         traced = g.batch_size
         names = {g.ops[i].name for i in layer.ops}
-        core = self.roles.core
         fwd = bwd = host_f = host_b = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
         params: dict[str, float] = {}
         tensors: dict[str, bool] = {}
@@ -162,7 +161,7 @@ class LayerCoster:
         full = plan.recompute == "full" and layer.block_type is not None
         selective = plan.recompute == "selective" and layer.block_type is not None
         stop = recompute_stop(g, layer) if full or selective else -1
-        linears = 0
+        kept = sac_kept(g, layer.ops) if selective else frozenset()
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
         shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         for pos, i in enumerate(layer.ops):
@@ -178,9 +177,8 @@ class LayerCoster:
             kf, kb = kf + cf, kb + cb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
             f = m.compute.combine(kf, hf)
-            linears += op.kind == "linear"
-            rerun = pos <= stop and (full or (op.kind not in SAC_KEPT_KINDS
-                                               and not (op.kind == "linear" and linears % 2 == 1)))
+            # views launch nothing, so re-running them costs nothing either
+            rerun = pos <= stop and (full or (i not in kept and op.kind not in FREE_KINDS))
             rec += f if rerun else 0.0
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
             for src, s_pl, d_pl, ef, eb in edges:
@@ -191,15 +189,13 @@ class LayerCoster:
                     shared.add((src, d_pl))
                 tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
                 # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
-                kept = selective and s_pl == "P" and d_pl.startswith("S")
-                if rerun and ef > 0 and not kept and (full or src not in regathered):
+                scattered = selective and s_pl == "P" and d_pl.startswith("S")
+                if rerun and ef > 0 and not scattered and (full or src not in regathered):
                     rec_tp += ef
                     regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                                input_sources=tuple(sources))
             act_full += a
-            if plan.recompute == "selective" and op.name in core:
-                a = self._kept_by_core_op(op, pl, tuple(sources), core)
             act += a
             params.update(_local_params(op, pl, tp))
             kind = _tensor_kind(pl, dt, plan.sequence_parallel)
@@ -224,6 +220,7 @@ class LayerCoster:
         seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces).
         `reduced` collects producers whose input-gradient all-reduce is charged (once per tensor)."""
         g, plan, tp = self.graph, self.plan, self.tp
+        logits = logits_producer(g, op) if vocab_loss else None
         sources, edges = [], []
         for k, src in enumerate(op.inputs):
             if src not in g.index:
@@ -239,7 +236,7 @@ class LayerCoster:
             partial = pl is not None and pl.strategy == "colwise" and d_pl == "R" and tp > 1 and src not in reduced
             if partial:
                 reduced.add(src)
-            if vocab_loss and src == self.roles.lm_head:
+            if src == logits:
                 ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
             else:
                 ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
@@ -263,18 +260,18 @@ class LayerCoster:
         return mem(elems * cast), mem(elems * grad)
 
     def _vocab_parallel_loss(self, op) -> OpPlacement | None:
-        """For a cross-entropy loss (class-index targets) reading a column-parallel LM head's vocabulary-sharded
-        logits, the placement the executor's `loss_parallel` gives it (the logits' shard, the rest replicated);
-        None otherwise."""
-        head = self.roles.lm_head
-        if self.tp <= 1 or op.kind != "loss" or head is None or head not in op.inputs or len(op.input_meta) < 2:
+        """For a cross-entropy loss (class-index targets) whose logits the plan leaves sharded on their last dim
+        (what the executor's `loss_parallel` reads: a column-parallel LM head's output), the placement the executor
+        gives it (the logits' shard, the rest replicated); None otherwise."""
+        logits = logits_producer(self.graph, op) if self.tp > 1 else None
+        if logits is None or len(op.input_meta) < 2:
             return None
-        hp = self.plan.ops.get(head)
-        if hp is None or hp.strategy != "colwise" or not hp.output.startswith("S"):
+        hp = self.plan.ops.get(logits)
+        meta, target = op.input_meta[0], op.input_meta[1]
+        if hp is None or not _shards_last_dim(hp.output, len(meta.shape)):
             return None
-        logits, target = op.input_meta[0], op.input_meta[1]
         integer = target.dtype.removeprefix("torch.") in ("int64", "int32", "int16", "int8", "uint8")
-        if not integer or len(logits.shape) != len(target.shape) + 1:
+        if not integer or len(meta.shape) != len(target.shape) + 1:
             return None
         return OpPlacement(strategy="shard", module=op.module_path, inputs=(hp.output, "R"), output="R")
 
@@ -287,37 +284,36 @@ class LayerCoster:
 
     def _sac_kept_bytes(self, layer: Layer) -> float:
         """Activation bytes a block keeps from forward to backward under the executor's selective recomputation
-        (torchtitan's op-level SAC, executor.parallel.apply_ac): its input (torch.utils.checkpoint saves the
-        checkpointed function's inputs) and the outputs its policy caches — the attention kernel's (SDPA) and every
-        other linear's (the 1st, 3rd, ...: one mm/addmm each). Everything else is rematerialised in backward."""
-        g, tp = self.graph, self.tp
+        (torchtitan's op-level SAC, executor.parallel.selective_context): its input (torch.utils.checkpoint saves
+        the checkpointed function's inputs), the outputs of the ops its policy keeps (`cost_model.ops.sac_kept`:
+        SDPA, a full max, every other mm/addmm) and of its tp reduce-scatters (a partial sum redistributed to a
+        shard, once per tensor). Everything else is rematerialised in backward."""
+        g, tp, plan = self.graph, self.tp, self.plan
         names = {g.ops[i].name for i in layer.ops}
-        keep = self._block_input_bytes(layer, names, sharded=self.plan.sequence_parallel and tp > 1)
-        linears = 0
-        for i in layer.ops:
+        keep = self._block_input_bytes(layer, names, sharded=plan.sequence_parallel and tp > 1)
+        per_sample = self.mbs / g.batch_size
+        for i in sac_kept(g, layer.ops):
             op = g.ops[i]
-            linears += op.kind == "linear"
-            kept = linears % 2 == 1 if op.kind == "linear" else op.kind == "attention"
-            if kept and op.output_meta:
-                pl = self.plan.ops.get(op.name)
+            if op.output_meta:
+                pl = plan.ops.get(op.name)
                 div = tp if pl is not None and pl.output.startswith("S") else 1
-                keep += tensor_bytes(op.output_meta[0], self.prec) * self.mbs / g.batch_size / div
-        return keep
+                keep += tensor_bytes(op.output_meta[0], self.prec) * per_sample / div
+        return keep + self._scattered_bytes(layer)
 
-    def _kept_by_core_op(self, op, pl, sources, core) -> float:
-        """Bytes a core op still keeps under selective recomputation: only its inputs produced outside the core
-        (q, k, v)."""
-        acts, _ = split_inputs(op)
-        metas = [op.input_meta[i] for i in acts]
-        keep = 0.0
-        for t in op.saved:
-            k = next((k for k, mt in enumerate(metas) if mt.shape == t.shape), None)
-            if k is None or k >= len(op.inputs) or op.inputs[k] in core:
-                continue
-            d_pl = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
-            src = sources[k] if k < len(sources) else d_pl
-            div = self.tp if (d_pl.startswith("S") or src.startswith("S")) else 1
-            keep += tensor_bytes(t, self.prec) * self.mbs / self.graph.batch_size / div
+    def _scattered_bytes(self, layer: Layer) -> float:
+        """Bytes of the tp reduce-scatter outputs (a partial sum redistributed to a shard, once per tensor) in a
+        block's forward, which selective recomputation keeps."""
+        g, tp, plan = self.graph, self.tp, self.plan
+        keep, scattered = 0.0, set()
+        for i in layer.ops if tp > 1 else ():
+            pl = plan.ops.get(g.ops[i].name)
+            for k, src in enumerate(g.ops[i].inputs):
+                src_pl = plan.ops.get(src)
+                d_pl = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
+                if src in g.index and src_pl is not None and src_pl.output == "P" and d_pl.startswith("S") \
+                        and src not in scattered and g.op(src).output_meta:
+                    scattered.add(src)
+                    keep += tensor_bytes(g.op(src).output_meta[0], self.prec) * self.mbs / g.batch_size / tp
         return keep
 
     def _block_input_bytes(self, layer: Layer, names: set[str], sharded: bool = False) -> float:
@@ -352,6 +348,14 @@ def recompute_stop(graph: OpGraph, layer: Layer) -> int:
         if op.saved:
             return pos - 1 if op.kind in ("linear", "matmul") else pos
     return -1
+
+
+def _shards_last_dim(placement: str, ndim: int) -> bool:
+    """Whether a placement (`S(d)`, d possibly negative) shards the last of `ndim` dims."""
+    if not placement.startswith("S(") or ndim == 0:
+        return False
+    d = int(placement[2:-1])
+    return d % ndim == ndim - 1
 
 
 def _pattern(pl):

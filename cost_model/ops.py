@@ -1,47 +1,28 @@
-"""Structural roles of ops in a transformer-like graph, read off the graph alone (no names assumed).
+"""Layout-free facts of an op graph that the cost model (and the default plan) read: which op produces the logits the
+loss reads, which linear is the LM head, which embedding holds the vocabulary, and which ops' outputs the
+executor's selective recomputation keeps. Nothing here decides or infers a layout: placements come from the plan
+(`Plan.ops`), and which op patterns can shard how from planner.strategies.
 
-Megatron-LM's tensor-parallel layout (Shoeybi et al. 2019) in graph terms, per repeated block:
-- *colwise*: a linear whose activation input is a norm's output (possibly through views);
-- *between*: ops reached forward from a colwise linear before the next linear (views, attention, activation,
-  softmax, dropout); they work on sharded heads / features and need no communication;
-- *rowwise*: the linear that ends such a region;
-- *core*: the attention internals inside a between region (an activation x activation matmul and everything after
-  it up to the region's end, views excluded) — what selective recomputation drops (Korthikanti et al. 2022 Sec 5).
-Outside blocks: the largest embedding is the *vocab* embedding and the last linear is the *lm_head* (colwise over
-the vocabulary).
-
-The cost model uses the roles for selective recomputation (`core`); planner.defaults uses `vocab` and `lm_head`
-(its colwise/rowwise pairs come from the module structure, which also covers norms traced as elementwise ops).
+Selective recomputation is the executor's op-level policy (executor.parallel.selective_context, torchtitan's
+`_op_sac_save_list`), applied per checkpointed block with a fresh matmul counter. At the dispatcher it keeps the
+outputs of the SDPA kernels, of `aten.max.default`, of functional reduce-scatters and of every other `mm` / `addmm`
+in forward order (the 1st, 3rd, ...), and recomputes the rest. `sac_kept` maps that onto the graph's ops in their
+order: an op is *kept* when it dispatches one of those kernels (`sac_class`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from typing import Sequence
 
-from planner.graph import OpGraph
+from planner.graph import OpGraph, OpNode
 
 VIEW_KINDS = frozenset({"reshape"})
 """Kinds that only re-view a tensor."""
-
-
-@dataclass(frozen=True)
-class Roles:
-    """Op names by Megatron role (see the module docstring)."""
-
-    colwise: frozenset = field(default_factory=frozenset)
-    """Linears split on output features."""
-    rowwise: frozenset = field(default_factory=frozenset)
-    """Linears split on input features (their output is a partial sum)."""
-    between: frozenset = field(default_factory=frozenset)
-    """Ops between a colwise and a rowwise linear (sharded, no communication)."""
-    core: frozenset = field(default_factory=frozenset)
-    """Attention internals (a subset of `between`) that selective recomputation recomputes."""
-    vocab: str | None = None
-    """The vocabulary embedding op."""
-    lm_head: str | None = None
-    """The output projection to the vocabulary."""
-    after_head: frozenset = field(default_factory=frozenset)
-    """Ops downstream of the LM head (loss over vocabulary shards)."""
+_MM_CALLS = frozenset({"linear", "mm", "addmm"})
+"""Call names (`call_name`) that dispatch exactly one `mm` or `addmm`: nn.Linear / F.linear (aten.linear folds any
+leading dims into one matrix), and the kernels themselves (HF GPT-2's Conv1D is an addmm)."""
+_MATMUL_CALLS = frozenset({"matmul", "__matmul__"})
+"""`torch.matmul` / `@`: one `mm` when it folds to a matrix product (an operand of rank 2), else `bmm`."""
 
 
 def consumers(graph: OpGraph) -> dict[str, list[str]]:
@@ -53,81 +34,89 @@ def consumers(graph: OpGraph) -> dict[str, list[str]]:
     return out
 
 
-def _reads_norm(graph: OpGraph, name: str) -> bool:
-    """Whether an op's activation input comes from a norm, through views only."""
-    seen = set()
-    stack = list(graph.op(name).inputs)
-    while stack:
-        src = stack.pop()
-        if src in seen or src not in graph.index:
-            continue
-        seen.add(src)
-        op = graph.op(src)
-        if op.kind == "norm":
-            return True
-        if op.kind in VIEW_KINDS:
-            stack.extend(op.inputs)
-    return False
-
-
-def roles(graph: OpGraph) -> Roles:
-    """The Megatron roles of the graph's ops (computed once per graph and kept on it, like its cached
-    properties)."""
-    cached = graph.__dict__.get("_shardwise_roles")
-    if cached is None:
-        cached = _compute_roles(graph)
-        graph.__dict__["_shardwise_roles"] = cached
-    return cached
-
-
-def _compute_roles(graph: OpGraph) -> Roles:
+def downstream(graph: OpGraph, name: str) -> frozenset[str]:
+    """Every op reached forward from `name`'s output (not `name` itself)."""
     users = consumers(graph)
-    colwise, rowwise, between, core = set(), set(), set(), set()
-    for op in graph.ops:
-        if op.block is None or op.kind != "linear" or not _reads_norm(graph, op.name):
-            continue
-        colwise.add(op.name)
-        region: list[str] = []
-        stack, seen = list(users[op.name]), set()
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            nxt = graph.op(name)
-            if nxt.block != op.block or nxt.kind == "norm":
-                continue
-            if nxt.kind == "linear":
-                if name not in colwise:
-                    rowwise.add(name)
-                continue
-            region.append(name)
-            stack.extend(users[name])
-        between.update(region)
-    for name in between:
+    seen: set[str] = set()
+    stack = list(users[name])
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(users[n])
+    return frozenset(seen)
+
+
+def logits_producer(graph: OpGraph, loss: OpNode) -> str | None:
+    """The op whose output a loss op reads as its first tensor (the logits of a classifier or language model), or
+    None when the loss reads no graph op's output there."""
+    if loss.kind != "loss" or not loss.input_meta:
+        return None
+    first = loss.input_meta[0].shape
+    for src in loss.inputs:
+        if src in graph.index and graph.op(src).output_meta and graph.op(src).output_meta[0].shape == first:
+            return src
+    return None
+
+
+def lm_head(graph: OpGraph) -> str | None:
+    """The LM head: the linear whose output (through views only) the loss reads as its logits; None without one."""
+    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    name = logits_producer(graph, loss) if loss is not None else None
+    while name is not None and name in graph.index:
         op = graph.op(name)
-        # activation x activation matmul (scores) opens the attention core
-        if op.kind == "matmul" and sum(1 for s in op.inputs if s in between or s in colwise) >= 2:
-            stack = [name]
-            while stack:
-                n = stack.pop()
-                if n in core or n not in between:
-                    continue
-                if graph.op(n).kind not in VIEW_KINDS:
-                    core.add(n)
-                    stack.extend(users[n])
-    outside = [op for op in graph.ops if op.block is None]
-    embeds = [op for op in outside if op.kind == "embedding" and op.params]
-    vocab = max(embeds, key=lambda o: o.params[0].numel).name if embeds else None
-    heads = [op for op in outside if op.kind == "linear"]
-    lm_head = heads[-1].name if heads and any(o.block for o in graph.ops) else None
-    after: set[str] = set()
-    if lm_head is not None:
-        stack = list(users[lm_head])
-        while stack:
-            n = stack.pop()
-            if n not in after:
-                after.add(n)
-                stack.extend(users[n])
-    return Roles(colwise=frozenset(colwise), rowwise=frozenset(rowwise), between=frozenset(between),
-                 core=frozenset(core), vocab=vocab, lm_head=lm_head, after_head=frozenset(after))
+        if op.kind == "linear":
+            return name
+        if op.kind not in VIEW_KINDS or not op.inputs:
+            return None
+        name = op.inputs[0]
+    return None
+
+
+def vocab_embedding(graph: OpGraph) -> str | None:
+    """The vocabulary embedding: the embedding op with the largest weight outside the repeated blocks."""
+    embeds = [op for op in graph.ops if op.block is None and op.kind == "embedding" and op.params]
+    return max(embeds, key=lambda o: o.params[0].numel).name if embeds else None
+
+
+def call_name(op: OpNode) -> str:
+    """What an op calls, without namespace or overload: `aten.addmm.default` -> `addmm`, `torch.nn.Linear` ->
+    `linear`, `Tensor.max` -> `max`, `operator.matmul` -> `matmul`."""
+    parts = op.target.split(".")
+    if parts[0] == "aten" and len(parts) >= 3:
+        parts = parts[:-1]  # the overload
+    return parts[-1].strip("_").lower()
+
+
+def sac_class(op: OpNode) -> str | None:
+    """How the executor's selective policy sees an op: "mm" when it dispatches one `mm` / `addmm` (counted, every
+    other one kept), "save" when it dispatches a kernel whose output is always kept (SDPA, `aten.max.default`: a
+    full reduction, no dim), None when its outputs are recomputed. An nn.MultiheadAttention call is one "save" op:
+    its in- and out-projections are two mm/addmm, so the count's parity after it is unchanged."""
+    name = call_name(op)
+    if op.kind == "attention":
+        return "save"
+    if op.kind == "linear" and (name in _MM_CALLS or (name.endswith("linear") and name != "bilinear")):
+        return "mm"  # also nn.Linear's subclasses (MultiheadAttention's out_proj)
+    if name in _MATMUL_CALLS:
+        ranks = [len(m.shape) for m in op.input_meta[:2]]
+        return "mm" if len(ranks) == 2 and min(ranks) == 2 else None
+    if name == "max" and tuple(a for a in op.args if a != "T") == ():
+        return "save"
+    return None
+
+
+def sac_kept(graph: OpGraph, ops: Sequence[int]) -> frozenset[int]:
+    """Indices (into `graph.ops`) among `ops` — one checkpointed block, in forward order — whose outputs the
+    executor's selective policy keeps: every "save" op and the 1st, 3rd, ... "mm" op (`sac_class`)."""
+    kept: set[int] = set()
+    mms = 0
+    for i in ops:
+        what = sac_class(graph.ops[i])
+        if what == "mm":
+            mms += 1
+            if mms % 2 == 1:
+                kept.add(i)
+        elif what == "save":
+            kept.add(i)
+    return frozenset(kept)

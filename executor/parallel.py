@@ -4,7 +4,7 @@ The runner applies them in this fixed order, per pipeline-stage module:
 
 1. `executor.tp.apply_tp` — the plan's tensor (and sequence) parallel layout: DTensor parameters and activations
                   over the tp axis. First, because the later wrappers must see the DTensor parameters it creates.
-2. `apply_ac`   — activation checkpointing per `plan.recompute`, on each repeated block. Before data parallelism so
+2. `apply_ac`   — activation checkpointing per `plan.recompute`, on each block (`blocks`). Before data parallelism so
                   FSDP's hooks wrap the checkpointed forward (torchtitan's order).
 3. `apply_fsdp` (zero_stage 1, 2, 3) or `apply_ddp` (zero_stage 0) over the dp axis. Last: it shards or replicates
                   whatever parameters the steps above left.
@@ -38,10 +38,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every repeated block, by module path, in model order: the planner's own detection (`planner.blocks`), so the
-    blocks the executor checkpoints, shards and cuts pipeline stages at are the graph's layers."""
-    from planner.blocks import find_blocks
-    found = find_blocks(model)
+    """Every block, by module path, in model order: the planner's own rule (`planner.blocks.layer_blocks`: the
+    repeated blocks, or a model's top-level units when it has none), so the blocks the executor checkpoints, shards
+    and cuts pipeline stages at are the graph's layers."""
+    from planner.blocks import layer_blocks
+    found = layer_blocks(model)
     return [(path, mod) for path, mod in model.named_modules() if path in found]
 
 

@@ -22,36 +22,42 @@ import torch.nn as nn
 
 from executor.errors import ExecutorError
 from executor.parallel import blocks
+from planner.blocks import layer_modules
 from planner.plan import Plan, StageSpec
 
 
 def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
-    """The module paths of each stage: `StageSpec.modules` when given, else derived from the layer ranges (layer 0
-    = the modules before the blocks, 1..L = blocks, L+1 = the modules after), else blocks split evenly."""
+    """The module paths of each stage: `StageSpec.modules` when given, else derived from the layer ranges over
+    `planner.blocks.layer_modules` (each block alone, the modules between blocks together), else blocks split
+    evenly, the modules before a block going with it and those after the last block with the last stage."""
     n = plan.mesh.pp * plan.virtual_stages
     block_paths = [p for p, _ in blocks(model)]
     if not block_paths:
-        raise ExecutorError("pipeline parallelism needs a model with repeated blocks (a ModuleList of layers); "
-                            "none found — use pp = 1")
-    top = [name for name, _ in model.named_children()]
-    root_of_blocks = block_paths[0].rpartition(".")[0].split(".")[0]
-    pre = [t for t in top[:top.index(root_of_blocks)] if any(True for _ in model.get_submodule(t).parameters())]
-    post = [t for t in top[top.index(root_of_blocks) + 1:] if any(True for _ in model.get_submodule(t).parameters())]
-    layers = [pre] + [[b] for b in block_paths] + [post]
+        raise ExecutorError("pipeline parallelism cuts a model between its blocks, and this one has neither "
+                            "repeated blocks (a ModuleList of layers) nor two top-level modules with parameters; "
+                            "use pp = 1")
     stages: tuple[StageSpec, ...] = plan.stages
     if stages and all(s.modules for s in stages):
         return [list(s.modules) for s in stages]
+    layers = layer_modules(model)
     if stages:
         if stages[-1].end_layer > len(layers):
             raise ExecutorError(f"plan stages end at layer {stages[-1].end_layer} but the model has {len(layers)} "
-                                "layers (pre, blocks, post); re-plan for this model")
+                                "layers (blocks and the modules between them); re-plan for this model")
         return [[m for layer in layers[s.start_layer:s.end_layer] for m in layer] for s in stages]
     if len(block_paths) < n:
         raise ExecutorError(f"{n} pipeline stages need >= {n} blocks; the model has {len(block_paths)}")
     cuts = [round(i * len(block_paths) / n) for i in range(n + 1)]
-    out = [list(block_paths[cuts[i]:cuts[i + 1]]) for i in range(n)]
-    out[0] = pre + out[0]
-    out[-1] = out[-1] + post
+    stage_of = {b: next(k for k in range(n) if j < cuts[k + 1]) for j, b in enumerate(block_paths)}
+    out: list[list[str]] = [[] for _ in range(n)]
+    pending: list[str] = []
+    for layer in layers:
+        if layer[0] in stage_of:  # a block: the modules before it go with it
+            out[stage_of[layer[0]]] += pending + layer
+            pending = []
+        else:
+            pending += layer
+    out[-1] += pending
     return out
 
 

@@ -5,16 +5,17 @@ The Megatron layout (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence p
 hand-written plan that gives a mesh and no placements (`default_plan`); the search never substitutes it for the
 placement ILP's answer. It is derived from the graph's module structure, never from module names: in each block the
 nn.Linear children of one module form a column/row pair (`megatron_pairs`), the ops in between work on head /
-feature shards; the largest embedding (`cost_model.ops.roles`) is vocabulary-parallel and the LM head is
-column-parallel over the vocabulary (a cross-entropy reads its logits vocabulary-parallel). With sequence
-parallelism the [batch, seq, hidden] ops from the first block on (norms, residual adds, dropout) are sharded on the
-sequence dim. The result passes `planner.strategies.plan_tp_problems`.
+feature shards; the vocabulary embedding (`cost_model.ops.vocab_embedding`) is vocabulary-parallel and the LM head
+(`cost_model.ops.lm_head`: the linear whose output the loss reads) is column-parallel over the vocabulary (a
+cross-entropy reads its logits vocabulary-parallel). With sequence parallelism the [batch, seq, hidden] ops from the
+first block on (norms, residual adds, dropout) are sharded on the sequence dim. The result passes
+`planner.strategies.plan_tp_problems`.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from cost_model.ops import roles
+from cost_model.ops import downstream, lm_head, vocab_embedding
 from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.graph import OpGraph
@@ -42,9 +43,9 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
 
     - in each module of a block whose nn.Linear children form a pair (`megatron_pairs`), the last is rowwise and
       the others colwise; the ops between them work on head / feature shards (`heads`, `shard`);
-    - the largest embedding is vocab-parallel and the LM head column-parallel over the vocabulary: a
-      cross-entropy reads its sharded logits vocabulary-parallel (the executor's `loss_parallel`; the cost model
-      prices that, cost_model.layers), other losses read them all-gathered;
+    - the vocabulary embedding is vocab-parallel and the LM head (the linear the loss reads) column-parallel over
+      the vocabulary: a cross-entropy reads its sharded logits vocabulary-parallel (the executor's `loss_parallel`;
+      the cost model prices that, cost_model.layers), other losses read them all-gathered;
     - with sequence parallelism, the ops from the first block on that work on [batch, seq, ...] activations
       (norms, residual adds, dropout) are `sequence`; ops before the blocks stay replicated, as the executor
       shards the stream on entering the first block.
@@ -52,18 +53,19 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
     Raises PlanError when tp does not divide a size the layout shards (features, heads, vocabulary)."""
     if tp <= 1:
         return {}
-    r = roles(graph)
+    head, vocab = lm_head(graph), vocab_embedding(graph)
+    after_head = downstream(graph, head) if head is not None else frozenset()
     pairs, between = megatron_pairs(graph, tp)
     first_block = next((i for i, op in enumerate(graph.ops) if op.block is not None), len(graph.ops))
     out: dict[str, OpPlacement] = {}
     for i, op in enumerate(graph.ops):
         name = op.name
         src = out[op.inputs[0]].output if op.inputs and op.inputs[0] in out else None
-        if name in pairs or name == r.lm_head:
+        if name in pairs or name == head:
             strategy = pairs.get(name, "colwise")
             p = _pick(op, tp, strategy)
             what = "output features" if strategy == "colwise" else "input features"
-        elif name == r.vocab:
+        elif name == vocab:
             p, what = _pick(op, tp, "vocab"), "vocabulary"
         elif name in between:
             if op.kind in ("attention", "matmul", "softmax"):
@@ -79,7 +81,7 @@ def megatron_placements(graph: OpGraph, tp: int, sequence_parallel: bool) -> dic
                     continue  # no shard rule for this op (e.g. a multi-output chunk): priced replicated
             what = "heads / features"
         else:
-            if sequence_parallel and i >= first_block and name not in r.after_head:
+            if sequence_parallel and i >= first_block and name not in after_head:
                 p = _pick(op, tp, "sequence")
                 if p is not None:
                     out[name] = p

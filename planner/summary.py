@@ -47,7 +47,9 @@ def format_summary(graph: OpGraph) -> str:
                                                   "(traced dtypes, no recomputation)")
     table.add_row("ops", f"{len(ops)} (" + ", ".join(f"{k} {n}" for k, n in kinds.most_common()) + ")")
     blocks = graph.block_types
-    if blocks:
+    if blocks and all(len(names) == 1 for names in blocks.values()):  # planner.blocks' top-level units
+        table.add_row("repeated blocks", "none found; pipeline units: " + ", ".join(blocks) + " (top-level modules)")
+    elif blocks:
         lines = []
         for block_type, names in blocks.items():
             first = [op for op in ops if op.block == names[0]]

@@ -24,7 +24,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from planner import op_kinds
-from planner.blocks import block_of, find_blocks
+from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
 from planner.model_file import ModelFile, batch, build, frame_in_file
@@ -220,7 +220,7 @@ class _Builder:
             self.params.append(ParamInfo(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")))
         self.param_info = {p.name: p for p in self.params}
         self.state_storages = set(self.param_names) | {storage_key(b) for b in self.model.buffers()}
-        self.blocks = find_blocks(self.model)
+        self.blocks = layer_blocks(self.model)
         self.env: dict[str, Any] = {}
         self.op_names: set[str] = set()
         self.saved_seen: set[int] = set()

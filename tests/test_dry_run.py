@@ -38,8 +38,8 @@ MODELS = {
 }
 FORCINGS = {"tp=2": {"tp": 2}, "dp=2": {"dp": 2}, "pp=2": {"pp": 2}, "zero=3": {"dp": 2, "zero": 3}}
 """`--force` settings on the 2-rank cpu-local cluster (zero=3 pinned to dp=2, where ZeRO shards something)."""
-REFUSED = {("mlp", "tp=2"), ("mlp", "pp=2"), ("hf_gpt2", "tp=2")}
-"""The planner refuses these (no Linear pair or blocks; HF Conv1D): nothing to dry-run."""
+REFUSED = {("mlp", "tp=2"), ("hf_gpt2", "tp=2")}
+"""The planner may refuse these (no Linear pair; HF Conv1D): nothing to dry-run."""
 EXECUTOR_LIMITS: set[tuple[str, str]] = set()
 """Plans the planner writes but the executor cannot run (none today: models torch.fx cannot trace are pipelined
 from their export). The dry run must say so in one line."""

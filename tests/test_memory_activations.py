@@ -49,8 +49,10 @@ class _G:
         return name
 
 
-def megatron_gpt(b: int = 1, s: int = 32, h: int = 64, a: int = 4, layers: int = 1, vocab: int = 128) -> OpGraph:
-    """A Megatron-style GPT with eager attention and dropout, saving exactly what Korthikanti et al. Sec 4.1 count."""
+def megatron_gpt(b: int = 1, s: int = 32, h: int = 64, a: int = 4, layers: int = 1, vocab: int = 128,
+                 loss: bool = True) -> OpGraph:
+    """A Megatron-style GPT with eager attention and dropout, saving exactly what Korthikanti et al. Sec 4.1 count;
+    `loss`: ending in a cross-entropy op (a traced model's loss)."""
     g, d = _G(), h // a
     x = g.op("wte", "embedding", (), [(b, s)], (b, s, h), params=[("weight", (vocab, h))],
              saved=[((b, s), "int64")])
@@ -91,6 +93,12 @@ def megatron_gpt(b: int = 1, s: int = 32, h: int = 64, a: int = 4, layers: int =
                saved=[((b, s, h), F32)])
     g.op("lm_head", "linear", [lnf], [(b, s, h)], (b, s, vocab), params=[("weight", (vocab, h))],
          saved=[((b, s, h), F32)], flops=2 * b * s * h * vocab)
+    if loss:  # cross-entropy over class ids, as `plan` traces a model's loss (what makes lm_head the LM head)
+        logits, ids = TensorMeta((b, s, vocab), F32), TensorMeta((b, s), "int64")
+        g.ops.append(OpNode(name="loss", kind="loss", target="cross_entropy", module_path="", inputs=("lm_head",),
+                            input_meta=(logits, ids), output_meta=(TensorMeta((), F32),), fwd_flops=0,
+                            bwd_flops=0, bytes_read=logits.bytes + ids.bytes, bytes_written=4,
+                            saved=(TensorMeta((b, s, vocab), F32),)))
     return OpGraph(model_name="megatron-gpt", ops=tuple(g.ops), parameters=tuple(g.params), batch_size=b)
 
 
@@ -135,11 +143,13 @@ def test_korthikanti_sequence_parallel(t):
 def test_selective_keeps_what_op_level_sac_caches(t):
     """The executor's selective recomputation is torchtitan's op-level SAC, not Korthikanti's: a block keeps its
     input (2sh bytes in bf16) and the outputs of its 1st, 3rd and 5th linears (q and v: 2sh each, fc1: 8sh),
-    column-sharded over t; with sequence parallelism the input is sharded too."""
+    column-sharded over t; with sequence parallelism the input is sharded too, and the policy also keeps the
+    outputs of the block's reduce-scatters (functional reduce_scatter_tensor, 2sh/t each): the two row-parallel
+    linears' partial sums and, in this first block, the vocabulary-parallel embedding's, which it reads directly."""
     g = megatron_gpt(s=S, h=H, a=A)
     assert _layer_act(g, t, False, "selective") == pytest.approx(S * H * (2 + 12 / t))
     if t > 1:
-        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * 14 / t)
+        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * (14 + 3 * 2) / t)
 
 
 def test_korthikanti_full_recompute_and_microbatch_scaling():

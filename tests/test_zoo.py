@@ -57,10 +57,7 @@ a rank's two stages in the schedule's own order."""
 REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
 every zoo model under every mesh."""
-KNOWN_FAILURES = {
-    ("mlp", "tp2xpp2"): "plan builds no pp candidate: no repeated blocks in an nn.Sequential of bare Linears "
-                        "(planner.blocks), so the model is one pipeline layer",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
 deleted here."""
 PER_CHUNK = {

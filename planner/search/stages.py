@@ -14,6 +14,9 @@ In steady state a synchronous pipeline runs one micro-batch per bottleneck time,
 with the micro-batch count; the sum of stage times (the fill/drain part, Alpa's sum term) does not depend on where
 contiguous cuts fall when layer costs do not, so it is not part of the objective. Ties are broken towards the cut
 whose stages are most even (smallest sum of squared stage times), then the earliest.
+
+The layers are `OpGraph.layers()`: the model's blocks by `planner.blocks.layer_blocks` (its repeated blocks, or its
+top-level units when it has none) and the ops between them, the units the executor's pipeline split cuts at too.
 """
 from __future__ import annotations
 
