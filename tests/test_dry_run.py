@@ -193,8 +193,8 @@ def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_p
     assert captured.out == "" and len(err) == 1, err
     line = err[0]
     assert line.startswith("plan check: dry run of tp.json at world 2 (rank 0")
-    for part in ("forward of module h.0.attn", "h.0.attn.q_proj output", "wants a partial sum",
-                 "DTensor produced S(2)", "const_heads.py:11"):
+    for part in ("forward of module h.0.attn", "op h_0_attn_q_proj (module h.0.attn.q_proj)",
+                 "DTensor propagated the output as S(2), the plan says P", "const_heads.py:11"):
         assert part in line, (part, line)
 
 
@@ -210,7 +210,7 @@ def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
                            "--warmup", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 1 and len(problems) == 1, (proc.returncode, problems)
-    crash = "h.0.attn.q_proj output: the plan wants a partial sum but DTensor produced S(2)"
+    crash = "op h_0_attn_q_proj (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P"
     assert crash in proc.stderr and crash in problems[0]
 
 
