@@ -157,3 +157,25 @@ def test_every_candidate_of_a_traced_llama_runs_as_placed(llama_graph):
             assert r is not None and r.runs_as_placed and r.output == p.output, (op.name, placement_name(p), r)
     loss = llama_graph.op("loss")
     assert [p.strategy for p in strategies_for(loss, 2)] == ["replicate"]
+
+
+@pytest.mark.parametrize("example", ["gpt.py", "llama.py"])
+def test_plan_force_tp2_writes_plans_that_pass_the_dry_run(example, tmp_path, capsys):
+    """`plan --force tp=2` on the bundled GPT and Llama: the plan passes the dry run (the executor asserts every
+    module call's propagated output against the plan), and every placed op's output is DTensor's own."""
+    import json
+
+    from planner.cli import main
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    model = os.path.join(ROOT, "examples", example)
+    out = tmp_path / "tp.json"
+    assert main([model, "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force", "tp=2",
+                 "-o", str(out)]) == 0
+    assert "dry run: ok" in capsys.readouterr().out
+    ops = json.loads(out.read_text())["ops"]
+    assert any(p["strategy"] == "colwise" for p in ops.values())
+    graph = trace_model(load_model_file(model), batch_size=4, progress=False)
+    for name, p in ops.items():
+        r = propagate(graph.op(name), tuple(p["inputs"]), tuple(p["params"]), 2)
+        assert r is not None and r.runs_as_placed and r.output == p["output"], (name, p, r)
