@@ -175,11 +175,18 @@ def _roles(op: OpNode) -> list[tuple[str, int]]:
 _MESHES: dict[int, Any] = {}
 
 
+MESH_DIM = "shardwise_propagation"
+"""The dim name of the propagation meshes. Meshes of equal shape, device and dim names compare equal, and DTensor
+caches its sharding decisions (which hold the mesh) by such equality: under a name no real mesh has, a decision
+made here is never reused by a real (or dry-run) DTensor program in this process, which would then look for this
+mesh's process groups."""
+
+
 def _mesh(tp: int):
     """A 1-d CPU mesh of `tp` ranks seen from rank 0, with no process group behind it."""
     if tp not in _MESHES:
         from torch.distributed.device_mesh import DeviceMesh
-        _MESHES[tp] = DeviceMesh("cpu", list(range(tp)), mesh_dim_names=("tp",), _init_backend=False, _rank=0)
+        _MESHES[tp] = DeviceMesh("cpu", list(range(tp)), mesh_dim_names=(MESH_DIM,), _init_backend=False, _rank=0)
     return _MESHES[tp]
 
 

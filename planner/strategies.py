@@ -286,7 +286,8 @@ def heads_rule(op: OpNode, tp: int) -> list[OpPlacement]:
     shapes = _activation_shapes(op)
     if any(len(s) != 4 for s in shapes):
         return []
-    return [OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * n_inputs(op), output="S(1)")]
+    # an attention mask broadcast over heads ([b, 1, s, s]) stays replicated
+    return [OpPlacement(strategy="heads", module=op.module_path, inputs=_follow(op, 1), output="S(1)")]
 
 
 @register("reshape")

@@ -179,3 +179,11 @@ def test_plan_force_tp2_writes_plans_that_pass_the_dry_run(example, tmp_path, ca
     for name, p in ops.items():
         r = propagate(graph.op(name), tuple(p["inputs"]), tuple(p["params"]), 2)
         assert r is not None and r.runs_as_placed and r.output == p["output"], (name, p, r)
+
+
+def test_propagation_meshes_never_equal_a_real_one():
+    """DTensor caches decisions by mesh equality: the propagation mesh must not pass for an executor's tp mesh."""
+    from torch.distributed.device_mesh import DeviceMesh
+    propagate(FC, ("R",), ("S(0)", "S(0)"), 2)
+    real = DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",), _init_backend=False, _rank=0)
+    assert dtensor_rules._mesh(2) != real
