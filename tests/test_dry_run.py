@@ -488,3 +488,21 @@ def test_a_parameter_without_gradient_under_ddp_is_named(tmp_path):
     problems = dry_run(ddp, str(path))
     assert len(problems) == 1 and "parameter h.0.spare.weight (and 3 more) got no gradient" in problems[0]
     assert dry_run(zero1, str(path)) == []
+
+
+def test_a_plan_whose_output_placement_is_not_dtensors_fails_in_one_line(tmp_path, capsys):
+    """A colwise Linear's output said to be sequence-sharded (S(1)): DTensor propagates S(2), and the executor's
+    module-call hook says so, naming the op, the propagated and the planned placement."""
+    from executor.dry_run import dry_run
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(MODELS["gpt"], out)) == 0
+    d = json.loads(out.read_text())
+    name, op = next((n, p) for n, p in d["ops"].items() if p["strategy"] == "colwise")
+    assert op["output"] == "S(2)"
+    op["output"] = "S(1)"
+    out.write_text(json.dumps(d))
+    problems = dry_run(str(out), MODELS["gpt"])
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    assert f"op {name} (module {op['module']}): DTensor propagated the output as S(2), the plan says S(1)" \
+        in problems[0], problems[0]
