@@ -5,8 +5,8 @@ Where a candidate comes from, and who has the last word:
 1. The hand registry proposes: a rule registered per `OpNode.kind` with `@register(kind)` (autoparallel's
    `@register_rule` idiom) returns the `OpPlacement`s an op may take over a tensor-parallel axis of size `tp`.
 2. For the kinds where DTensor runs more layouts than the registry names (`ENUMERATED_KINDS`: elementwise, dropout,
-   views/transposes/splits, matmul), every combination of input placements (R, or S(d) on a non-batch dim tp
-   divides) is proposed as well.
+   views/transposes/splits, matmul, softmax), every combination of input placements (R, or S(d) on a non-batch dim
+   tp divides) is proposed as well.
 3. DTensor decides (`planner.dtensor_rules.propagate`: DTensor's own sharding propagation run on meta DTensors):
    a candidate is kept only if DTensor computes the op on those placements without a redistribution that
    communicates; its output placement is DTensor's (a registry candidate whose stated output differs is corrected
@@ -86,7 +86,7 @@ def strategies_for(op: OpNode, tp: int) -> list[OpPlacement]:
 _CHECKED: dict[tuple, tuple[OpPlacement, ...]] = {}
 """`strategies_for`'s non-replicate candidates per (op signature, output shapes, tp): blocks repeat."""
 
-ENUMERATED_KINDS = frozenset({"elementwise", "dropout", "reshape", "matmul"})
+ENUMERATED_KINDS = frozenset({"elementwise", "dropout", "reshape", "matmul", "softmax"})
 """Kinds whose input placements are enumerated and checked with DTensor (beyond the registry's proposals)."""
 
 MAX_ENUMERATED = 64

@@ -123,6 +123,13 @@ def test_matmul_gets_the_sharded_dims_dtensor_offers():
     assert all(inputs[0] != "S(0)" for inputs in got)  # dim 0 (the batch) never sharded over tp
 
 
+def test_softmax_over_rows_may_shard_the_rows_not_the_reduced_dim():
+    sm = make_op("sm", "softmax", ["scores"], (2, 4, 8, 8), target="F.softmax")
+    sm = _with(sm, args=("T", ("dim", -1)))
+    got = {p.inputs: p.output for p in strategies_for(sm, 2)}
+    assert got == {("R",): "R", ("S(1)",): "S(1)", ("S(2)",): "S(2)"}  # never S(3): softmax reduces over it
+
+
 def test_elementwise_enumeration_adds_only_what_runs_without_moving_inputs():
     add = make_op("add", "elementwise", ["a", "b"], (2, 8, 16))
     got = {p.inputs: (p.strategy, p.output) for p in strategies_for(add, 2)}
