@@ -111,6 +111,8 @@ def _propagate(op: OpNode, inputs: tuple[str, ...], params: tuple[str, ...], tp:
         return None
     roles = _roles(op)
     mesh = _mesh(tp)
+    if mesh is None:
+        return None
     tensors, owner = [], {}
     for i, meta in enumerate(metas):
         role, k = roles[i]
@@ -183,10 +185,16 @@ mesh's process groups."""
 
 
 def _mesh(tp: int):
-    """A 1-d CPU mesh of `tp` ranks seen from rank 0, with no process group behind it."""
+    """A 1-d CPU mesh of `tp` ranks seen from rank 0, with no process group behind it (None where this torch build
+    has no torch.distributed: then nothing can be checked, and every op stays replicated)."""
     if tp not in _MESHES:
-        from torch.distributed.device_mesh import DeviceMesh
-        _MESHES[tp] = DeviceMesh("cpu", list(range(tp)), mesh_dim_names=(MESH_DIM,), _init_backend=False, _rank=0)
+        import torch.distributed as dist
+        if not dist.is_available():
+            _MESHES[tp] = None
+        else:
+            from torch.distributed.device_mesh import DeviceMesh
+            _MESHES[tp] = DeviceMesh("cpu", list(range(tp)), mesh_dim_names=(MESH_DIM,), _init_backend=False,
+                                     _rank=0)
     return _MESHES[tp]
 
 
