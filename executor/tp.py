@@ -7,7 +7,10 @@ output live (`Plan.ops`). `apply_tp` makes that true on one rank without touchin
    weight stays one parameter.
 2. Module calls: an op the plan places that is the only placed op of a built-in leaf module (nn.Linear,
    nn.Embedding, nn.LayerNorm, ...) gets a forward pre-hook that redistributes its tensor inputs to the plan's
-   input placements and a post-hook that redistributes its output to the plan's output placement.
+   input placements and a post-hook that asserts the output placement DTensor propagated is the plan's `output`
+   (ExecutorError naming the op and both placements otherwise: the planner's candidates are DTensor's own
+   propagation, so a mismatch is a plan that does not describe what runs), then reduces a vocabulary-parallel
+   embedding's masked partial sum.
 3. Everything else (views, split/chunk, attention, RoPE, residual adds, a custom module's own ops) runs on DTensors
    through DTensor's own sharding propagation, so shapes are global: `view(B, T, n_head, C // n_head)` with the
    model's full head count is right on every rank, and an op that needs another layout (a `split` across a
@@ -203,8 +206,9 @@ def apply_tp(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh, canonical: Mappi
             mod._parameters[attr] = new[id(p)]
     for path in local:
         _run_locally(named[path], tp_mesh)
+    op_names = {p.module: name for name, p in plan.ops.items()}
     for path, placement in module_calls(plan, model).items():
-        _place_call(named[path], path, placement, tp_mesh)
+        _place_call(named[path], path, placement, tp_mesh, op_names.get(path, path))
 
 
 def _run_locally(mod: nn.Module, mesh: DeviceMesh) -> None:
@@ -291,8 +295,9 @@ def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any
     return per[key]
 
 
-def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh) -> None:
-    """Hooks that give the module call the plan's input and output placements."""
+def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh, op: str) -> None:
+    """Hooks that give the module call the plan's input placements, assert that DTensor propagated the plan's
+    output placement (`check_output`), and hand the output on as the plan says."""
     def pre(module, args):
         out, k = [], 0
         for a in args:
@@ -304,10 +309,25 @@ def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceM
 
     def post(module, args, output):
         if isinstance(output, torch.Tensor):
+            check_output(output, placement.output, op, path)
             return _redistribute(output, placement.output, mesh, f"{path} output")
         return output
     mod.register_forward_pre_hook(pre)
     mod.register_forward_hook(post)
+
+
+def check_output(t: torch.Tensor, planned: str, op: str, path: str) -> None:
+    """ExecutorError unless the placement DTensor propagated for a module call's output is the plan's `output`
+    (a plain tensor counts as replicated; any partial sum matches `P`): the plan's candidates come from DTensor's
+    own propagation (`planner.dtensor_rules`), so a mismatch means the plan does not describe what runs."""
+    from planner.dtensor_rules import placement_text
+    have = t.placements[0] if isinstance(t, DTensor) else Replicate()
+    want = parse_placement(planned, t.dim())
+    if have == want or (isinstance(want, Partial) and have.is_partial()):
+        return
+    raise ExecutorError(f"op {op} (module {path}): DTensor propagated the output as "
+                        f"{placement_text(have) or have}, the plan says {planned}; re-plan (plan writes the "
+                        "placement DTensor propagates)")
 
 
 def to_plain(x: Any, keep_vocab_sharded: bool = False) -> Any:

@@ -1,9 +1,23 @@
-"""Candidate placements per op kind: the per-op half of the search space (FlexFlow's SOAP in DTensor placements).
+"""Candidate placements per op: the per-op half of the search space (FlexFlow's SOAP in DTensor placements).
 
-A *rule* is registered per `OpNode.kind` with `@register(kind)` (autoparallel's `@register_rule` idiom) and returns
-the `OpPlacement`s an op may take over a tensor-parallel axis of size `tp`. Ops whose kind has no rule fall back to
-`replicate` only, which is always valid. Placements use DTensor's shorthand with non-negative dims: `R`, `S(d)`,
-`P`. The dp axis always shards the batch (dim 0), so dim 0 is never sharded over tp here.
+Where a candidate comes from, and who has the last word:
+
+1. The hand registry proposes: a rule registered per `OpNode.kind` with `@register(kind)` (autoparallel's
+   `@register_rule` idiom) returns the `OpPlacement`s an op may take over a tensor-parallel axis of size `tp`.
+2. For the kinds where DTensor runs more layouts than the registry names (`ENUMERATED_KINDS`: elementwise, dropout,
+   views/transposes/splits, matmul, softmax), every combination of input placements (R, or S(d) on a non-batch dim
+   tp divides) is proposed as well.
+3. DTensor decides (`planner.dtensor_rules.propagate`: DTensor's own sharding propagation run on meta DTensors):
+   a candidate is kept only if DTensor computes the op on those placements without a redistribution that
+   communicates; its output placement is DTensor's (a registry candidate whose stated output differs is corrected
+   to DTensor's), and so is an input DTensor slices locally (R -> S: the edge then prices the backward all-gather).
+   Enumerated candidates must read their inputs exactly as stated.
+4. The registry prunes what DTensor would run but the search must not use: dim 0 (the batch, which dp shards)
+   never sharded over tp, sharded sizes divisible by tp, partial (`P`) outputs only where the registry proposes
+   them (rowwise Linear, vocabulary-parallel embedding), no enumeration for ops that read parameters.
+
+An op DTensor cannot run on meta (a custom function or module, no sharding rule) gets `replicate` only, which is
+always valid and always first. Placements use DTensor's shorthand with non-negative dims: `R`, `S(d)`, `P`.
 
 Communication between ops is never hidden inside a strategy: each strategy states the layout it *requires* of each
 activation input and the layout it *produces*, and the search prices every mismatch on a graph edge with the cost
@@ -11,7 +25,7 @@ model's `reshard_time`. So Megatron's sequence-parallel pair is expressed as edg
 feeding a `colwise` linear (input R) is an all-gather S(1)->R on that edge, and a `rowwise` linear (output P)
 feeding a `sequence` norm (input S(1)) is a reduce-scatter P->S(1).
 
-Rules by kind (each filtered by divisibility of the sharded size by tp):
+Registry rules by kind (each filtered by divisibility of the sharded size by tp):
 
 - linear: replicate; colwise (weight S(0), bias S(0), input R, output S(last)); rowwise (weight S(1), bias R, input
   S(last), output P).
@@ -21,12 +35,17 @@ Rules by kind (each filtered by divisibility of the sharded size by tp):
 - attention, matmul, softmax: replicate; heads (S(1) on [batch, heads, seq, head_dim] tensors).
 - reshape (view, transpose, permute, contiguous): replicate; shard, following the input's sharded dim through the
   shape change where that dim maps onto one output dim.
+
+Enumerated candidates are named `sequence` (elementwise/dropout with output S(1) on a tensor of rank >= 3, as the
+registry names them) or `shard`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
+from planner import dtensor_rules
 from planner.graph import OpNode
 from planner.plan import OpPlacement
 from planner.shard_flow import split_problems
@@ -52,19 +71,94 @@ def registered_kinds() -> tuple[str, ...]:
 
 
 def strategies_for(op: OpNode, tp: int) -> list[OpPlacement]:
-    """All candidate placements of `op` over a tp axis of size `tp`; replicate is always first.
-
-    With tp == 1 every strategy is the same computation, so only replicate is returned."""
+    """All candidate placements of `op` over a tp axis of size `tp` (see the module docstring); replicate is
+    always first. With tp == 1 every strategy is the same computation, so only replicate is returned."""
     rep = replicate(op)
     if tp <= 1:
         return [rep]
+    key = (dtensor_rules.signature(op), tuple(m.shape for m in op.output_meta), tp)
+    checked = _CHECKED.get(key)
+    if checked is None:
+        checked = _CHECKED[key] = tuple(_checked(op, tp))
+    return [rep] + [replace(p, module=op.module_path) for p in checked]
+
+
+_CHECKED: dict[tuple, tuple[OpPlacement, ...]] = {}
+"""`strategies_for`'s non-replicate candidates per (op signature, output shapes, tp): blocks repeat."""
+
+ENUMERATED_KINDS = frozenset({"elementwise", "dropout", "reshape", "matmul", "softmax"})
+"""Kinds whose input placements are enumerated and checked with DTensor (beyond the registry's proposals)."""
+
+MAX_ENUMERATED = 64
+"""At most this many input combinations are tried per op (a bound on ops with many inputs, e.g. a wide cat)."""
+
+
+def _checked(op: OpNode, tp: int) -> list[OpPlacement]:
+    """The non-replicate candidates DTensor confirms: registry proposals, then enumerated ones (module docstring)."""
+    rep = replicate(op)
+    base = dtensor_rules.propagate(op, rep.inputs, rep.params, tp)
+    if base is None or not base.runs_as_placed:
+        return []  # DTensor cannot run it on meta (no rule, a custom op): replicate only
+    out: list[OpPlacement] = []
+    seen = {_layout(rep)}
     rule = _RULES.get(op.kind)
-    out = [rep]
-    if rule is not None:
-        for p in rule(op, tp):
-            if p.strategy != "replicate" and p not in out:
-                out.append(p)
+    for p in (rule(op, tp) if rule is not None else []):
+        if p.strategy == "replicate" or _layout(p) in seen or any(x != "R" for x in p.inputs[len(op.inputs):]):
+            continue  # (an input no producer feeds is replicated, whatever the rule says)
+        r = dtensor_rules.propagate(op, p.inputs, p.params, tp)
+        if r is None or not r.runs_as_placed or not _keeps(op, r.output, p.output, tp):
+            continue
+        q = p if r.output == p.output else replace(p, output=r.output)
+        if r.local:
+            ins = list(q.inputs)
+            for k, where in r.local:
+                ins[k] = where
+            q = replace(q, inputs=tuple(ins))
+        if _layout(q) not in seen:
+            seen.add(_layout(q))
+            out.append(q)
+    if op.kind in ENUMERATED_KINDS and not op.params:
+        for inputs in _input_combinations(op, tp):
+            r = dtensor_rules.propagate(op, inputs, (), tp)
+            if r is None or not r.runs_as_placed or r.local or not _keeps(op, r.output, None, tp):
+                continue
+            name = "sequence" if op.kind in ("elementwise", "dropout") and r.output == "S(1)" and \
+                out_rank(op) >= 3 else "shard"
+            q = OpPlacement(strategy=name, module=op.module_path, inputs=inputs, output=r.output)
+            if _layout(q) not in seen:
+                seen.add(_layout(q))
+                out.append(q)
     return out
+
+
+def _layout(p: OpPlacement) -> tuple:
+    return (p.inputs, p.output, p.params)
+
+
+def _keeps(op: OpNode, output: str | None, proposed: str | None, tp: int) -> bool:
+    """The registry's pruning of an output placement DTensor propagated: never the batch dim (0), a sharded size
+    tp divides, a partial sum only where the registry proposed one."""
+    if output is None:
+        return False
+    if output == "P":
+        return proposed == "P"
+    if output.startswith("S("):
+        return _divisible(op, int(output[2:-1]), tp) and output != "S(0)"
+    return True
+
+
+def _input_combinations(op: OpNode, tp: int) -> list[tuple[str, ...]]:
+    """Every tuple of placements of the producer-fed inputs with something sharded: each R or S(d) on a dim d >= 1
+    whose size tp divides (at most `MAX_ENUMERATED`, in a fixed order; none for an op no producer feeds)."""
+    if not op.inputs:
+        return []
+    shapes = _activation_shapes(op)
+    options = []
+    for k in range(len(op.inputs)):
+        shape = shapes[k] if k < len(shapes) else ()
+        options.append(["R"] + [shard(d) for d in range(1, len(shape)) if shape[d] >= tp and shape[d] % tp == 0])
+    combos = [c for c in itertools.islice(itertools.product(*options), MAX_ENUMERATED + 1) if set(c) != {"R"}]
+    return combos[:MAX_ENUMERATED]
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
@@ -192,7 +286,8 @@ def heads_rule(op: OpNode, tp: int) -> list[OpPlacement]:
     shapes = _activation_shapes(op)
     if any(len(s) != 4 for s in shapes):
         return []
-    return [OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * n_inputs(op), output="S(1)")]
+    # an attention mask broadcast over heads ([b, 1, s, s]) stays replicated
+    return [OpPlacement(strategy="heads", module=op.module_path, inputs=_follow(op, 1), output="S(1)")]
 
 
 @register("reshape")

@@ -193,8 +193,8 @@ def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_p
     assert captured.out == "" and len(err) == 1, err
     line = err[0]
     assert line.startswith("plan check: dry run of tp.json at world 2 (rank 0")
-    for part in ("forward of module h.0.attn", "h.0.attn.q_proj output", "wants a partial sum",
-                 "DTensor produced S(2)", "const_heads.py:11"):
+    for part in ("forward of module h.0.attn", "op h_0_attn_q_proj (module h.0.attn.q_proj)",
+                 "DTensor propagated the output as S(2), the plan says P", "const_heads.py:11"):
         assert part in line, (part, line)
 
 
@@ -210,7 +210,7 @@ def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
                            "--warmup", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 1 and len(problems) == 1, (proc.returncode, problems)
-    crash = "h.0.attn.q_proj output: the plan wants a partial sum but DTensor produced S(2)"
+    crash = "op h_0_attn_q_proj (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P"
     assert crash in proc.stderr and crash in problems[0]
 
 
@@ -488,3 +488,21 @@ def test_a_parameter_without_gradient_under_ddp_is_named(tmp_path):
     problems = dry_run(ddp, str(path))
     assert len(problems) == 1 and "parameter h.0.spare.weight (and 3 more) got no gradient" in problems[0]
     assert dry_run(zero1, str(path)) == []
+
+
+def test_a_plan_whose_output_placement_is_not_dtensors_fails_in_one_line(tmp_path, capsys):
+    """A colwise Linear's output said to be sequence-sharded (S(1)): DTensor propagates S(2), and the executor's
+    module-call hook says so, naming the op, the propagated and the planned placement."""
+    from executor.dry_run import dry_run
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(MODELS["gpt"], out)) == 0
+    d = json.loads(out.read_text())
+    name, op = next((n, p) for n, p in d["ops"].items() if p["strategy"] == "colwise")
+    assert op["output"] == "S(2)"
+    op["output"] = "S(1)"
+    out.write_text(json.dumps(d))
+    problems = dry_run(str(out), MODELS["gpt"])
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    assert f"op {name} (module {op['module']}): DTensor propagated the output as S(2), the plan says S(1)" \
+        in problems[0], problems[0]

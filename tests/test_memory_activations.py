@@ -37,16 +37,37 @@ class _G:
            out_dtype=F32, module=None) -> str:
         ps = tuple(ParamInfo(f"{module or name}.{pn}", shp, F32) for pn, shp in params)
         self.params += ps
-        in_meta = tuple(TensorMeta(s, F32) for s in in_shapes) + tuple(TensorMeta(p.shape, F32) for p in ps)
+        ids = "int64" if kind == "embedding" else F32
+        in_meta = tuple(TensorMeta(s, ids) for s in in_shapes) + tuple(TensorMeta(p.shape, F32) for p in ps)
         out = TensorMeta(out_shape, out_dtype)
         saved_meta = tuple(TensorMeta(s, d) for s, d in saved)
         nbytes_in = sum(m.bytes for m in in_meta)
-        self.ops.append(OpNode(name=name, kind=kind, target=kind, module_path=module or name, inputs=tuple(inputs),
+        target, args = _call(name, kind, len(in_shapes), out_shape)
+        self.ops.append(OpNode(name=name, kind=kind, target=target, module_path=module or name, inputs=tuple(inputs),
                                input_meta=in_meta, output_meta=(out,), fwd_flops=int(flops),
                                bwd_flops=int(2 * flops), bytes_read=nbytes_in, bytes_written=out.bytes,
                                params=ps, saved=saved_meta, block=block,
-                               block_type="h.*" if block else None))
+                               block_type="h.*" if block else None, args=args))
         return name
+
+
+def _call(name: str, kind: str, n_in: int, out_shape) -> tuple[str, tuple]:
+    """What an op of the hand-made graph calls, as a trace records it (target, arguments): real callables, so
+    `planner.dtensor_rules` can check its candidate placements."""
+    modules = {"linear": "torch.nn.Linear", "embedding": "torch.nn.Embedding", "norm": "torch.nn.LayerNorm"}
+    if kind in modules:
+        return modules[kind], ("T",)
+    if kind == "reshape":
+        return ("Tensor.transpose", ("T", 1, 2)) if name.endswith("transpose") else \
+            ("Tensor.reshape", ("T", *out_shape))
+    if kind == "matmul":  # scores = q k^T (k kept [b, a, s, d]), ctx = probs v
+        return ("torch.einsum", ("bhsd,bhtd->bhst", "T", "T")) if name.endswith("scores") else \
+            ("torch.matmul", ("T", "T"))
+    if kind == "softmax":
+        return "F.softmax", ("T", ("dim", -1))
+    if "dropout" in name:
+        return "F.dropout", ("T",)
+    return ("operator.add", ("T", "T")) if n_in == 2 else ("F.gelu", ("T",))
 
 
 def megatron_gpt(b: int = 1, s: int = 32, h: int = 64, a: int = 4, layers: int = 1, vocab: int = 128,

@@ -23,19 +23,31 @@ RESHARD = {("S", "R"): 1.0, ("P", "R"): 2.0, ("P", "S"): 1.0, ("S", "S"): 1.5, (
 """Seconds per micro-batch sample for a layout change (by the leading letter of source, destination)."""
 
 
+TARGETS = {"linear": "torch.nn.Linear", "embedding": "torch.nn.Embedding", "norm": "torch.nn.LayerNorm",
+           "attention": "F.scaled_dot_product_attention", "loss": "F.mse_loss"}
+"""What each kind calls by default (a real callable, so `planner.dtensor_rules` can check its placements);
+elementwise ops call F.gelu (one input) or operator.add (two)."""
+
+
 def make_op(name, kind, inputs=(), shape=(1, 8, 16), params=(), block=None, block_type=None, module="",
             in_shapes=None, target="") -> OpNode:
-    """An fp32 op with the given output shape; parameters are (name, shape) pairs."""
+    """An fp32 op with the given output shape; parameters are (name, shape) pairs. An embedding with no input shape
+    given reads int64 ids of the output's shape without its last dim."""
     in_shapes = in_shapes if in_shapes is not None else [shape] * len(inputs)
     pinfo = tuple(ParamInfo(n, tuple(s), "float32") for n, s in params)
-    metas = tuple(TensorMeta(tuple(s), "float32") for s in in_shapes) + tuple(
-        TensorMeta(p.shape, "float32") for p in pinfo)
+    metas = tuple(TensorMeta(tuple(s), "float32") for s in in_shapes)
+    if kind == "embedding" and not metas:
+        metas = (TensorMeta(tuple(shape[:-1]), "int64"),)
+    metas += tuple(TensorMeta(p.shape, "float32") for p in pinfo)
     out = TensorMeta(tuple(shape), "float32")
-    if not target and params and kind in ("linear", "embedding"):
-        target = "torch.nn.Linear" if kind == "linear" else "torch.nn.Embedding"  # module calls, as traced
-    return OpNode(name=name, kind=kind, target=target or kind, module_path=module or name, inputs=tuple(inputs),
+    default = TARGETS.get(kind, ("F.gelu" if len(in_shapes) == 1 else "operator.add") if kind == "elementwise"
+                          else kind)
+    target = target or default
+    module_call = target.startswith("torch.nn.")
+    args = ("T",) * (len(metas) - (len(pinfo) if module_call else 0))
+    return OpNode(name=name, kind=kind, target=target, module_path=module or name, inputs=tuple(inputs),
                   input_meta=metas, output_meta=(out,), fwd_flops=0, bwd_flops=0, bytes_read=0,
-                  bytes_written=out.bytes, params=pinfo, saved=(out,), block=block, block_type=block_type)
+                  bytes_written=out.bytes, params=pinfo, saved=(out,), block=block, block_type=block_type, args=args)
 
 
 def mlp_block(prefix: str, prev: str, h: int = 16, block_type: str = "h.*") -> list[OpNode]:
