@@ -50,6 +50,9 @@ def _parser():
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw predicted vs measured step time with its compute / exposed comm / bubble / optimizer "
                         "split (the measured split needs --trace); needs matplotlib (pip install 'shardwise[plot]')")
+    p.add_argument("--compile", metavar="BACKEND", nargs="?", const="inductor",
+                   help="torch.compile each repeated block (backend: inductor when not named; aot_eager, eager "
+                        "...) to compare with the eager step: the prediction prices eager kernels")
     p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     return p
 
@@ -91,12 +94,14 @@ def failure_reason(err: str, rc: int) -> str:
 
 
 def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int, threads: int,
-           result: str, timeout: float | None = None, trace: str | None = None) -> tuple[int, str]:
+           result: str, timeout: float | None = None, trace: str | None = None,
+           compile: str | None = None) -> tuple[int, str]:
     """Run executor.worker on `world` ranks under torchrun; returns (exit status, captured stderr)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "executor.worker", os.path.abspath(plan_path), os.path.abspath(model_path),
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--result", result]
     cmd += ["--trace", os.path.abspath(trace)] if trace else []
+    cmd += ["--compile", compile] if compile else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCHELASTIC_ERROR_FILE="")
     env.pop("TORCHELASTIC_ERROR_FILE")
     proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env)
@@ -180,6 +185,12 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
     args = _parser().parse_args(list(argv or []))
     if args.steps < 1 or args.warmup < 0:
         raise ExecutorError("--steps must be >= 1 and --warmup >= 0")
+    if args.compile:
+        import torch._dynamo
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if args.compile not in known:
+            raise ExecutorError(f"--compile {args.compile}: not a torch.compile backend; use inductor (the default), "
+                                "aot_eager or eager (all: torch._dynamo.list_backends(exclude_tags=()))")
     if not check_outputs(args):
         return 2
     plan = check_inputs(args.plan, args.model)
@@ -198,7 +209,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         result = os.path.join(tmp, "measured.json")
         t0 = time.perf_counter()
         rc, err = launch(args.plan, args.model, plan.world_size, args.steps, args.warmup, args.threads, result,
-                         args.timeout, args.trace)
+                         args.timeout, args.trace, args.compile)
         if not os.path.exists(result):
             why = failure_reason(err, rc)
             print(f"plan measure: the job failed after {time.perf_counter() - t0:.1f} s: {why}", file=sys.stderr)

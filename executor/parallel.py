@@ -116,6 +116,16 @@ def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
                                     context_fn=selective_context)
 
 
+def apply_compile(model: nn.Module, block_paths: list[str], backend: str = "inductor") -> None:
+    """`torch.compile` each repeated block in place (torchtitan's per-block compile: blocks of one type share one
+    compiled graph), after TP and activation checkpointing and before FSDP/DDP wrap them, so the hooks those add
+    stay outside the compiled code. A model without blocks is compiled whole. The cost model prices eager kernels,
+    not the compiler's fusions."""
+    present = _present(model, block_paths)
+    for block in present or [model]:
+        block.compile(backend=backend)
+
+
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype: torch.dtype | None,
                block_paths: list[str]) -> nn.Module:
     """FSDP2 `fully_shard` on each repeated block, then on the whole module (ZeRO-1/2/3; see the module docstring)."""

@@ -114,7 +114,7 @@ def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
 def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
                optimizer: OptimizerFactory | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                *, sync_init: bool = True, mesh: DeviceMesh | None = None,
-               example_inputs: Any = None) -> "Runner":
+               example_inputs: Any = None, compile: str | None = None) -> "Runner":
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
     Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
@@ -124,7 +124,8 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
     (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
     `example_inputs`: one micro-batch of inputs, needed only to pipeline a model torch.fx cannot trace (it is
-    exported instead, `executor.pipeline.split_model`).
+    exported instead, `executor.pipeline.split_model`). `compile`: a torch.compile backend ("inductor") to compile
+    each repeated block with (`executor.parallel.apply_compile`); None runs eager.
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
@@ -133,15 +134,17 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
-                  device, sync_init, mesh, example_inputs)
+                  device, sync_init, mesh, example_inputs, compile)
 
 
 class Runner:
     """Trains one rank's share of the model under a plan. Build with `apply_plan`."""
 
     def __init__(self, model: nn.Module, plan: Plan, optimizer: OptimizerFactory, loss_fn, device: torch.device,
-                 sync_init: bool = True, mesh: DeviceMesh | None = None, example_inputs: Any = None):
+                 sync_init: bool = True, mesh: DeviceMesh | None = None, example_inputs: Any = None,
+                 compile: str | None = None):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
+        self.compile = compile
         self.example_inputs = example_inputs
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         m = plan.mesh
@@ -173,14 +176,21 @@ class Runner:
 
     # ---- construction ------------------------------------------------------------------------------------------
     def _parallelize(self, module: nn.Module) -> nn.Module:
-        """TP, then activation checkpointing, then FSDP or DDP (the order `executor.parallel` documents)."""
+        """TP, then activation checkpointing, then torch.compile (if asked), then FSDP or DDP (the order
+        `executor.parallel` documents)."""
         plan = self.plan
         if plan.mesh.tp > 1:
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
-            if tp.REPLICATED_OPS and not self.notes:
+            if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
         parallel.apply_ac(module, plan.recompute, self.block_paths)
+        if self.compile:
+            parallel.apply_compile(module, self.block_paths, self.compile)
+            note = (f"blocks compiled (torch.compile, backend {self.compile}); the prediction prices eager kernels, "
+                    "not the compiler's fusions")
+            if note not in self.notes:
+                self.notes.append(note)
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
         if plan.mesh.dp > 1:

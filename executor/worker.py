@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> None:
     torch.manual_seed(BUILD_SEED)
     model = build(mf)
     example = batch(mf, plan.microbatch_size)[0] if plan.mesh.pp > 1 else None  # to export what fx cannot trace
-    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
+    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example, compile=args.compile)
     rank = dist.get_rank()
     torch.manual_seed(STEP_SEED)
     batches = Batches(mf, DATA_SEED)
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--result", required=True)
     p.add_argument("--trace", help="folder for the profiler traces of the steps after warm-up")
+    p.add_argument("--compile", metavar="BACKEND", help="torch.compile each block with this backend")
     args = p.parse_args(argv)
     try:
         _run(args)
