@@ -118,7 +118,8 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated model names (default: all)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--no-profile", action="store_true", help="plan with --cluster instead of profiling")
-    ap.add_argument("--cluster", default="dgx-h100", help="profile used with --no-profile (default dgx-h100)")
+    ap.add_argument("--cluster", default="dgx-h100",
+                    help="profile used with --no-profile, and whose links a one-GPU profile keeps (default dgx-h100)")
     ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke test of this script")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -137,7 +138,7 @@ def main() -> int:
         if not args.no_profile:
             cluster = os.path.join(args.out, f"profile-{name}.yaml")
             t0 = time.perf_counter()
-            p = run(PLAN + ["profile", "--nproc", "1", "-o", cluster, "--model", model]
+            p = run(PLAN + ["profile", "--nproc", "1", "--links-from", args.cluster, "-o", cluster, "--model", model]
                     + (["--backend", "nccl"] if torch.cuda.is_available() else []) + (["--quick"] if args.tiny else []))
             if p.returncode:
                 rows.append({"run": name, "error": "profile: " + last_line(p)})

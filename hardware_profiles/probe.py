@@ -53,6 +53,9 @@ def _parser() -> _Parser:
                    help="also time this model's own GEMM and attention shapes (traced at batch 1, unsharded; "
                         "the cost model scales them to other micro-batches and tp splits) and write them as "
                         "matmul_shapes / attention_shapes")
+    p.add_argument("--links-from", default=None, metavar="PRESET|YAML",
+                   help="with one rank (a machine with one GPU) there is no link to measure: keep the links and "
+                        "collective curves of this profile (e.g. dgx-h100) and say so in the header")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -164,6 +167,8 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         step("model shapes")
     intra, inter = _node_groups(world, local_world)
     levels = [("intra_node", intra)] + ([("inter_node", inter)] if world > local_world else [])
+    if world == 1:  # nothing to communicate with: the links come from --links-from
+        levels = []
     for level, group in levels:
         raw["curves"][level] = {}
         for name in plan.collectives:
@@ -277,7 +282,7 @@ def _collect(procs: list[Any], q: Any, bar: _Bar, timeout_s: float) -> dict[str,
 
 def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, name: str | None = None,
                   repeat_all_reduce: bool = False, progress: bool = True, timeout_s: float = 600.0,
-                  shapes: dict[str, list] | None = None) -> ProbeResult:
+                  shapes: dict[str, list] | None = None, links_from: Cluster | None = None) -> ProbeResult:
     """Start `nproc` local ranks, measure them, and return the measured cluster (nothing is written); `shapes`
     ({"gemms": [(b, M, N, K)], "attentions": [(b*h, s_q, s_k, d, causal)]}) are also timed."""
     import multiprocessing as mp
@@ -288,7 +293,7 @@ def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, na
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_init_and_run, args=(r, nproc, port, cfg, q), daemon=True) for r in range(nproc)]
-    bar = _Bar(_total_steps(cfg, 1), progress)
+    bar = _Bar(_total_steps(cfg, 1 if nproc > 1 else 0), progress)
     try:
         for p in procs:
             p.start()
@@ -301,7 +306,7 @@ def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, na
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
-    return _result(raw, name, time.perf_counter() - start)
+    return _result(raw, name, time.perf_counter() - start, links_from)
 
 
 def profile_torchrun(quick: bool, backend: str, name: str | None, progress: bool,
@@ -351,8 +356,9 @@ def _op_overhead(measured: dict[str, float]) -> OpOverhead:
     return OpOverhead(**{k: float(v) for k, v in measured.items() if k in names})
 
 
-def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
-    """The Cluster that `raw` (rank 0's measurements) describes."""
+def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Cluster | None = None) -> Cluster:
+    """The Cluster that `raw` (rank 0's measurements) describes; with one rank (no curves measured) its links and
+    collective curves are `links_from`'s."""
     from hardware_profiles.measure import fit_ring_allreduce
     world, local_world, dev = raw["world"], raw["local_world"], raw["device"]
     cuda = raw["backend"] == "nccl"
@@ -384,6 +390,11 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
         for coll, points in by_name.items():
             curves.append(CollectiveCurve(collective=coll, level=level, group_size=2 if coll == "send_recv" else n,
                                           points=tuple((int(s), float(t)) for s, t in points)))
+    if not links:
+        if links_from is None:
+            raise ProfileError("one rank measures no links: add --links-from PRESET (the profile whose links to keep)")
+        links = {"intra_node": links_from.intra_node, "inter_node": links_from.inter_node}
+        curves = list(links_from.collectives)
     if "inter_node" not in links:  # one host: no second node to measure; inter-node = the same loopback
         i = links["intra_node"]
         links["inter_node"] = LinkSpec(kind="loopback", bandwidth=i.bandwidth, latency=i.latency)
@@ -392,7 +403,7 @@ def build_cluster(raw: dict[str, Any], name: str | None = None) -> Cluster:
                    inter_node=links["inter_node"], collectives=tuple(curves))
 
 
-def _header(raw: dict[str, Any], elapsed: float) -> str:
+def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = None) -> str:
     import torch
     nodes = raw["world"] // raw["local_world"]
     lines = [f"Measured by `plan profile` on {socket.gethostname()}, {_dt.date.today().isoformat()}: "
@@ -426,13 +437,17 @@ def _header(raw: dict[str, Any], elapsed: float) -> str:
     if raw["backend"] == "gloo":
         lines.append("CPU ranks: `threads` compute threads each; gloo talks TCP over the loopback interface (kind "
                      "loopback) from threads on the same cores (comm_shares_compute: no overlap with compute).")
-    if nodes == 1:
+    if links_from is not None and raw["world"] == 1:
+        lines.append(f"One rank: no link measured; links and collective curves are those of {links_from.name} "
+                     "(--links-from), not of this machine.")
+    elif nodes == 1:
         lines.append("One node: inter_node is a copy of intra_node with kind loopback (no second node measured).")
     return "\n".join(lines)
 
 
-def _result(raw: dict[str, Any], name: str | None, elapsed: float) -> ProbeResult:
-    return ProbeResult(cluster=build_cluster(raw, name), header=_header(raw, elapsed), elapsed_s=elapsed, raw=raw)
+def _result(raw: dict[str, Any], name: str | None, elapsed: float, links_from: Cluster | None = None) -> ProbeResult:
+    return ProbeResult(cluster=build_cluster(raw, name, links_from), header=_header(raw, elapsed, links_from),
+                       elapsed_s=elapsed, raw=raw)
 
 
 # ---- the command -------------------------------------------------------------------------------------------------
@@ -472,13 +487,18 @@ def main(argv: Sequence[str] | None = None,
             return 0
     else:
         nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if backend == "nccl" else 2)
-        if nproc < 2:
-            raise ProfileError(f"--nproc {nproc}: collectives need at least 2 ranks")
+        links_from = None
+        if nproc < 1 or (nproc == 1 and not args.links_from):
+            raise ProfileError(f"--nproc {nproc}: collectives need at least 2 ranks (with one GPU, add --links-from "
+                               "PRESET to keep that profile's links, e.g. --links-from dgx-h100)")
+        if nproc == 1:
+            from hardware_profiles.load import load_cluster
+            links_from = load_cluster(args.links_from)
         if backend == "nccl" and nproc > torch.cuda.device_count():
             raise ProfileError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPUs are visible")
         if backend == "gloo" and nproc > (os.cpu_count() or 1) * 4:
             raise ProfileError(f"--nproc {nproc}: more than 4 ranks per CPU core would measure contention")
-        result = profile_local(nproc, backend, args.quick, args.name, shapes=shapes)
+        result = profile_local(nproc, backend, args.quick, args.name, shapes=shapes, links_from=links_from)
     from hardware_profiles.load import save_cluster
     save_cluster(result.cluster, out, header=result.header)
     print(_summary(result, str(out)))

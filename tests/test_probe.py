@@ -121,3 +121,19 @@ def test_profile_two_gloo_ranks(tmp_path):
     s, t = curve.points[-1]
     model = 2 * (2 - 1) / 2 * s / c.intra_node.bandwidth + 2 * (2 - 1) * c.intra_node.latency
     assert t / 10 <= model <= t * 10
+
+
+def test_one_rank_keeps_the_links_it_cannot_measure(tmp_path, capsys):
+    """A machine with one GPU: `plan profile --nproc 1` measures the device and keeps a named profile's links and
+    collective curves (saying so); without --links-from it is one line, exit 2."""
+    from hardware_profiles.probe import main
+    from planner.cli import main as plan_main
+    assert plan_main(["profile", "--nproc", "1", "-o", str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--links-from" in err[0] and not (tmp_path / "x.yaml").exists()
+    out = tmp_path / "one.yaml"
+    assert main(["--nproc", "1", "--links-from", "dgx-h100", "--quick", "-o", str(out)]) == 0
+    c, ref = load_cluster(str(out)), load_cluster("dgx-h100")
+    assert (c.nodes, c.devices_per_node) == (1, 1) and c.device.peak_flops["fp32"] > 1e8
+    assert (c.intra_node, c.inter_node, c.collectives) == (ref.intra_node, ref.inter_node, ref.collectives)
+    assert "links and collective curves are those of dgx-h100" in out.read_text()
