@@ -6,16 +6,18 @@ saved-tensor hooks and re-runs the forward in backward from a recorded frame; se
 re-run through a Python TorchDispatchMode that asks the policy. On CPU ranks both are a fixed host cost per op, on
 top of the ops' own dispatch, that no kernel measurement sees. Measured here on chains of tiny ops (kernel time
 nil), per op of the checkpointed region, split by kind as the cost model prices dispatch: elementwise ops and
-`F.linear` calls.
+`F.linear` calls. Timed in the thread's CPU time: pure host work, which other processes on a shared machine would
+otherwise inflate.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable
 
 import torch
 
-from hardware_profiles.measure import MeasurePlan, time_calls
+from hardware_profiles.measure import MeasurePlan
 
 CKPT_CHAIN = 16
 """Ops per checkpointed call (about a transformer block's worth), so the call's own start-up is spread over ops as
@@ -50,10 +52,23 @@ def _times(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode:
     else:
         def run(t):
             return checkpoint(chain, t, use_reentrant=False, context_fn=_sac_context)
-    f = statistics.median(time_calls(lambda: run(x), sync, plan.warmup, plan.repeats, plan.budget_s))
-    fb = statistics.median(time_calls(lambda: run(x).sum().backward(), sync, plan.warmup, plan.repeats,
-                                      plan.budget_s))
-    return f, fb
+    return _cpu_seconds(lambda: run(x), sync, plan), _cpu_seconds(lambda: run(x).sum().backward(), sync, plan)
+
+
+def _cpu_seconds(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
+    """Median CPU seconds of this thread per call of `fn` (host work only, so other processes sharing the cores
+    do not inflate it as they do wall time; on an idle core the two agree)."""
+    for _ in range(plan.warmup):
+        fn()
+    sync()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < plan.repeats and (len(samples) < 3 or time.perf_counter() - start < plan.budget_s):
+        t0 = time.thread_time()
+        fn()
+        sync()
+        samples.append(time.thread_time() - t0)
+    return statistics.median(samples)
 
 
 def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
