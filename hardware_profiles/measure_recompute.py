@@ -1,4 +1,5 @@
-"""Host cost of activation checkpointing, timed inside one rank of `plan profile`.
+"""Host costs timed inside one rank of `plan profile` in the thread's CPU time: activation checkpointing per op,
+and the runner's per-step sub-mesh lookup.
 
 torch's non-reentrant `checkpoint` packs and unpacks every tensor the checkpointed forward saves through Python
 saved-tensor hooks and re-runs the forward in backward from a recorded frame; selective checkpointing
@@ -101,3 +102,12 @@ def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: M
             # backward beyond the plain backward and one plain re-run of the forward
             out[f"{key}_{kind}backward"] = max((fb - f) - (fb0 - f0) - f0, 0.0) / CKPT_CHAIN
     return out
+
+
+def mesh_slice_seconds(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> float:
+    """CPU seconds of `mesh["dp"].get_local_rank()` on a (pp, dp, tp) = (1, world, 1) DeviceMesh named as the
+    executor names its mesh (every rank must call this: building the mesh creates process groups)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    mesh = init_device_mesh(device.type, (1, dist.get_world_size(), 1), mesh_dim_names=("pp", "dp", "tp"))
+    return _cpu_seconds(lambda: mesh["dp"].get_local_rank(), sync, plan)

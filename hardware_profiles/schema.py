@@ -109,6 +109,10 @@ class OpOverhead:
     """As `sac_forward` for an F.linear call (its four aten ops through the mode)."""
     sac_linear_backward: float = 0.0
     """As `sac_backward` for an F.linear call."""
+    mesh_slice: float = 0.0
+    """Seconds of one data-parallel sub-mesh lookup and local rank (`mesh["dp"].get_local_rank()` on a (pp, dp, tp)
+    DeviceMesh, which rebuilds the sub-mesh's layout in Python each time): the executor's runner makes one per step
+    to take a dp replica's share of the global batch."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -139,6 +139,23 @@ def test_checkpointed_block_ops_pay_the_measured_checkpoint_cost(recompute, key)
             pytest.approx(LayerCoster(CostModel(base), g, plan, CostModel(base).tp_group(1)).cost(head).fwd_compute)
 
 
+def test_mesh_slice_is_paid_once_per_step_with_dp():
+    """The runner's dp sub-mesh lookup (one per step, to slice the global batch) adds to the step and its compute,
+    only where dp > 1."""
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=2)
+    over = _with(base, op_overhead=OpOverhead(mesh_slice=3e-3))
+    for mesh, paid in (({"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, True),
+                       ({"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 3}, True),
+                       ({"dp": 1, "tp": 2, "pp": 1, "mbs": 1}, False)):
+        plan = default_plan(g, base, 4, "bf16", mesh, "m")
+        p0, p1 = CostModel(base).predict(g, plan), CostModel(over).predict(g, plan)
+        want = 3e-3 if paid else 0.0
+        assert p1.step_time_s - p0.step_time_s == pytest.approx(want), mesh
+        assert p1.breakdown["compute_s"] - p0.breakdown["compute_s"] == pytest.approx(want), mesh
+        assert p1.breakdown["exposed_comm_s"] == pytest.approx(p0.breakdown["exposed_comm_s"]), mesh
+
+
 def test_fields_round_trip_and_default_to_zero():
     c = load_cluster("cpu-local")
     assert c.device.op_overhead.forward > 0 and "gelu" in c.device.kernel_costs
