@@ -124,9 +124,11 @@ def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> 
     from hardware_profiles import measure as M
     from hardware_profiles.measure_recompute import checkpoint_overheads, mesh_slice_seconds
     mesh = init_device_mesh(device.type, (world,))
-    local = ({**M.op_overheads(device, sync, plan, mesh), **M.ddp_overheads(device, sync, plan),
-              **checkpoint_overheads(device, sync, plan), "mesh_slice": mesh_slice_seconds(device, sync, plan)},
-             M.kernel_costs(device, sync, plan))
+    # checkpointing's host cost only on CPU ranks: on GPUs the host runs ahead of the kernels, and the cost model
+    # adds these figures to the re-run as they are
+    ckpt = checkpoint_overheads(device, sync, plan) if device.type == "cpu" else {}
+    local = ({**M.op_overheads(device, sync, plan, mesh), **M.ddp_overheads(device, sync, plan), **ckpt,
+              "mesh_slice": mesh_slice_seconds(device, sync, plan)}, M.kernel_costs(device, sync, plan))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     over = {k: statistics.median(r[0][k] for r in everyone) for k in local[0]}
