@@ -55,11 +55,19 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
          "bytes per parameter)"),
         f"activations: the traced graph's saved tensors at {plan.precision} (masks 1 byte), recompute "
         f"{plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}; in-flight "
-        f"micro-batches per {plan.schedule}",
+        f"micro-batches per {plan.schedule}" + (
+            "; checkpointing's measured host cost per op of a checkpointed block"
+            if plan.recompute != "none" and _checkpoint_priced(cl.device.op_overhead, plan.recompute) else ""),
         f"memory: usable {cl.device.usable_memory_fraction:.0%} of {cl.device.memory_bytes / 2**30:.0f} GiB "
         "per device (the profile's allocator headroom)",
     ]
     return tuple(out)
+
+
+def _checkpoint_priced(ov, recompute: str) -> bool:
+    """Whether the profile has checkpointing's measured per-op host cost for this recompute policy."""
+    key = "sac" if recompute == "selective" else "checkpoint"
+    return any(getattr(ov, f"{key}_{k}") for k in ("forward", "backward", "linear_forward", "linear_backward"))
 
 
 def _compute_assumption(dev, precision: str, peak: float) -> str:

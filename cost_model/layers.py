@@ -15,6 +15,12 @@ saved is regenerated (early stop, on by default): ops after the last one produci
   softmax) re-runs, with the tp collectives feeding re-run ops (one per tensor) except reduce-scatters, whose
   outputs it keeps.
 
+Checkpointing's own host cost: torch's checkpoint packs and unpacks every saved tensor through Python hooks, and
+selective checkpointing runs every op of the forward and of the re-run through a Python dispatch mode that asks
+the policy; each op of a checkpointed block pays the profile's measured per-op figure (`checkpoint_*` / `sac_*`,
+a linear its `*_linear_*` one) in forward, and again in backward if the re-run reaches it (kept ops included:
+the mode still intercepts them to hand back the saved output).
+
 Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
 per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
 none under FSDP2, which gathers parameters already in the compute dtype), and its weight gradient is cast back to
@@ -177,9 +183,11 @@ class LayerCoster:
             kf, kb = kf + cf, kb + cb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
             f = m.compute.combine(kf, hf)
+            ck_f, ck_b = self._checkpoint_host(op.kind) if full or selective else (0.0, 0.0)
+            host_f += ck_f
             # views launch nothing, so re-running them costs nothing either
             rerun = pos <= stop and (full or (i not in kept and op.kind not in FREE_KINDS))
-            rec += f if rerun else 0.0
+            rec += (f if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
             for src, s_pl, d_pl, ef, eb in edges:
                 # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
@@ -213,6 +221,15 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors, partial_elems=partial_elems)
+
+    def _checkpoint_host(self, kind: str) -> tuple[float, float]:
+        """(forward, backward) host seconds checkpointing adds to one op of a checkpointed block beyond its plain
+        forward, backward and re-run (the profile's `checkpoint_*` / `sac_*` per op, the `*_linear_*` figures for
+        a linear; see the module docstring); backward applies to the ops the re-run reaches."""
+        ov = self.model.cluster.device.op_overhead
+        key = "sac" if self.plan.recompute == "selective" else "checkpoint"
+        lin = "linear_" if kind == "linear" else ""
+        return getattr(ov, f"{key}_{lin}forward"), getattr(ov, f"{key}_{lin}backward")
 
     def _edges(self, op, pl, vocab_loss: bool, reduced: set[str]) -> tuple[list[str], list[tuple]]:
         """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,

@@ -26,6 +26,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   send/receive loop run on the rank's own cores, so nothing overlaps: ZeRO gathers and reduce-scatters add to the
   passes, each gradient all-reduce or reduce-scatter delays the backward still running by its whole time, and a
   stage's send of activations or gradients keeps its rank busy for the transfer.
+- The runner's own host work before the first pass: with dp > 1 one dp sub-mesh lookup per step to slice the
+  replica's share of the global batch (the profile's `mesh_slice`), on the compute stream (counted as compute).
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
   the gradient and writes weight, m, v and the 16-bit copy (30 bytes in mixed precision, 28 in fp32; first-principles
   byte count of torch.optim.AdamW's fused update).
@@ -353,6 +355,12 @@ class StepPredictor:
         slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
         return free + own, spans, slowed + own
 
+    def step_host(self) -> float:
+        """Host seconds of the runner's own work per step before the first pass: with dp > 1 it takes the replica's
+        share of the global batch through one dp sub-mesh lookup (the profile's `mesh_slice`; executor.runner
+        `local_batch`)."""
+        return self.cm.cluster.device.op_overhead.mesh_slice if self.dp > 1 else 0.0
+
     def ddp_reducer(self, r: int) -> float:
         """DDP's own seconds in rank r's synchronised backward beyond its all-reduces (`OpOverhead.ddp_call`,
         `ddp_tensor`, `ddp_byte`: measured by `plan profile`; 0 in profiles without them)."""
@@ -385,7 +393,8 @@ class StepPredictor:
         # stage's input has arrived), so the first micro-batch meets every stage's exposed gather on its way through
         # the pipeline: the whole schedule shifts by their sum
         lead = sum(ch.first_gather_s for row in self.chunks for ch in row)
-        leads = [lead] * self.pp
+        host = self.step_host()
+        leads = [lead + host] * self.pp
         t_end, rows = [], []
         for r in range(self.pp):
             dp_end, spans, slowed = self.dp_tail(r, times)
@@ -403,8 +412,8 @@ class StepPredictor:
             opt = self.optimizer_time(r, psi / self.dp if self.zero >= 1 else psi)
             totals.append(t_end[r] + opt)
             spans, slowed = rows[r]
-            extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], slowed=slowed, end=t_end[r],
-                               tied=tied if r in (0, self.pp - 1) else 0.0))
+            extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], host=host, slowed=slowed,
+                               end=t_end[r], tied=tied if r in (0, self.pp - 1) else 0.0))
             if timeline:
                 events += [TraceEvent(name=n, device=r, stream="dp", start_s=a, duration_s=d) for a, d, n in spans]
                 if tied and r in (0, self.pp - 1):
@@ -466,7 +475,8 @@ class StepPredictor:
         compute = m * sum(ch.compute_s for ch in row)
         # what runs after the rank's last pass: the first-forward gather delay, contention on the last backward,
         # the dp reduction's exposed tail and the tied-weight all-reduce
-        exposed = (busy - compute) + max(0.0, x["end"] - float(comp_end[crit]))
+        exposed = (busy - compute) + max(0.0, x["end"] - float(comp_end[crit]) - x["host"])
+        compute += x["host"]  # the step's own host work before the first pass
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]
         breakdown = {

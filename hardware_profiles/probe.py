@@ -125,9 +125,13 @@ def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from hardware_profiles import measure as M
+    from hardware_profiles.measure_recompute import checkpoint_overheads, mesh_slice_seconds
     mesh = init_device_mesh(device.type, (world,))
-    local = ({**M.op_overheads(device, sync, plan, mesh), **M.ddp_overheads(device, sync, plan)},
-             M.kernel_costs(device, sync, plan))
+    # checkpointing's host cost only on CPU ranks: on GPUs the host runs ahead of the kernels, and the cost model
+    # adds these figures to the re-run as they are
+    ckpt = checkpoint_overheads(device, sync, plan) if device.type == "cpu" else {}
+    local = ({**M.op_overheads(device, sync, plan, mesh), **M.ddp_overheads(device, sync, plan), **ckpt,
+              "mesh_slice": mesh_slice_seconds(device, sync, plan)}, M.kernel_costs(device, sync, plan))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     over = {k: statistics.median(r[0][k] for r in everyone) for k in local[0]}
@@ -422,7 +426,10 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
              "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
-             "DTensor all-gather of an activation between matmuls beyond the all-gather alone.",
+             "DTensor all-gather of an activation between matmuls beyond the all-gather alone. checkpoint_* / sac_*: "
+             "seconds per op (elementwise; *_linear_*: F.linear) of a fully / selectively checkpointed chain of "
+             "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); mesh_slice: one "
+             "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "

@@ -91,6 +91,28 @@ class OpOverhead:
     bookkeeping)."""
     ddp_byte: float = 0.0
     """DDP's own seconds per fp32 gradient byte of such a step (copying gradients into the buckets and back)."""
+    checkpoint_forward: float = 0.0
+    """Seconds per op inside a fully checkpointed block (non-reentrant torch.utils.checkpoint) beyond its plain
+    forward: saved-tensor packing (chains of tiny ops, `hardware_profiles.measure_recompute`); 0 when unknown."""
+    checkpoint_backward: float = 0.0
+    """Seconds per such op in backward beyond its plain backward and one plain re-run of its forward (unpacking,
+    the re-run's frame)."""
+    checkpoint_linear_forward: float = 0.0
+    """As `checkpoint_forward` for an F.linear call on a 3-D activation."""
+    checkpoint_linear_backward: float = 0.0
+    """As `checkpoint_backward` for an F.linear call."""
+    sac_forward: float = 0.0
+    """As `checkpoint_forward` under selective checkpointing (every aten op through the SAC TorchDispatchMode)."""
+    sac_backward: float = 0.0
+    """As `checkpoint_backward` under selective checkpointing."""
+    sac_linear_forward: float = 0.0
+    """As `sac_forward` for an F.linear call (its four aten ops through the mode)."""
+    sac_linear_backward: float = 0.0
+    """As `sac_backward` for an F.linear call."""
+    mesh_slice: float = 0.0
+    """Seconds of one data-parallel sub-mesh lookup and local rank (`mesh["dp"].get_local_rank()` on a (pp, dp, tp)
+    DeviceMesh, which rebuilds the sub-mesh's layout in Python each time): the executor's runner makes one per step
+    to take a dp replica's share of the global batch."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cost_model.compute import kernel_family
-from cost_model.layers import runs_on_dtensors
+from cost_model.layers import LayerCoster, recompute_stop, runs_on_dtensors
 from cost_model.model import CostModel
 from hardware_profiles.load import cluster_from_dict, cluster_to_dict, load_cluster
 from hardware_profiles.schema import OpOverhead, ProfileError
@@ -109,6 +109,51 @@ def test_kernel_families():
     g = megatron_gpt()
     fam = {op.kind: kernel_family(op) for op in g.ops}
     assert fam["norm"] == "layer_norm" and fam["linear"] is None and fam["reshape"] is None
+
+
+@pytest.mark.parametrize("recompute,key", [("full", "checkpoint"), ("selective", "sac")])
+def test_checkpointed_block_ops_pay_the_measured_checkpoint_cost(recompute, key):
+    """Every op of a checkpointed block pays the forward figure; the ops the re-run reaches (up to early stop) pay
+    the backward one; linears their own figures; nothing outside blocks or without recompute."""
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=1)
+    figs = {f"{key}_forward": 1e-3, f"{key}_backward": 2e-3, f"{key}_linear_forward": 4e-3,
+            f"{key}_linear_backward": 8e-3}
+    other = "sac" if key == "checkpoint" else "checkpoint"  # the other policy's figures must not be charged
+    over = _with(base, op_overhead=OpOverhead(**figs, **{f"{other}_forward": 1.0, f"{other}_backward": 1.0}))
+    block = next(l for l in g.layers() if l.block_type)
+    ops = [g.ops[i] for i in block.ops]
+    stop = recompute_stop(g, block)
+    fig = lambda op, part: figs[f"{key}_{'linear_' if op.kind == 'linear' else ''}{part}"]  # noqa: E731
+    for rc in ("none", recompute):
+        plan = default_plan(g, base, 1, "bf16", {"dp": 1, "tp": 1, "pp": 1, "mbs": 1, "recompute": rc}, "m")
+        c0 = LayerCoster(CostModel(base), g, plan, CostModel(base).tp_group(1)).cost(block)
+        c1 = LayerCoster(CostModel(over), g, plan, CostModel(over).tp_group(1)).cost(block)
+        want_f = sum(fig(op, "forward") for op in ops) if rc != "none" else 0.0
+        want_b = sum(fig(op, "backward") for op in ops[:stop + 1]) if rc != "none" else 0.0
+        assert c1.fwd_compute - c0.fwd_compute == pytest.approx(want_f)
+        assert c1.recompute - c0.recompute == pytest.approx(want_b)
+        assert c1.bwd_compute == pytest.approx(c0.bwd_compute)
+        head = g.layers()[-1]
+        assert LayerCoster(CostModel(over), g, plan, CostModel(over).tp_group(1)).cost(head).fwd_compute == \
+            pytest.approx(LayerCoster(CostModel(base), g, plan, CostModel(base).tp_group(1)).cost(head).fwd_compute)
+
+
+def test_mesh_slice_is_paid_once_per_step_with_dp():
+    """The runner's dp sub-mesh lookup (one per step, to slice the global batch) adds to the step and its compute,
+    only where dp > 1."""
+    g = megatron_gpt(layers=2)
+    base = cluster(per_node=2)
+    over = _with(base, op_overhead=OpOverhead(mesh_slice=3e-3))
+    for mesh, paid in (({"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, True),
+                       ({"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 3}, True),
+                       ({"dp": 1, "tp": 2, "pp": 1, "mbs": 1}, False)):
+        plan = default_plan(g, base, 4, "bf16", mesh, "m")
+        p0, p1 = CostModel(base).predict(g, plan), CostModel(over).predict(g, plan)
+        want = 3e-3 if paid else 0.0
+        assert p1.step_time_s - p0.step_time_s == pytest.approx(want), mesh
+        assert p1.breakdown["compute_s"] - p0.breakdown["compute_s"] == pytest.approx(want), mesh
+        assert p1.breakdown["exposed_comm_s"] == pytest.approx(p0.breakdown["exposed_comm_s"]), mesh
 
 
 def test_fields_round_trip_and_default_to_zero():

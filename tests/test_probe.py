@@ -94,6 +94,12 @@ def test_profile_two_gloo_ranks(tmp_path):
     raw = result.raw["overhead"]
     assert all(raw[f"ddp_extra_{n}x{w}"] > 0 and raw[f"ddp_allreduce_{n}x{w}"] > 0 for n, w in DDP_STACKS)
     assert ov.ddp_call < 0.5 and ov.ddp_tensor < 0.01 and ov.ddp_byte < 1e-6 and 0 <= ov.dtensor_redistribute < 0.1
+    # checkpointing's host cost per op: selective checkpointing's dispatch mode costs something on every op (a
+    # linear's four aten ops more than one multiplication); full checkpointing's hooks are sane
+    assert 0 < ov.sac_forward < 1e-3 and ov.sac_linear_forward > ov.sac_forward and 0 < ov.sac_backward < 1e-3
+    assert all(0 <= getattr(ov, f"checkpoint_{k}") < 1e-3 for k in ("forward", "backward", "linear_forward",
+                                                                    "linear_backward"))
+    assert 0 < ov.mesh_slice < 0.1  # the runner's per-step dp sub-mesh lookup
     # one compute thread per rank, and gloo's collectives run on the same cores
     assert c.device.threads == 1 and c.device.comm_shares_compute
     n = len(plan_for(True, False).matmul_sizes["fp32"])  # nn.Linear rates at every fp32 matmul size

@@ -1,0 +1,113 @@
+"""Host costs timed inside one rank of `plan profile` in the thread's CPU time: activation checkpointing per op,
+and the runner's per-step sub-mesh lookup.
+
+torch's non-reentrant `checkpoint` packs and unpacks every tensor the checkpointed forward saves through Python
+saved-tensor hooks and re-runs the forward in backward from a recorded frame; selective checkpointing
+(`create_selective_checkpoint_contexts`, torchtitan's op-level SAC) also runs every op of the forward and of the
+re-run through a Python TorchDispatchMode that asks the policy. On CPU ranks both are a fixed host cost per op, on
+top of the ops' own dispatch, that no kernel measurement sees. Measured here on chains of tiny ops (kernel time
+nil), per op of the checkpointed region, split by kind as the cost model prices dispatch: elementwise ops and
+`F.linear` calls. Timed in the thread's CPU time: pure host work, which other processes on a shared machine would
+otherwise inflate.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from hardware_profiles.measure import MeasurePlan
+
+CKPT_CHAIN = 16
+"""Ops per checkpointed call (about a transformer block's worth), so the call's own start-up is spread over ops as
+in a model."""
+
+
+def _sac_context() -> tuple:
+    """Selective-checkpoint contexts whose policy keeps every other matmul and recomputes the rest, as the
+    executor's (torchtitan's) policy does for a block's linears; tiny elementwise ops are all recomputed."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    mm = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    count = [0]
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in mm:
+            count[0] += 1
+            return CheckpointPolicy.MUST_SAVE if count[0] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _times(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode: str, sync: Callable[[], None],
+           plan: MeasurePlan) -> tuple[float, float]:
+    """(forward, forward + backward) median seconds of `chain(x)` plain (`mode` "plain"), under a full
+    non-reentrant checkpoint ("full") or under selective checkpointing ("selective")."""
+    from torch.utils.checkpoint import checkpoint
+    if mode == "plain":
+        run = chain
+    elif mode == "full":
+        def run(t):
+            return checkpoint(chain, t, use_reentrant=False)
+    else:
+        def run(t):
+            return checkpoint(chain, t, use_reentrant=False, context_fn=_sac_context)
+    return _cpu_seconds(lambda: run(x), sync, plan), _cpu_seconds(lambda: run(x).sum().backward(), sync, plan)
+
+
+def _cpu_seconds(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
+    """Median CPU seconds of this thread per call of `fn` (host work only, so other processes sharing the cores
+    do not inflate it as they do wall time; on an idle core the two agree)."""
+    for _ in range(plan.warmup):
+        fn()
+    sync()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < plan.repeats and (len(samples) < 3 or time.perf_counter() - start < plan.budget_s):
+        t0 = time.thread_time()
+        fn()
+        sync()
+        samples.append(time.thread_time() - t0)
+    return statistics.median(samples)
+
+
+def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
+    """Seconds per op of a checkpointed region beyond the op's own plain cost, for full (`checkpoint_*`) and
+    selective (`sac_*`) recomputation: forward (`*_forward`: saved-tensor packing, the SAC mode's policy call)
+    and backward (`*_backward`: unpacking, the re-run's frame and mode, beyond one plain re-run of every op, which
+    the cost model prices as recomputation), for elementwise ops (a chain of tiny multiplications by a
+    parameter, each saving its inputs) and for F.linear calls on a [batch, tokens, features] activation as models
+    make them (`*_linear_*`: a view, the weight's transpose, addmm and a view, each through the SAC mode)."""
+    w = torch.nn.Parameter(torch.ones(1, device=device))
+    lw = torch.nn.Parameter(torch.ones(2, 2, device=device))
+    lb = torch.nn.Parameter(torch.ones(2, device=device))
+
+    def muls(t):
+        for _ in range(CKPT_CHAIN):
+            t = t * w
+        return t
+
+    def linears(t):
+        for _ in range(CKPT_CHAIN):
+            t = torch.nn.functional.linear(t, lw, lb)
+        return t
+    out: dict[str, float] = {}
+    for kind, chain, x in (("", muls, torch.ones(1, device=device, requires_grad=True)),
+                           ("linear_", linears, torch.ones(1, 2, 2, device=device, requires_grad=True))):
+        f0, fb0 = _times(chain, x, "plain", sync, plan)
+        for key, mode in (("checkpoint", "full"), ("sac", "selective")):
+            f, fb = _times(chain, x, mode, sync, plan)
+            out[f"{key}_{kind}forward"] = max(f - f0, 0.0) / CKPT_CHAIN
+            # backward beyond the plain backward and one plain re-run of the forward
+            out[f"{key}_{kind}backward"] = max((fb - f) - (fb0 - f0) - f0, 0.0) / CKPT_CHAIN
+    return out
+
+
+def mesh_slice_seconds(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> float:
+    """CPU seconds of `mesh["dp"].get_local_rank()` on a (pp, dp, tp) = (1, world, 1) DeviceMesh named as the
+    executor names its mesh (every rank must call this: building the mesh creates process groups)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    mesh = init_device_mesh(device.type, (1, dist.get_world_size(), 1), mesh_dim_names=("pp", "dp", "tp"))
+    return _cpu_seconds(lambda: mesh["dp"].get_local_rank(), sync, plan)
