@@ -46,7 +46,7 @@ def _a_plan(tmp_path):
 def _fake_launch(write: bool, rc: int):
     import json
 
-    def launch(plan_path, model_path, world, steps, warmup, threads, result, timeout=None, trace=None):
+    def launch(plan_path, model_path, world, steps, warmup, threads, result, timeout=None, trace=None, compile=None):
         if write:
             with open(result, "w") as f:
                 json.dump({"step_time_s": 0.01, "peak_memory_bytes": 1, "memory_bytes": {"peak": 1},
