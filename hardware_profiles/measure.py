@@ -70,18 +70,19 @@ DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, 
 
 
 def time_calls(fn: Callable[[], object], sync: Callable[[], None], warmup: int, repeats: int,
-               budget_s: float) -> list[float]:
-    """Seconds per call of `fn` for up to `repeats` calls after `warmup` untimed calls."""
+               budget_s: float, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds per call of `fn` for up to `repeats` calls after `warmup` untimed calls (within `budget_s` of wall
+    time once 3 are taken), on `clock` (wall time; `time.thread_time` for this thread's CPU time)."""
     for _ in range(warmup):
         fn()
     sync()
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        samples.append(time.perf_counter() - t0)
+        samples.append(clock() - t0)
     return samples
 
 
@@ -307,14 +308,18 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     return out
 
 
-def _fixed_times(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
+def _fixed_times(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
+                 alone_in: dist.ProcessGroup | None | bool = False) -> float:
     """Median seconds per call of `fn` over a fixed number of calls: every rank makes the same calls (a time
-    budget could differ between ranks, and these calls communicate)."""
+    budget could differ between ranks, and these calls communicate). `alone_in` (a process group, None for the
+    default one): each call is a collective issued alone, after a barrier over that group."""
     for _ in range(plan.warmup):
         fn()
     sync()
     samples = []
     for _ in range(plan.repeats):
+        if alone_in is not False:
+            dist.barrier(group=alone_in)
         t0 = time.perf_counter()
         fn()
         sync()
@@ -382,8 +387,9 @@ def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[
     gather = _all_gather()
     scatter = _reduce_scatter()
 
-    return (2 if reshard else 1) * _alone(lambda: gather(full, shard, group=group), sync, plan, group) + \
-        _alone(lambda: scatter(shard, full, group=group), sync, plan, group)
+    gathers = _fixed_times(lambda: gather(full, shard, group=group), sync, plan, alone_in=group)
+    return (2 if reshard else 1) * gathers + \
+        _fixed_times(lambda: scatter(shard, full, group=group), sync, plan, alone_in=group)
 
 
 def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
@@ -471,7 +477,8 @@ def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasureP
         extra.append(_paired_extra(lambda: step(plain), lambda: step(wrapped), sync, plan, group))
         params = list(plain.parameters())
         bufs = [torch.ones(b // 4, device=device) for b in _ddp_buckets(params)]
-        comm.append(sum(_alone(lambda b=b: dist.all_reduce(b, group=group), sync, plan, group) for b in bufs))
+        comm.append(sum(_fixed_times(lambda b=b: dist.all_reduce(b, group=group), sync, plan, alone_in=group)
+                        for b in bufs))
         rows.append((1.0, float(len(params)), float(sum(p.numel() * p.element_size() for p in params))))
     own = np.array([e - c for e, c in zip(extra, comm)])
     call, per_tensor, per_byte = np.linalg.solve(np.array(rows), own)
@@ -490,21 +497,6 @@ def _all_gather() -> Callable[..., object]:
 def _reduce_scatter() -> Callable[..., object]:
     """torch's flat reduce-scatter (`reduce_scatter_single`; `reduce_scatter_tensor` before torch 2.13)."""
     return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def _alone(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
-           group: dist.ProcessGroup | None) -> float:
-    """Median seconds of one collective call issued alone after a barrier (every rank makes the same calls)."""
-    for _ in range(plan.warmup):
-        fn()
-    samples = []
-    for _ in range(plan.repeats):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 REDISTRIBUTE_CHAIN = 8
@@ -534,7 +526,8 @@ def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: 
     extra = _paired_extra(lambda: chain(False), lambda: chain(True), sync, plan, group) / REDISTRIBUTE_CHAIN
     full = torch.ones(local.numel() * world, device=device)
     gather = _all_gather()
-    return max(extra - _alone(lambda: gather(full, local.reshape(-1), group=group), sync, plan, group), 0.0)
+    alone = _fixed_times(lambda: gather(full, local.reshape(-1), group=group), sync, plan, alone_in=group)
+    return max(extra - alone, 0.0)
 
 
 def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object,

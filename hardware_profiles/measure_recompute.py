@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from hardware_profiles.measure import MeasurePlan
+from hardware_profiles.measure import MeasurePlan, time_calls
 
 CKPT_CHAIN = 16
 """Ops per checkpointed call (about a transformer block's worth), so the call's own start-up is spread over ops as
@@ -59,17 +59,7 @@ def _times(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode:
 def _cpu_seconds(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
     """Median CPU seconds of this thread per call of `fn` (host work only, so other processes sharing the cores
     do not inflate it as they do wall time; on an idle core the two agree)."""
-    for _ in range(plan.warmup):
-        fn()
-    sync()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < plan.repeats and (len(samples) < 3 or time.perf_counter() - start < plan.budget_s):
-        t0 = time.thread_time()
-        fn()
-        sync()
-        samples.append(time.thread_time() - t0)
-    return statistics.median(samples)
+    return statistics.median(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s, clock=time.thread_time))
 
 
 def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
