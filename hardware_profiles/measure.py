@@ -309,17 +309,17 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
 
 
 def _fixed_times(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
-                 alone_in: dist.ProcessGroup | None | bool = False) -> float:
+                 alone: bool = False, group: dist.ProcessGroup | None = None) -> float:
     """Median seconds per call of `fn` over a fixed number of calls: every rank makes the same calls (a time
-    budget could differ between ranks, and these calls communicate). `alone_in` (a process group, None for the
-    default one): each call is a collective issued alone, after a barrier over that group."""
+    budget could differ between ranks, and these calls communicate). `alone`: each call is a collective over
+    `group` (None: the default group) issued alone, after a barrier over it."""
     for _ in range(plan.warmup):
         fn()
     sync()
     samples = []
     for _ in range(plan.repeats):
-        if alone_in is not False:
-            dist.barrier(group=alone_in)
+        if alone:
+            dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
         sync()
@@ -387,9 +387,9 @@ def _fsdp_comm_time(n: int, reshard: bool, device: torch.device, sync: Callable[
     gather = _all_gather()
     scatter = _reduce_scatter()
 
-    gathers = _fixed_times(lambda: gather(full, shard, group=group), sync, plan, alone_in=group)
+    gathers = _fixed_times(lambda: gather(full, shard, group=group), sync, plan, alone=True, group=group)
     return (2 if reshard else 1) * gathers + \
-        _fixed_times(lambda: scatter(shard, full, group=group), sync, plan, alone_in=group)
+        _fixed_times(lambda: scatter(shard, full, group=group), sync, plan, alone=True, group=group)
 
 
 def fsdp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
@@ -477,7 +477,7 @@ def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasureP
         extra.append(_paired_extra(lambda: step(plain), lambda: step(wrapped), sync, plan, group))
         params = list(plain.parameters())
         bufs = [torch.ones(b // 4, device=device) for b in _ddp_buckets(params)]
-        comm.append(sum(_fixed_times(lambda b=b: dist.all_reduce(b, group=group), sync, plan, alone_in=group)
+        comm.append(sum(_fixed_times(lambda b=b: dist.all_reduce(b, group=group), sync, plan, alone=True, group=group)
                         for b in bufs))
         rows.append((1.0, float(len(params)), float(sum(p.numel() * p.element_size() for p in params))))
     own = np.array([e - c for e, c in zip(extra, comm)])
@@ -526,7 +526,7 @@ def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: 
     extra = _paired_extra(lambda: chain(False), lambda: chain(True), sync, plan, group) / REDISTRIBUTE_CHAIN
     full = torch.ones(local.numel() * world, device=device)
     gather = _all_gather()
-    alone = _fixed_times(lambda: gather(full, local.reshape(-1), group=group), sync, plan, alone_in=group)
+    alone = _fixed_times(lambda: gather(full, local.reshape(-1), group=group), sync, plan, alone=True, group=group)
     return max(extra - alone, 0.0)
 
 
