@@ -500,7 +500,10 @@ def main(argv: Sequence[str] | None = None,
                                "PRESET to keep that profile's links, e.g. --links-from dgx-h100)")
         if nproc == 1:
             from hardware_profiles.load import load_cluster
-            links_from = load_cluster(args.links_from)
+            try:
+                links_from = load_cluster(args.links_from)
+            except ProfileError as e:  # load names the flag it usually serves (--cluster)
+                raise ProfileError(str(e).replace("--cluster:", "--links-from:", 1)) from None
         if backend == "nccl" and nproc > torch.cuda.device_count():
             raise ProfileError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPUs are visible")
         if backend == "gloo" and nproc > (os.cpu_count() or 1) * 4:
