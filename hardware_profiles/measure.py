@@ -1,12 +1,15 @@
 """Timed measurements made inside one rank of `plan profile`, and the alpha-beta fit of a ring all-reduce.
 
-Every figure here is a median over repeats after warm-up. Collective timings take, for each repeat, the slowest
-rank (a collective is done when its last rank is done), then the median over repeats. Sizes follow nccl-tests:
+Every figure here is the expected time of one call (`expected`: the mean over repeats after warm-up, the slowest
+5 % of samples dropped), not the median: a step's time is a sum of many calls, and a sum's expectation is the sum
+of the means. On CPU ranks the two differ by far: a 4 KiB gloo all-reduce over loopback issued alone after a
+barrier took 0.7 ms at the median and 1.1-2.3 ms on average (60 calls per figure, 2 ranks, measured here), so
+medians priced every call at its fast mode. Collective timings take, for each repeat, the slowest rank (a
+collective is done when its last rank is done), then the expected time over repeats. Sizes follow nccl-tests:
 the whole array in bytes (all-gather: the gathered output; reduce-scatter: the input before scattering).
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -34,9 +37,12 @@ class MeasurePlan:
     warmup: int
     """Untimed calls before each measurement."""
     repeats: int
-    """Timed calls per measurement (the median is kept)."""
+    """Timed calls per measurement (their `expected` time is kept)."""
     budget_s: float
     """Stop repeating one measurement once it has taken this long (keeping at least 3 samples)."""
+    collective_repeats: int = 0
+    """Timed calls per collective and size (0: `repeats`). More on CPU ranks, where gloo's times are heavy-tailed and
+    a mean needs more samples than a median."""
 
     def steps(self) -> list[str]:
         """Labels of the measurement steps, in order, for the progress bar."""
@@ -62,11 +68,22 @@ def plan_for(quick: bool, cuda: bool) -> MeasurePlan:
     return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256, 512, 1024), "bf16": (16, 32, 64, 128)},
                        copy_bytes=tuple(2 ** k for k in range(16, 29, 2)),         # 64 KiB .. 256 MiB
                        collective_bytes=tuple(2 ** k for k in range(12, 25, 2)),   # 4 KiB .. 16 MiB
-                       collectives=names, warmup=3, repeats=15, budget_s=1.0)
+                       collectives=names, warmup=3, repeats=15, budget_s=1.0, collective_repeats=45)
 
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """Torch dtype used for each profiled dtype name (tf32 is fp32 with TF32 tensor cores allowed)."""
+
+
+SLOWEST_DROPPED = 0.05
+"""Fraction of the slowest samples `expected` drops: rare scheduler stalls (a call in twenty or fewer), which most
+training steps do not meet."""
+
+
+def expected(samples: Sequence[float]) -> float:
+    """Expected seconds per call: the mean of `samples` without the slowest SLOWEST_DROPPED of them."""
+    kept = sorted(samples)[:max(1, len(samples) - int(len(samples) * SLOWEST_DROPPED))]
+    return sum(kept) / len(kept)
 
 
 def time_calls(fn: Callable[[], object], sync: Callable[[], None], warmup: int, repeats: int,
@@ -88,7 +105,7 @@ def time_calls(fn: Callable[[], object], sync: Callable[[], None], warmup: int, 
 
 def matmul_rates(dtype: str, sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
                  plan: MeasurePlan) -> list[tuple[float, float]]:
-    """[(FLOPs of one n x n x n matmul, median FLOP/s)] for each size."""
+    """[(FLOPs of one n x n x n matmul, FLOP/s at its expected time)] for each size."""
     tf32_was = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
@@ -96,7 +113,7 @@ def matmul_rates(dtype: str, sizes: Sequence[int], device: torch.device, sync: C
         for n in sizes:
             a = torch.randn(n, n, device=device).to(DTYPES[dtype])
             b = torch.randn(n, n, device=device).to(DTYPES[dtype])
-            t = statistics.median(time_calls(lambda: torch.mm(a, b), sync, plan.warmup, plan.repeats,
+            t = expected(time_calls(lambda: torch.mm(a, b), sync, plan.warmup, plan.repeats,
                                              plan.budget_s))
             out.append((2.0 * n ** 3, 2.0 * n ** 3 / t))
         return out
@@ -106,12 +123,12 @@ def matmul_rates(dtype: str, sizes: Sequence[int], device: torch.device, sync: C
 
 def copy_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
                plan: MeasurePlan) -> list[tuple[float, float]]:
-    """[(bytes moved by one copy = 2 x size, median bytes/s)] for tensor copies of each size."""
+    """[(bytes moved by one copy = 2 x size, bytes/s at its expected time)] for tensor copies of each size."""
     out = []
     for size in sizes:
         src = torch.ones(size // 4, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
-        t = statistics.median(time_calls(lambda: dst.copy_(src), sync, plan.warmup, plan.repeats, plan.budget_s))
+        t = expected(time_calls(lambda: dst.copy_(src), sync, plan.warmup, plan.repeats, plan.budget_s))
         out.append((2.0 * size, 2.0 * size / t))
     return out
 
@@ -172,7 +189,7 @@ def collective_samples(name: str, sizes: Sequence[int], device: torch.device, sy
                 fn()
         sync()
         samples = []
-        for _ in range(plan.repeats):
+        for _ in range(plan.collective_repeats or plan.repeats):
             dist.barrier(group=group)
             t0 = time.perf_counter()
             for _ in range(k if fn is not None else 0):
@@ -185,9 +202,9 @@ def collective_samples(name: str, sizes: Sequence[int], device: torch.device, sy
     return out
 
 
-def medians(samples: dict[int, list[float]]) -> list[tuple[int, float]]:
-    """[(size, median seconds)] in increasing size."""
-    return [(s, statistics.median(v)) for s, v in sorted(samples.items())]
+def expected_curve(samples: dict[int, list[float]]) -> list[tuple[int, float]]:
+    """[(size, expected seconds)] in increasing size."""
+    return [(s, expected(v)) for s, v in sorted(samples.items())]
 
 
 def fit_ring_allreduce(points: Sequence[tuple[float, float]], n: int) -> tuple[float, float]:
@@ -234,8 +251,8 @@ def _chain_times(x0: torch.Tensor, sync: Callable[[], None], plan: MeasurePlan,
             y = op(y)
         return y
 
-    t_f = statistics.median(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
-    t_fb = statistics.median(time_calls(lambda: fwd().sum().backward(), sync, plan.warmup, plan.repeats,
+    t_f = expected(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
+    t_fb = expected(time_calls(lambda: fwd().sum().backward(), sync, plan.warmup, plan.repeats,
                                         plan.budget_s))
     # the backward call also pays one sum op and its node; a chain's length makes those negligible
     return t_f / CHAIN_OPS, max(t_fb - t_f, 0.0) / CHAIN_OPS
@@ -246,7 +263,7 @@ def _adam_time(params: list, sync: Callable[[], None], plan: MeasurePlan) -> flo
     for p in params:
         p.grad = torch.ones_like(p)
     opt = torch.optim.AdamW(params, lr=1e-4)
-    return statistics.median(time_calls(opt.step, sync, plan.warmup, plan.repeats, plan.budget_s)) / len(params)
+    return expected(time_calls(opt.step, sync, plan.warmup, plan.repeats, plan.budget_s)) / len(params)
 
 
 LINEAR_CHAIN = 16
@@ -263,8 +280,8 @@ def _linear_overhead(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, sync: Ca
             y = torch.nn.functional.linear(y, w, b)
         return y
     g = torch.ones_like(fwd()).detach()
-    f = statistics.median(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
-    fb = statistics.median(time_calls(lambda: fwd().backward(g), sync, plan.warmup, plan.repeats, plan.budget_s))
+    f = expected(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
+    fb = expected(time_calls(lambda: fwd().backward(g), sync, plan.warmup, plan.repeats, plan.budget_s))
     return f / LINEAR_CHAIN, max(fb - f, 0.0) / LINEAR_CHAIN
 
 
@@ -310,7 +327,7 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
 
 def _fixed_times(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan,
                  alone: bool = False, group: dist.ProcessGroup | None = None) -> float:
-    """Median seconds per call of `fn` over a fixed number of calls: every rank makes the same calls (a time
+    """Expected seconds per call of `fn` over a fixed number of calls: every rank makes the same calls (a time
     budget could differ between ranks, and these calls communicate). `alone`: each call is a collective over
     `group` (None: the default group) issued alone, after a barrier over it."""
     for _ in range(plan.warmup):
@@ -324,7 +341,7 @@ def _fixed_times(fn: Callable[[], object], sync: Callable[[], None], plan: Measu
         fn()
         sync()
         samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    return expected(samples)
 
 
 FSDP_MODULES = 6
@@ -435,7 +452,7 @@ def _ddp_buckets(params: list, cap: int = 25 * 2**20) -> list[int]:
 
 def _paired_extra(base: Callable[[], object], other: Callable[[], object], sync: Callable[[], None],
                   plan: MeasurePlan, group: dist.ProcessGroup | None) -> float:
-    """Median over repeats of (seconds of `other` - seconds of `base`), the two timed back to back in each repeat
+    """Expected value over repeats of (seconds of `other` - seconds of `base`), the two timed back to back in each repeat
     after a barrier, so that load from other processes hits both alike (every rank makes the same calls)."""
     for _ in range(plan.warmup):
         base()
@@ -450,7 +467,7 @@ def _paired_extra(base: Callable[[], object], other: Callable[[], object], sync:
         other()
         sync()
         diffs.append((time.perf_counter() - t1) - (t1 - t0))
-    return statistics.median(diffs)
+    return expected(diffs)
 
 
 def ddp_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
@@ -559,8 +576,8 @@ def linear_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], 
         def fb():
             lin(x).backward(dy)
             lin.weight.grad = lin.bias.grad = x.grad = None
-        f = statistics.median(time_calls(lambda: lin(x), sync, plan.warmup, plan.repeats, plan.budget_s))
-        t = statistics.median(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s))
+        f = expected(time_calls(lambda: lin(x), sync, plan.warmup, plan.repeats, plan.budget_s))
+        t = expected(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s))
         f_k = max(f - overhead.get("forward", 0.0), f * 0.05)
         b_k = max(t - f - 3 * overhead.get("backward", 0.0), (t - f) * 0.05, 1e-9)
         out.append((flops, flops / f_k, 2 * flops / b_k))
@@ -585,8 +602,8 @@ def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     for name, (t0, fn) in fns.items():
         t = t0.clone().requires_grad_()
         g = torch.ones_like(t0)
-        f = statistics.median(time_calls(lambda: fn(t), sync, plan.warmup, plan.repeats, plan.budget_s))
-        fb = statistics.median(time_calls(lambda: fn(t).backward(g), sync, plan.warmup, plan.repeats,
+        f = expected(time_calls(lambda: fn(t), sync, plan.warmup, plan.repeats, plan.budget_s))
+        fb = expected(time_calls(lambda: fn(t).backward(g), sync, plan.warmup, plan.repeats,
                                           plan.budget_s))
         out[name] = (f / elems, max(fb - f, 0.0) / elems)
     return out

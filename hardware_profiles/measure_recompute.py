@@ -12,13 +12,12 @@ otherwise inflate.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
 import torch
 
-from hardware_profiles.measure import MeasurePlan, time_calls
+from hardware_profiles.measure import MeasurePlan, expected, time_calls
 
 CKPT_CHAIN = 16
 """Ops per checkpointed call (about a transformer block's worth), so the call's own start-up is spread over ops as
@@ -42,7 +41,7 @@ def _sac_context() -> tuple:
 
 def _times(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode: str, sync: Callable[[], None],
            plan: MeasurePlan) -> tuple[float, float]:
-    """(forward, forward + backward) median seconds of `chain(x)` plain (`mode` "plain"), under a full
+    """(forward, forward + backward) expected seconds of `chain(x)` plain (`mode` "plain"), under a full
     non-reentrant checkpoint ("full") or under selective checkpointing ("selective")."""
     from torch.utils.checkpoint import checkpoint
     if mode == "plain":
@@ -59,7 +58,7 @@ def _times(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode:
 def _cpu_seconds(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
     """Median CPU seconds of this thread per call of `fn` (host work only, so other processes sharing the cores
     do not inflate it as they do wall time; on an idle core the two agree)."""
-    return statistics.median(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s, clock=time.thread_time))
+    return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s, clock=time.thread_time))
 
 
 def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:

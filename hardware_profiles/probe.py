@@ -177,7 +177,7 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         raw["curves"][level] = {}
         for name in plan.collectives:
             samples = M.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
-            raw["curves"][level][name] = M.medians(samples)
+            raw["curves"][level][name] = M.expected_curve(samples)
             if name == "all_reduce" and level == "intra_node" and cfg.get("repeat_all_reduce"):
                 again = M.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
                 raw["all_reduce_runs"] = [samples, again]
@@ -413,7 +413,7 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
     lines = [f"Measured by `plan profile` on {socket.gethostname()}, {_dt.date.today().isoformat()}: "
              f"{raw['world']} ranks ({raw['backend']}, {nodes} node(s) x {raw['local_world']}), torch "
              f"{torch.__version__}, {elapsed:.1f} s.",
-             "peak_flops and memory_bandwidth are the best rates measured here (median over repeats, median over "
+             "peak_flops and memory_bandwidth are the best rates measured here (expected time over repeats, median over "
              "ranks), not datasheet peaks;",
              "matmul_efficiency / memory_efficiency are the measured rates by size divided by them (square "
              "matmuls; tensor copies, bytes read + written).",
@@ -433,13 +433,13 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
-             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], median device time (CUDA events on "
+             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events on "
              "GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "
              "one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "
-             "[bytes, seconds] medians (on CPU ranks each of one call issued alone after a barrier, as training "
+             "[bytes, seconds] expected times (mean of the repeats without the slowest 5 %; on CPU ranks each of one call issued alone after a barrier, as training "
              "issues them between ops; on GPUs of back-to-back loops for small messages, as nccl-tests)."]
     if raw["backend"] == "gloo":
         lines.append("CPU ranks: `threads` compute threads each; gloo talks TCP over the loopback interface (kind "

@@ -4,28 +4,27 @@ The shapes come from the caller (the planner traces the model; this package impo
 (batch, M, N, K) runs as torch.matmul of contiguous [batch, M, K] x [batch, K, N] operands (plain mm at batch 1);
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
 tensors, forward alone and forward + backward (backward = the difference). On CUDA the kernels are timed with CUDA
-events (device time, after warm-up, median of repeats); on CPU with the wall clock, minus the measured per-op host
+events (device time, after warm-up, expected time over repeats (measure.expected)); on CPU with the wall clock, minus the measured per-op host
 overhead (the cost model charges that separately), as `measure.linear_rates` does.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from hardware_profiles.measure import DTYPES, MeasurePlan, time_calls
+from hardware_profiles.measure import DTYPES, MeasurePlan, expected, time_calls
 
 FLOOR_CHAIN = 64
 """Tiny back-to-back kernels timed for the per-kernel floor."""
 
 
-def _median_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
+def _expected_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
                     plan: MeasurePlan) -> float:
-    """Median seconds of one call of `fn`: CUDA-event device time on GPUs, wall clock on CPUs."""
+    """Expected seconds of one call of `fn`: CUDA-event device time on GPUs, wall clock on CPUs."""
     if device.type != "cuda":
-        return statistics.median(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s))
+        return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s))
     for _ in range(plan.warmup):
         fn()
     torch.cuda.synchronize(device)
@@ -37,7 +36,7 @@ def _median_seconds(fn: Callable[[], object], device: torch.device, sync: Callab
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
+    return expected(samples)
 
 
 def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, device: torch.device,
@@ -49,7 +48,7 @@ def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, de
         a = torch.randn(b, m, k, device=device).to(DTYPES[precision])
         w = torch.randn(b, k, n, device=device).to(DTYPES[precision])
         fn = (lambda: torch.mm(a[0], w[0])) if b == 1 else (lambda: torch.bmm(a, w))
-        t = _median_seconds(fn, device, sync, plan)
+        t = _expected_seconds(fn, device, sync, plan)
         out.append((b, m, n, k, precision, max(t - host_s, 0.05 * t)))
     return out
 
@@ -71,9 +70,9 @@ def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precisi
         def fwd():
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        t_f = _median_seconds(fwd, device, sync, plan)
+        t_f = _expected_seconds(fwd, device, sync, plan)
         # autograd.grad, not backward(): no gradient accumulation kernels into q/k/v.grad
-        t_fb = _median_seconds(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
+        t_fb = _expected_seconds(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
         t_b = max(t_fb - t_f, 0.0)
         out.append((bh, s_q, s_k, d, causal, precision, max(t_f - host_s[0], 0.05 * t_f),
                     max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
@@ -106,4 +105,4 @@ def kernel_floor(device: torch.device, plan: MeasurePlan) -> float:
         fn = graph.replay
     except RuntimeError:
         pass
-    return _median_seconds(fn, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN
+    return _expected_seconds(fn, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN
