@@ -203,8 +203,18 @@ def collective_samples(name: str, sizes: Sequence[int], device: torch.device, sy
 
 
 def expected_curve(samples: dict[int, list[float]]) -> list[tuple[int, float]]:
-    """[(size, expected seconds)] in increasing size."""
-    return [(s, expected(v)) for s, v in sorted(samples.items())]
+    """[(size, expected seconds)] in increasing size, made non-decreasing (a larger message never takes less time:
+    where noise says otherwise, the neighbouring sizes share their samples' pooled mean, pool-adjacent-violators
+    isotonic regression weighted by sample counts)."""
+    sizes = sorted(samples)
+    blocks: list[list[float]] = []  # [pooled mean, weight, sizes in the block]
+    for size in sizes:
+        blocks.append([expected(samples[size]), float(len(samples[size])), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    means = [m for m, _, n in blocks for _ in range(int(n))]
+    return list(zip(sizes, means))
 
 
 def fit_ring_allreduce(points: Sequence[tuple[float, float]], n: int) -> tuple[float, float]:
