@@ -395,7 +395,9 @@ def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
     if where.phase == "apply_plan":
         parts.append("apply_plan")
     elif where.modules:
-        path = where.modules[-1]
+        # an op of a traced graph (executor.graph_ops) runs inside its module without calling it
+        path = getattr(e, "source_module", None) if where.phase == "forward" else None
+        path = where.modules[-1] if path is None else path
         parts.append(f"{where.phase} of module {path or '(the model)'}{_placement_text(path, where.strategies)}")
     else:
         parts.append(where.phase)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -50,6 +51,12 @@ def frame_in_file(exc: BaseException, path: str) -> tuple[int, str] | None:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:  # follow chained causes: export wraps the user's error
         seen.add(id(exc))
+        # an op run from a traced graph (executor.graph_ops) carries the model code's stack as text: its line is
+        # deeper than any frame of the model file the interpreter runs under
+        stack = getattr(exc, "source_stack", "")
+        for m in reversed(list(re.finditer(r'File "([^"]+)", line (\d+)[^\n]*\n\s*([^\n]*)', stack))):
+            if os.path.abspath(m.group(1)) == path:
+                return int(m.group(2)), m.group(3).strip()
         for frame in reversed(traceback.extract_tb(exc.__traceback__)):
             if os.path.abspath(frame.filename) == path and frame.lineno is not None:
                 return frame.lineno, (frame.line or "").strip()

@@ -174,6 +174,36 @@ def _edited_plan(model, tmp_path):
     return out
 
 
+def test_an_op_that_is_not_a_module_call_runs_as_placed_or_stops_the_dry_run(const_heads, tmp_path, capsys):
+    """Views, transposes, attention and adds run from the planner's own fx graph with the plan's placements
+    (executor.graph_ops): the planned output of `transpose` (heads, S(1)) edited to S(2) is caught at that op, with
+    its module and model-file line; edited so its input is gathered first (R in, R out) and the attention reads
+    replicated heads, the plan runs (the executor moves the tensors where the plan says)."""
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(const_heads, out)) == 0
+    plan = json.loads(out.read_text())
+    assert plan["ops"]["transpose"]["output"] == "S(1)"  # q's heads, as DTensor propagates them
+
+    wrong = json.loads(json.dumps(plan))
+    wrong["ops"]["transpose"]["output"] = "S(2)"
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "wrong.json"), const_heads]) == 2
+    line = capsys.readouterr().err.strip()
+    for part in ("forward of module h.0.attn", "op transpose (module h.0.attn)",
+                 "DTensor propagated the output as S(1), the plan says S(2)", "const_heads.py:11"):
+        assert part in line, (part, line)
+
+    gathered = json.loads(json.dumps(plan))
+    for name in ("transpose", "transpose_1", "transpose_2"):
+        gathered["ops"][name].update(inputs=["R"], output="R")
+    gathered["ops"]["scaled_dot_product_attention"].update(inputs=["R", "R", "R"], output="R")
+    (tmp_path / "gathered.json").write_text(json.dumps(gathered))
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "gathered.json"), const_heads]) == 0, capsys.readouterr().err
+
+
 def test_the_model_as_written_runs_under_tp(const_heads, tmp_path, capsys):
     """A head count from a module constant (`view(b, t, 4, 16)`): activations are DTensors with global shapes, so
     the plan passes the dry run (it crashed after launch when the executor ran local shards)."""

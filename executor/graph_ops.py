@@ -1,0 +1,231 @@
+"""The plan's placements of ops that are not module calls (views, splits, attention, residual adds, activations),
+applied as written: the model's forward runs as the planner's own fx graph, op by op.
+
+`plan.ops` names the nodes of the planner's fx trace (`planner.trace`: `torch.fx.symbolic_trace` keeping built-in
+leaf modules whole). Built-in module calls are placed by `executor.tp`'s module hooks. For every other op this
+module makes each of its inputs the placement the plan gives it (the redistribution the cost model priced on that
+edge), runs the op on DTensors, and asserts that DTensor propagated the plan's output placement (ExecutorError
+naming the op and both placements otherwise).
+
+How, without changing the module tree (FSDP2, activation checkpointing and the checkpoint names keep their
+modules): the root and each repeated block are traced on their own, blocks kept as leaves of the root's graph;
+their ops, blocks expanded in place, are the whole-model trace's ops in the same order, which names them. Each
+traced module's `forward` becomes an `torch.fx.Interpreter` over its own graph; hooks on the module still run.
+An op that fails carries its module path and model-file line (`source_module`, `source_stack`) for the dry run's
+message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up with the
+whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
+"""
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from executor import tp
+from planner.plan import Plan
+
+_CALLS = ("call_function", "call_method", "call_module")
+
+
+def _tracer(leaves: set[str]) -> torch.fx.Tracer:
+    """The planner's tracer (built-in leaf modules whole), with the modules at `leaves` (paths from the traced
+    root) kept whole too."""
+    from planner.trace import _LeafTracer
+
+    class _Tracer(_LeafTracer):
+        def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+            return module_qualified_name in leaves or super().is_leaf_module(m, module_qualified_name)
+    tracer = _Tracer()
+    tracer.record_stack_traces = True  # each node keeps its model-file line, for error messages
+    return tracer
+
+
+def _key(node: torch.fx.Node, prefix: str) -> tuple:
+    """What a call node calls, comparable across traces of a module and of its parent."""
+    if node.op == "call_module":
+        return node.op, prefix + str(node.target)
+    return node.op, node.target
+
+
+def _pieces(model: nn.Module, blocks: list[str], local: list[str]) -> dict[str, torch.fx.Graph] | None:
+    """The root's graph under "" and each block's own graph, blocks and replicated subtrees (`local`) kept as
+    leaves; None when fx cannot trace one."""
+    named = dict(model.named_modules())
+    out: dict[str, torch.fx.Graph] = {}
+    try:
+        out[""] = _tracer(set(blocks) | set(local)).trace(model)
+        for path in blocks:
+            inner = {p[len(path) + 1:] for p in local if p.startswith(path + ".")}
+            out[path] = _tracer(inner).trace(named[path])
+    except Exception:
+        return None
+    return out
+
+
+def _expanded(pieces: dict[str, torch.fx.Graph]) -> list[tuple[str, torch.fx.Node, tuple]]:
+    """(piece, node, key) for every call node of the root graph with each block's call replaced by its own
+    graph's call nodes: the whole model's op order (a replicated subtree's call standing for all of its ops)."""
+    out = []
+    for node in pieces[""].nodes:
+        if node.op not in _CALLS:
+            continue
+        if node.op == "call_module" and str(node.target) in pieces:
+            path = str(node.target)
+            out += [(path, n, _key(n, path + ".")) for n in pieces[path].nodes if n.op in _CALLS]
+        else:
+            out.append(("", node, _key(node, "")))
+    return out
+
+
+def _inside(node: torch.fx.Node, path: str) -> bool:
+    """Whether a whole-trace node runs inside the module at `path`."""
+    if node.op == "call_module" and (node.target == path or str(node.target).startswith(path + ".")):
+        return True
+    return path in (node.meta.get("nn_module_stack") or {})
+
+
+def _align(order: list, calls: list[torch.fx.Node], local: set[str]) -> list[tuple] | None:
+    """[(piece, piece node, key, whole node)] pairing the expanded pieces with the whole trace's call nodes; a
+    replicated subtree's call pairs with the first of its ops and skips the rest. None where they differ."""
+    out, i = [], 0
+    for piece, node, key in order:
+        if i >= len(calls):
+            return None
+        w = calls[i]
+        if node.op == "call_module" and key[1] in local:
+            if not _inside(w, key[1]):
+                return None
+            out.append((piece, node, key, w))
+            while i < len(calls) and _inside(calls[i], key[1]):
+                i += 1
+            continue
+        if key != _key(w, "") or len(w.all_input_nodes) != len(node.all_input_nodes):
+            return None
+        out.append((piece, node, key, w))
+        i += 1
+    return out if i == len(calls) else None
+
+
+_NOT_TENSOR_METHODS = frozenset({"size", "dim", "numel", "nelement", "stride", "is_contiguous", "element_size",
+                                  "tolist", "item", "type", "get_device", "__len__", "is_floating_point"})
+"""Methods that read a tensor's metadata or values into Python: not ops of the plan, their inputs stay as they are."""
+
+
+def _is_metadata(node: torch.fx.Node) -> bool:
+    import builtins
+    if node.op == "call_method":
+        return node.target in _NOT_TENSOR_METHODS
+    return node.op == "call_function" and node.target in (builtins.getattr, builtins.len, builtins.isinstance)
+
+
+class _PlacedInterpreter(torch.fx.Interpreter):
+    """Runs one traced module's graph: each op the plan places gets its planned input placements and its output
+    checked; every other op (replicated in the plan) gets its sharded inputs gathered and a replicated output
+    checked. Module calls `executor.tp` hooks and block calls run as they are."""
+
+    def __init__(self, module: nn.Module, graph: torch.fx.Graph, specs: dict[torch.fx.Node, tuple],
+                 mesh: DeviceMesh, prefix: str):
+        super().__init__(module, graph=graph)
+        self.specs, self.mesh, self.prefix = specs, mesh, prefix
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        try:
+            return self._run_placed(n)
+        except Exception as e:
+            if not hasattr(e, "source_module"):  # the innermost op that failed: where in the model it is
+                whole = self.specs[n][0] if n in self.specs else None
+                path = _path(whole) if whole is not None else str(n.target) if n.op == "call_module" else ""
+                if n.op == "call_module" and path:
+                    path = ".".join(p for p in (self.prefix, str(n.target)) if p)
+                e.source_module, e.source_stack = path or self.prefix, n.stack_trace or ""  # type: ignore
+            raise
+
+    def _run_placed(self, n: torch.fx.Node) -> Any:
+        spec = self.specs.get(n)
+        if spec is None:
+            return super().run_node(n)
+        whole, placement = spec
+        swap: dict[torch.fx.Node, Any] = {}
+        seen: set[str] = set()
+        k = 0  # the plan's inputs are the op's producers (call nodes of the whole trace with tensor values)
+        for w_in, p_in in zip(whole.all_input_nodes, n.all_input_nodes):
+            if w_in.name in seen:
+                continue
+            seen.add(w_in.name)
+            value = self.env[p_in]
+            if w_in.op not in _CALLS or not isinstance(value, torch.Tensor):
+                continue
+            if placement is None:  # replicated: only sharded or partial inputs move
+                if isinstance(value, DTensor) and not value.placements[0].is_replicate():
+                    swap[p_in] = tp._shared_redistribute(value, "R", self.mesh, f"op {whole.name} input {k}")
+            elif k < len(placement.inputs):
+                swap[p_in] = tp._shared_redistribute(value, placement.inputs[k], self.mesh,
+                                                     f"op {whole.name} input {k}")
+            k += 1
+        with self._set_current_node(n):
+            args = torch.fx.node.map_arg(n.args, lambda x: swap.get(x, self.env[x]))
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda x: swap.get(x, self.env[x]))
+            out = getattr(self, n.op)(n.target, args, kwargs)
+        if isinstance(out, torch.Tensor):
+            tp.check_output(out, placement.output if placement is not None else "R", whole.name,
+                            placement.module if placement is not None else _path(whole))
+        return out
+
+
+def _path(node: torch.fx.Node) -> str:
+    """The module a whole-trace node runs in (for messages)."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    last = list(stack.values())[-1] if stack else None
+    return str(last[0]) if last and isinstance(last[0], str) else ""
+
+
+def _install(module: nn.Module, path: str, graph: torch.fx.Graph, specs: dict, mesh: DeviceMesh) -> None:
+    """`module.forward` becomes the interpreter over `graph`, called with the original forward's arguments."""
+    sig = inspect.signature(module.forward)
+    names = [str(n.target).lstrip("*") for n in graph.nodes if n.op == "placeholder"]
+
+    def forward(self, *args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return _PlacedInterpreter(self, graph, specs, mesh, path).run(*[bound.arguments[k] for k in names])
+    module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+
+
+def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str], local: list[str],
+              hooked: set[str]) -> str | None:
+    """Run `model` as its traced graph with the plan's placement on every op that is not a module call `executor.tp`
+    hooks (`hooked`: their paths); see the module docstring. `blocks`: the repeated blocks' paths; `local`: the
+    subtrees that run on plain tensors. Returns None when done, else why nothing was replaced (for the notes)."""
+    from planner.trace import _LeafTracer
+    named = dict(model.named_modules())
+    try:
+        whole = _LeafTracer().trace(model)  # the planner's trace: its node names are the plan's op names
+    except Exception:
+        return ("ops outside module calls follow DTensor's propagation: the model is not fx-traceable (the plan "
+                "names torch.export's ops)")
+    blocks = [b for b in blocks if b and b not in local]
+    pieces = _pieces(model, blocks, local)
+    pairs = _align(_expanded(pieces), [n for n in whole.nodes if n.op in _CALLS], set(local)) \
+        if pieces is not None else None
+    if pairs is None:
+        return ("ops outside module calls follow DTensor's propagation: the model's blocks, traced alone, do not "
+                "line up with the whole model's trace")
+    specs: dict[str, dict[torch.fx.Node, tuple]] = {p: {} for p in pieces}
+    for piece, node, key, w in pairs:
+        if _is_metadata(node):
+            continue
+        if node.op == "call_module" and (key[1] in hooked or key[1] in pieces or key[1] in local):
+            continue  # tp's hooks place it; a block runs its own interpreter; a replicated subtree runs plainly
+        specs[piece][node] = (w, plan.ops.get(w.name))
+    for piece, spec in specs.items():
+        if spec:
+            _install(named[piece] if piece else model, piece, pieces[piece], spec, mesh)
+    return None
