@@ -31,6 +31,9 @@ from executor import tp
 from planner.plan import Plan
 
 _CALLS = ("call_function", "call_method", "call_module")
+PIPELINED = ("ops outside module calls follow DTensor's propagation in pipeline stages (their planned placements "
+             "are not applied or asserted)")
+"""The note for a pipelined plan: its stages are cut from the model's graph, not traced block by block."""
 
 
 def _tracer(leaves: set[str]) -> torch.fx.Tracer:

@@ -181,11 +181,11 @@ class Runner:
         plan = self.plan
         if plan.mesh.tp > 1:
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
-            if plan.mesh.pp == 1:
-                why = graph_ops.place_ops(module, plan, self.mesh["tp"], self.block_paths,
-                                          tp.local_modules(plan, module), set(tp.module_calls(plan, module)))
-                if why is not None and why not in self.notes:
-                    self.notes.append(why)
+            why = graph_ops.place_ops(module, plan, self.mesh["tp"], self.block_paths,
+                                      tp.local_modules(plan, module), set(tp.module_calls(plan, module))) \
+                if plan.mesh.pp == 1 else graph_ops.PIPELINED
+            if why is not None and why not in self.notes:
+                self.notes.append(why)
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")

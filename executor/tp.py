@@ -11,8 +11,9 @@ output live (`Plan.ops`). `apply_tp` makes that true on one rank without touchin
    (ExecutorError naming the op and both placements otherwise: the planner's candidates are DTensor's own
    propagation, so a mismatch is a plan that does not describe what runs), then reduces a vocabulary-parallel
    embedding's masked partial sum.
-3. Everything else (views, split/chunk, attention, RoPE, residual adds, a custom module's own ops) runs on DTensors
-   through DTensor's own sharding propagation, so shapes are global: `view(B, T, n_head, C // n_head)` with the
+3. Everything else (views, split/chunk, attention, RoPE, residual adds, a custom module's own ops) runs on DTensors:
+   as the plan places each op where the model is fx-traceable (`executor.graph_ops`), else through DTensor's own
+   sharding propagation. Either way shapes are global: `view(B, T, n_head, C // n_head)` with the
    model's full head count is right on every rank, and an op that needs another layout (a `split` across a
    column shard) gets it by redistribution, never by computing something else. Tensors the forward creates
    itself (`arange`, masks, constants) are replicated (`implicit_replication`).
