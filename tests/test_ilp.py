@@ -71,6 +71,63 @@ def test_megatron_mlp_is_the_hand_optimum():
     assert sol.objective == pytest.approx(brute_force(problem).objective)
 
 
+def test_adding_two_partial_sums_saves_an_all_reduce():
+    """Two rowwise Linears (x -> p1, x -> p2) added, feeding a replicated consumer: reading the partial sums
+    directly (P + P -> P, a free P -> P edge) pays one P -> R all-reduce after the add (2 s) instead of one per
+    Linear. Linears 2 x 1/2 s, the add 1 s on whole tensors, one all-reduce: 1 + 1 + 2 = 4 s. Without partial
+    inputs the best is the sequence-sharded add: two reduce-scatters (1 s each), the add 1/2 s, an all-gather 1 s,
+    4.5 s (replicated: two all-reduces, 1 + 1 + 4 = 6 s)."""
+    from planner.graph import OpGraph
+    from planner.search.ilp import add_fixed_consumers
+    from planner.strategies import partial_inputs
+    x = make_op("x", "elementwise", [], (1, 8, 16))
+    lin = [make_op(n, "linear", ["x"], (1, 8, 16), [(f"{n}.weight", (16, 16))], in_shapes=[(1, 8, 16)])
+           for n in ("p1", "p2")]
+    add = make_op("add", "elementwise", ["p1", "p2"], (1, 8, 16))
+    out = make_op("out", "elementwise", ["add"], (1, 8, 16))
+    graph = OpGraph(model_name="pp", ops=(x, *lin, add, out), parameters=(), batch_size=1)
+    partial = partial_inputs(graph, 2)
+    assert partial["add"] == frozenset({0, 1})
+    cm = FakeCostModel()
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    cands = {op.name: [p for p in strategies_for(op, 2) if p.strategy == "rowwise"] for op in lin}
+    ops = [*lin, add]
+
+    def solved(add_cands):
+        problem = build_problem(ops, {**cands, "add": add_cands}, cm, ctx, producers={o.name: o for o in graph.ops},
+                                fixed={"x": strategies_for(x, 2)[0]})
+        add_fixed_consumers(problem, ops, [out], {"out": strategies_for(out, 2)[0]}, cm, ctx)
+        sol = solve(problem)
+        assert sol.objective == pytest.approx(brute_force(problem).objective)
+        return problem.strategies[2][sol.choice[2]], sol.objective
+
+    chosen, cost = solved(strategies_for(add, 2, partial["add"]))
+    assert placement_name(chosen) == "partial: P,P -> P" and cost == pytest.approx(4.0)
+    chosen, cost = solved(strategies_for(add, 2))
+    assert chosen.strategy == "sequence" and cost == pytest.approx(4.5)
+
+
+def test_a_partial_input_is_never_fed_anything_but_a_partial_sum():
+    """The add's partial candidate made free: with its producers replicated (their rowwise priced out) it still
+    cannot be chosen, since the executor cannot turn a replica or a shard into partial sums."""
+    from planner.graph import OpGraph
+    from planner.search.ilp import partial_mismatch
+    from planner.strategies import partial_inputs
+    lin = [make_op(n, "linear", ["x"], (1, 8, 16), [(f"{n}.weight", (16, 16))], in_shapes=[(1, 8, 16)])
+           for n in ("p1", "p2")]
+    add = make_op("add", "elementwise", ["p1", "p2"], (1, 8, 16))
+    graph = OpGraph(model_name="pp", ops=(*lin, add), parameters=(), batch_size=1)
+    cm = FakeCostModel(overrides={("p1", "rowwise"): 50.0, ("p2", "rowwise"): 50.0, ("add", "partial"): 0.0})
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    cands = {op.name: strategies_for(op, 2, partial_inputs(graph, 2).get(op.name, frozenset())) for op in graph.ops}
+    assert "partial" in {p.strategy for p in cands["add"]}
+    problem = build_problem(list(graph.ops), cands, cm, ctx, producers={o.name: o for o in graph.ops}, fixed={})
+    sol = solve(problem)
+    assert [problem.strategies[v][i].strategy for v, i in enumerate(sol.choice)][:2] != ["rowwise", "rowwise"]
+    assert problem.strategies[2][sol.choice[2]].strategy != "partial"
+    assert partial_mismatch("S(2)", "P") and partial_mismatch("R", "P") and not partial_mismatch("P", "P")
+
+
 def test_memory_budget_forces_sharding():
     """A replicated-is-faster linear (override) flips to colwise when the budget excludes its full weight."""
     op = make_op("fc", "linear", ["x"], (1, 8, 64), [("fc.weight", (64, 16))], in_shapes=[(1, 8, 16)])
