@@ -82,11 +82,13 @@ def _plain(x: Any) -> Any:
 
 
 def plain_args(call_args: tuple[tuple, dict]) -> tuple:
-    """`OpNode.args` of a call: positional arguments, then keyword arguments as (name, value) pairs."""
+    """`OpNode.args` of a call: positional arguments, then keyword arguments as (name, value) pairs in call order,
+    the order of the tensors in `OpNode.input_meta` and `OpNode.inputs` (`planner.dtensor_rules` refills the
+    `T`s from them in this order)."""
     args, kwargs = call_args
     if not isinstance(kwargs, dict):  # the loss op: (outputs, targets)
         return tuple(_plain(a) for a in call_args)
-    return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in sorted(kwargs.items()))
+    return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in kwargs.items())
 
 
 def _first_line(exc: BaseException, limit: int = 160) -> str:

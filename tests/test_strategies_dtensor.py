@@ -256,3 +256,33 @@ def test_propagation_meshes_never_equal_a_real_one():
     propagate(FC, ("R",), ("S(0)", "S(0)"), 2)
     real = DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",), _init_backend=False, _rank=0)
     assert dtensor_rules._mesh(2) != real
+
+
+def test_tensor_keyword_arguments_keep_their_producers():
+    """`torch.addmm(c, mat2=b, mat1=a)`: the traced op lists its tensors (and producers) in call order, c, b, a;
+    the call is rebuilt with each keyword fed its own tensor (sorting the keywords by name would hand mat1 b's
+    [8, 6] tensor and fail), and a placement of producer 1 (b) lands on mat2."""
+    import torch
+    import torch.nn as nn
+
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+
+    class KeywordCall(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(16, 8), nn.Linear(16, 48), nn.Linear(16, 6)
+
+        def forward(self, x):
+            a = self.a(x)  # [4, 8]
+            b = self.b(x).view(8, 24)[:, :6]  # [8, 6]
+            c = self.c(x)[0]  # [6]
+            return torch.addmm(c, mat2=b, mat1=a)
+
+    mf = ModelFile(path="keyword_call", build_model=KeywordCall, loss_fn=default_loss,
+                   sample_batch=lambda n: (torch.randn(4, 16), torch.randn(4, 6)))
+    graph = trace_model(mf, batch_size=4, progress=False)
+    op = next(o for o in graph.ops if "addmm" in o.target)
+    assert [graph.op(src).output_meta[0].shape for src in op.inputs] == [(6,), (8, 6), (4, 8)]
+    assert propagate(op, ("R", "R", "R"), (), 2).output == "R"
+    assert propagate(op, ("R", "S(1)", "R"), (), 2).output == "S(1)"  # mat2 sharded on its columns
