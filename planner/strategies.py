@@ -237,7 +237,11 @@ def out_rank(op: OpNode) -> int:
 
 
 def _activation_shapes(op: OpNode) -> list[tuple[int, ...]]:
-    """Shapes of the op's activation inputs: input_meta minus the parameters, in call order."""
+    """Shapes of the op's activation inputs: per producer where the tracer recorded which tensor each feeds
+    (`OpNode.input_sources`), else input_meta minus the parameters, in call order."""
+    if op.inputs and len(op.input_sources) == len(op.input_meta):
+        return [next((m.shape for m, s in zip(op.input_meta, op.input_sources) if s == k), ())
+                for k in range(len(op.inputs))]
     param_shapes = [p.shape for p in op.params]
     shapes = []
     for m in op.input_meta:

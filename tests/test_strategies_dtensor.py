@@ -286,3 +286,31 @@ def test_tensor_keyword_arguments_keep_their_producers():
     assert [graph.op(src).output_meta[0].shape for src in op.inputs] == [(6,), (8, 6), (4, 8)]
     assert propagate(op, ("R", "R", "R"), (), 2).output == "R"
     assert propagate(op, ("R", "S(1)", "R"), (), 2).output == "S(1)"  # mat2 sharded on its columns
+
+
+def test_a_buffer_read_before_the_producer_keeps_replicated():
+    """`torch.mm(self.table, h)` with a registered buffer first: the producer's placement goes to h (its tensor,
+    `OpNode.input_sources`), not to the first tensor of the call. h sharded on its columns gives column shards;
+    handing that placement to the buffer instead would make a partial sum."""
+    import torch
+    import torch.nn as nn
+
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+
+    class BufferFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+            self.register_buffer("table", torch.randn(8, 4))
+
+        def forward(self, x):
+            return torch.mm(self.table, self.fc(x))  # [8, 4] @ [4, 16]
+
+    mf = ModelFile(path="buffer_first", build_model=BufferFirst, loss_fn=default_loss,
+                   sample_batch=lambda n: (torch.randn(4, 16), torch.randn(8, 16)))
+    graph = trace_model(mf, batch_size=4, progress=False)
+    op = next(o for o in graph.ops if o.inputs == ("fc",))
+    assert op.input_sources == (-1, 0)
+    r = propagate(op, ("S(1)",), (), 2)
+    assert r.output == "S(1)" and r.runs_as_placed
