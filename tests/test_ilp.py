@@ -266,3 +266,62 @@ def test_a_colwise_refusal_in_one_block_copy_holds_for_every_copy():
     assert "h.0.mlp.proj" in refused and "h.1.mlp.proj" not in refused
     for name in ("h.0_proj", "h.1_proj"):
         assert "colwise" not in {p.strategy for p in solver._candidates([g.op(name)], 2, (False, False))[name]}
+
+
+def test_a_traced_parallel_block_sums_its_partial_sums_before_reducing():
+    """GPT-J's parallel block, `x + (attn(h) + mlp(h))`, planned with the real cost model at tp=2: with the output
+    projections rowwise, the ILP adds their partial sums (P + P -> P) and all-reduces once, not once per branch.
+    (Trained under tp=2 by tests/zoo_worker.py, its losses match one process within 1e-6.)"""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from planner.dtensor_rules import propagate
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+
+    hidden, heads, seq = 1024, 8, 128
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm(hidden)
+            self.qkv = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(3))
+            self.o, self.fc, self.proj = nn.Linear(hidden, hidden), nn.Linear(hidden, 4 * hidden), \
+                nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            h = self.ln(x)
+            q, k, v = (lin(h).view(b, t, heads, c // heads).transpose(1, 2) for lin in self.qkv)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            return x + (self.o(y) + self.proj(F.gelu(self.fc(h))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+            self.head = nn.Linear(hidden, 64)
+
+        def forward(self, idx):
+            x = self.emb(idx)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    mf = ModelFile(path="parallel_block", build_model=Model, loss_fn=default_loss,
+                   sample_batch=lambda n: (torch.randint(0, 64, (n, seq)), torch.randint(0, 64, (n, seq))))
+    graph = trace_model(mf, batch_size=4, progress=False)
+    result = PlacementSolver(graph, CostModel(load_cluster("cpu-local"))).solve(2, 4, "fp32", sp=False)
+    sums = [graph.op(n) for n in graph.index if graph.op(n).inputs[1:] and
+            {graph.op(s).module_path.rpartition(".")[2] for s in graph.op(n).inputs} == {"o", "proj"}]
+    assert len(sums) == 2
+    for op in sums:
+        p = result.ops[op.name]
+        assert placement_name(p) == "partial: P,P -> P"
+        assert {result.ops[s].strategy for s in op.inputs} == {"rowwise"}
+        r = propagate(op, p.inputs, p.params, 2)
+        assert r.runs_as_placed and r.output == "P"
