@@ -197,16 +197,24 @@ def _divisor(placement: str, tp: int) -> int:
     return tp if placement.startswith("S") else 1
 
 
+def splits_work(placement) -> bool:
+    """Whether a placement (an `OpPlacement`, None: replicated) splits the op's work over tp: something is sharded.
+    An op reading and writing only partial sums and replicas (a `partial` add of two partial sums) computes whole
+    tensors on every rank."""
+    return placement is not None and placement.strategy != "replicate" and \
+        any(x.startswith("S") for x in (*placement.inputs, placement.output, *placement.params))
+
+
 def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtensor: bool | None = None) -> OpWork:
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
-    `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with any sharded
-    or partial placement does 1/tp of the FLOPs; each tensor's bytes are divided by tp where it is sharded.
+    `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with a sharded
+    input, output or parameter does 1/tp of the FLOPs (`splits_work`); each tensor's bytes are divided by tp where it is sharded.
     `dtensor` says whether the op runs on DTensors (`cost_model.layers.runs_on_dtensors`); None: where tp > 1 and
     the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
     """
     acts, par = split_inputs(op)
-    sharded = placement is not None and placement.strategy != "replicate" and tp > 1
+    sharded = splits_work(placement) and tp > 1
     in_pl = list(placement.inputs) if placement is not None else []
     p_pl = list(placement.params) if placement is not None else []
     act_bytes = 0.0

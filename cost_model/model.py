@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
-from cost_model.compute import ComputeModel, op_work, split_inputs, tensor_bytes
+from cost_model.compute import ComputeModel, op_work, split_inputs, splits_work, tensor_bytes
 from cost_model.prediction import Prediction
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.plan import OpPlacement, Plan
@@ -128,7 +128,7 @@ class CostModel:
             par += p.numel * bytes_per / (tp if pl.startswith("S") and tp > 1 else 1)
         acts, _ = split_inputs(op)
         metas = [op.input_meta[i] for i in acts]
-        split = placement is not None and placement.strategy != "replicate"
+        split = splits_work(placement)
         scale = microbatch_size / traced_batch_size
         saved_at = op_precision(op.kind, precision)  # autocast runs norms, softmax and losses (and saves) in fp32
         total = 0.0

@@ -19,13 +19,13 @@ their functional form with the module's parameters (`nn.Linear` -> `F.linear`, `
 custom function or module, a module whose constructor arguments shapes cannot tell, an op DTensor has no sharding
 rule for) gives None: the op cannot be checked, and `planner.strategies` keeps it replicated.
 
-Which tensor gets which placement: the op's k-th activation tensor (tensor arguments that are not parameters, in
-call order) is fed by its k-th producer (`OpNode.inputs`) and takes `inputs[k]`; a parameter takes `params[j]`
-(`OpNode.params` order). Tensors with no producer (model inputs, buffers, constants) are replicated, as the
-executor holds them.
+Which tensor gets which placement: the tensor producer k (`OpNode.inputs[k]`) feeds takes `inputs[k]` (which tensor
+that is: `OpNode.input_sources`; where not recorded, the k-th activation tensor, i.e. tensor argument that is not a
+parameter, in call order); a parameter takes `params[j]` (`OpNode.params` order). Tensors with no producer (model
+inputs, buffers, constants) are replicated, as the executor holds them.
 
-Results are cached by (target, kind, shapes, dtypes, arguments, producer count, placements, tp): repeated blocks
-cost one run per distinct op.
+Results are cached by (target, kind, shapes, dtypes, arguments, producers and which tensors they feed, placements,
+tp): repeated blocks cost one run per distinct op.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ _CACHE: dict[tuple, Propagation | None] = {}
 def signature(op: OpNode) -> tuple:
     """Everything about `op` that decides its propagation (not its name or module path): a cache key."""
     return (op.target, op.kind, tuple((m.shape, m.dtype) for m in op.input_meta),
-            tuple((p.shape, p.dtype) for p in op.params), op.args, len(op.inputs))
+            tuple((p.shape, p.dtype) for p in op.params), op.args, len(op.inputs), op.input_sources)
 
 
 def cache_size() -> int:
@@ -139,9 +139,20 @@ def _propagate(op: OpNode, inputs: tuple[str, ...], params: tuple[str, ...], tp:
 def _roles(op: OpNode) -> list[tuple[str, int]]:
     """Per tensor of `op.input_meta`: ("param", j) for `op.params[j]`, ("input", k) for the tensor fed by producer
     k, or ("other", 0) for a tensor with no producer. Module calls list the module's parameters last; function
-    calls read them in call order (matched by shape, first match first)."""
+    calls read them in call order (matched by shape, first match first). Which tensor a producer feeds is
+    `op.input_sources` where the tracer recorded it (a buffer or model input may come first, a keyword argument
+    anywhere), else the k-th activation tensor is producer k's."""
     metas = op.input_meta
     n_par = len(op.params)
+    if len(op.input_sources) == len(metas) and _module_class(op) is None:
+        left = [(j, p.shape) for j, p in enumerate(op.params)]
+        roles: list[tuple[str, int]] = []
+        for m, k in zip(metas, op.input_sources):
+            hit = next((x for x in left if x[1] == m.shape), None) if k < 0 else None
+            if hit is not None:
+                left.remove(hit)
+            roles.append(("input", k) if k >= 0 else ("param", hit[0]) if hit is not None else ("other", 0))
+        return roles
     roles: list[tuple[str, int]] = []
     if _module_class(op) is not None:
         acts = len(metas) - n_par

@@ -116,6 +116,10 @@ class OpNode:
     causal: bool = False
     """Attention called with `is_causal=True`: the kernel skips the score blocks above the diagonal, so it does
     about half the dense work that `fwd_flops` / `bwd_flops` (FlopCounterMode's dense count) give."""
+    input_sources: tuple[int, ...] = ()
+    """Per `input_meta` entry, the position in `inputs` of the producer whose output it is, or -1 (a parameter,
+    buffer, model input or constant); empty where the tracer did not record it (then the k-th activation tensor is
+    taken to be producer k's)."""
     copies: bool = False
     """The op's output does not alias any input's storage: for a `reshape`-kind op (cat, stack, repeat,
     repeat_interleave, contiguous or reshape of a non-contiguous tensor) a memory-bound copy, not a free view."""

@@ -30,6 +30,8 @@ STRATEGIES = {
     "sequence": "norm/dropout/elementwise op on activations sharded on the sequence dim S(1) (sequence parallel)",
     "heads": "attention on q/k/v sharded on the head dim; no communication",
     "shard": "elementwise op applied to whatever shard its input has; no communication",
+    "partial": "elementwise/view op linear in its partial-sum inputs (P + P, a view of P): output P; no "
+               "communication, every tp rank computes the whole tensor",
 }
 """Strategy names an `OpPlacement` may carry, and what each means; the executor maps module strategies
 (colwise, rowwise, vocab, sequence) to DTensor parallel styles."""

@@ -37,7 +37,9 @@ Registry rules by kind (each filtered by divisibility of the sharded size by tp)
   shape change where that dim maps onto one output dim.
 
 Enumerated candidates are named `sequence` (elementwise/dropout with output S(1) on a tensor of rank >= 3, as the
-registry names them) or `shard`.
+registry names them), `heads` (attention with output S(1)), `partial` (an elementwise or reshape op reading a
+partial sum its producer can output, `partial_inputs`, with output P: DTensor runs only ops linear in it so) or
+`shard`.
 """
 from __future__ import annotations
 
@@ -70,30 +72,58 @@ def registered_kinds() -> tuple[str, ...]:
     return tuple(sorted(_RULES))
 
 
-def strategies_for(op: OpNode, tp: int) -> list[OpPlacement]:
+def strategies_for(op: OpNode, tp: int, partial_inputs: frozenset[int] = frozenset()) -> list[OpPlacement]:
     """All candidate placements of `op` over a tp axis of size `tp` (see the module docstring); replicate is
-    always first. With tp == 1 every strategy is the same computation, so only replicate is returned."""
+    always first. With tp == 1 every strategy is the same computation, so only replicate is returned.
+    `partial_inputs`: positions k of `op.inputs` whose producer can output a partial sum (`partial_inputs`):
+    an elementwise or reshape op may then read them as `P`."""
     rep = replicate(op)
     if tp <= 1:
         return [rep]
-    key = (dtensor_rules.signature(op), tuple(m.shape for m in op.output_meta), tp)
+    partial = frozenset(partial_inputs) if op.kind in PARTIAL_KINDS else frozenset()
+    key = (dtensor_rules.signature(op), tuple(m.shape for m in op.output_meta), tp, partial)
     checked = _CHECKED.get(key)
     if checked is None:
-        checked = _CHECKED[key] = tuple(_checked(op, tp))
+        checked = _CHECKED[key] = tuple(_checked(op, tp, partial))
     return [rep] + [replace(p, module=op.module_path) for p in checked]
+
+
+def partial_inputs(graph, tp: int) -> dict[str, frozenset[int]]:
+    """Per op name, the positions of its inputs whose producer has a candidate with a plain partial-sum output
+    (a rowwise Linear, or an elementwise/reshape op of such partials), walking the graph in order.
+
+    Not offered: a vocabulary-parallel embedding's output (a masked partial, which the executor reduces before it
+    meets other partial sums), and, for an op in a repeated block, a producer outside its block instance (the
+    block's ILP is solved once for every copy, and its edges from outside are priced against fixed producers)."""
+    out: dict[str, frozenset[int]] = {}
+    gives_partial: set[str] = set()
+    by_name = {op.name: op for op in graph.ops}
+    for op in graph.ops:
+        ks = frozenset(k for k, src in enumerate(op.inputs) if src in gives_partial and
+                       (op.block is None or by_name[src].block == op.block))
+        if ks:
+            out[op.name] = ks
+        if op.kind != "embedding" and any(p.output == "P" for p in strategies_for(op, tp, ks)):
+            gives_partial.add(op.name)
+    return out
 
 
 _CHECKED: dict[tuple, tuple[OpPlacement, ...]] = {}
 """`strategies_for`'s non-replicate candidates per (op signature, output shapes, tp): blocks repeat."""
 
-ENUMERATED_KINDS = frozenset({"elementwise", "dropout", "reshape", "matmul", "softmax"})
-"""Kinds whose input placements are enumerated and checked with DTensor (beyond the registry's proposals)."""
+ENUMERATED_KINDS = frozenset({"elementwise", "dropout", "reshape", "matmul", "softmax", "attention"})
+"""Kinds whose input placements are enumerated and checked with DTensor (beyond the registry's proposals);
+attention's inputs (q, k, v, a mask) are enumerated jointly (one placement for all)."""
+
+PARTIAL_KINDS = frozenset({"elementwise", "reshape"})
+"""Kinds that may read a partial-sum input (kept only where DTensor propagates a partial output: an op linear in
+that input, e.g. add, neg, a mul by a replicated factor, a view; a nonlinear one, e.g. gelu, would all-reduce)."""
 
 MAX_ENUMERATED = 64
 """At most this many input combinations are tried per op (a bound on ops with many inputs, e.g. a wide cat)."""
 
 
-def _checked(op: OpNode, tp: int) -> list[OpPlacement]:
+def _checked(op: OpNode, tp: int, partial: frozenset[int] = frozenset()) -> list[OpPlacement]:
     """The non-replicate candidates DTensor confirms: registry proposals, then enumerated ones (module docstring)."""
     rep = replicate(op)
     base = dtensor_rules.propagate(op, rep.inputs, rep.params, tp)
@@ -118,12 +148,17 @@ def _checked(op: OpNode, tp: int) -> list[OpPlacement]:
             seen.add(_layout(q))
             out.append(q)
     if op.kind in ENUMERATED_KINDS and not op.params:
-        for inputs in _input_combinations(op, tp):
+        combos = _joint_combinations(op, tp) if op.kind == "attention" else _input_combinations(op, tp, partial)
+        for inputs in combos:
             r = dtensor_rules.propagate(op, inputs, (), tp)
-            if r is None or not r.runs_as_placed or r.local or not _keeps(op, r.output, None, tp):
-                continue
+            reads_partial = "P" in inputs
+            if r is None or not r.runs_as_placed or r.local or \
+                    not _keeps(op, r.output, "P" if reads_partial else None, tp) or \
+                    (reads_partial and r.output != "P"):
+                continue  # (partial inputs: only an op linear in them, whose output is a partial sum)
             name = "sequence" if op.kind in ("elementwise", "dropout") and r.output == "S(1)" and \
-                out_rank(op) >= 3 else "shard"
+                out_rank(op) >= 3 else "heads" if op.kind == "attention" and r.output == "S(1)" else \
+                "partial" if reads_partial else "shard"
             q = OpPlacement(strategy=name, module=op.module_path, inputs=inputs, output=r.output)
             if _layout(q) not in seen:
                 seen.add(_layout(q))
@@ -137,7 +172,8 @@ def _layout(p: OpPlacement) -> tuple:
 
 def _keeps(op: OpNode, output: str | None, proposed: str | None, tp: int) -> bool:
     """The registry's pruning of an output placement DTensor propagated: never the batch dim (0), a sharded size
-    tp divides, a partial sum only where the registry proposed one."""
+    tp divides, a partial sum only where proposed (by the registry, or by an enumerated candidate of a
+    `PARTIAL_KINDS` op reading a partial input)."""
     if output is None:
         return False
     if output == "P":
@@ -147,9 +183,10 @@ def _keeps(op: OpNode, output: str | None, proposed: str | None, tp: int) -> boo
     return True
 
 
-def _input_combinations(op: OpNode, tp: int) -> list[tuple[str, ...]]:
-    """Every tuple of placements of the producer-fed inputs with something sharded: each R or S(d) on a dim d >= 1
-    whose size tp divides (at most `MAX_ENUMERATED`, in a fixed order; none for an op no producer feeds)."""
+def _input_combinations(op: OpNode, tp: int, partial: frozenset[int] = frozenset()) -> list[tuple[str, ...]]:
+    """Every tuple of placements of the producer-fed inputs with something sharded or partial: each R, S(d) on a
+    dim d >= 1 whose size tp divides, or P for an input in `partial` (at most `MAX_ENUMERATED`, in a fixed order,
+    the combinations with a P first so that the cap never drops them; none for an op no producer feeds)."""
     if not op.inputs:
         return []
     shapes = _activation_shapes(op)
@@ -157,8 +194,29 @@ def _input_combinations(op: OpNode, tp: int) -> list[tuple[str, ...]]:
     for k in range(len(op.inputs)):
         shape = shapes[k] if k < len(shapes) else ()
         options.append(["R"] + [shard(d) for d in range(1, len(shape)) if shape[d] >= tp and shape[d] % tp == 0])
+    with_p = [c for c in itertools.islice(itertools.product(*[["P", "R"] if k in partial else ["R"]
+                                                              for k in range(len(options))]), MAX_ENUMERATED + 1)
+              if "P" in c]
     combos = [c for c in itertools.islice(itertools.product(*options), MAX_ENUMERATED + 1) if set(c) != {"R"}]
-    return combos[:MAX_ENUMERATED]
+    return (with_p + combos)[:MAX_ENUMERATED]
+
+
+def _joint_combinations(op: OpNode, tp: int) -> list[tuple[str, ...]]:
+    """Attention's inputs (q, k, v and a mask, when producers feed them) all take one placement: S(d) on a dim
+    d >= 1 that tp divides in every input of that rank; an input with another rank, or broadcast on d (a mask of
+    one head), stays R. A joint enumeration (one candidate per dim), not a product."""
+    shapes = _activation_shapes(op)[:len(op.inputs)]
+    if not shapes:
+        return []
+    rank = max(len(s) for s in shapes)
+    out = []
+    for d in range(1, rank):
+        sizes = [s[d] for s in shapes if len(s) == rank and s[d] > 1]
+        if not sizes or any(n < tp or n % tp for n in sizes):
+            continue
+        out.append(tuple(shard(d) if len(s) == rank and s[d] > 1 else "R" for s in shapes)
+                   + ("R",) * (len(op.inputs) - len(shapes)))
+    return out
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
@@ -179,7 +237,11 @@ def out_rank(op: OpNode) -> int:
 
 
 def _activation_shapes(op: OpNode) -> list[tuple[int, ...]]:
-    """Shapes of the op's activation inputs: input_meta minus the parameters, in call order."""
+    """Shapes of the op's activation inputs: per producer where the tracer recorded which tensor each feeds
+    (`OpNode.input_sources`), else input_meta minus the parameters, in call order."""
+    if op.inputs and len(op.input_sources) == len(op.input_meta):
+        return [next((m.shape for m, s in zip(op.input_meta, op.input_sources) if s == k), ())
+                for k in range(len(op.inputs))]
     param_shapes = [p.shape for p in op.params]
     shapes = []
     for m in op.input_meta:

@@ -82,11 +82,13 @@ def _plain(x: Any) -> Any:
 
 
 def plain_args(call_args: tuple[tuple, dict]) -> tuple:
-    """`OpNode.args` of a call: positional arguments, then keyword arguments as (name, value) pairs."""
+    """`OpNode.args` of a call: positional arguments, then keyword arguments as (name, value) pairs in call order,
+    the order of the tensors in `OpNode.input_meta` and `OpNode.inputs` (`planner.dtensor_rules` refills the
+    `T`s from them in this order)."""
     args, kwargs = call_args
     if not isinstance(kwargs, dict):  # the loss op: (outputs, targets)
         return tuple(_plain(a) for a in call_args)
-    return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in sorted(kwargs.items()))
+    return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in kwargs.items())
 
 
 def _first_line(exc: BaseException, limit: int = 160) -> str:
@@ -300,11 +302,22 @@ class _Builder:
         name = op_kinds.callee_name(node.op, node.target) if module is None else ""
         self._add_op(node.name, label, self._module_path(node), producers, (args, kwargs), outs, cost, module,
                      lambda reads_param: op_kinds.module_kind(module) if module is not None
-                     else op_kinds.function_kind(name, reads_param), causal=_is_causal(fn, args, kwargs))
+                     else op_kinds.function_kind(name, reads_param), causal=_is_causal(fn, args, kwargs),
+                     sources=self._tensor_sources(node, producers))
+
+    def _tensor_sources(self, node: torch.fx.Node, producers: tuple[str, ...]) -> list[int]:
+        """Per tensor of the call (in `tree_flatten` order of its arguments), the position in `producers` of the
+        node it comes from, or -1 (a placeholder, a `get_attr`, a constant)."""
+        out: list[int] = []
+        for leaf in tree_flatten((node.args, node.kwargs))[0]:
+            value = self.env[leaf.name] if isinstance(leaf, torch.fx.Node) else leaf
+            k = producers.index(leaf.name) if isinstance(leaf, torch.fx.Node) and leaf.name in producers else -1
+            out += [k] * sum(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0])
+        return out
 
     def _add_op(self, name: str, label: str, path: str, producers: tuple[str, ...], call_args: Any,
                 outs: list[torch.Tensor], cost: Any, module: nn.Module | None,
-                kind_of: Callable[[bool], str], causal: bool = False) -> None:
+                kind_of: Callable[[bool], str], causal: bool = False, sources: list[int] | None = None) -> None:
         ins = [t for t in tree_flatten(call_args)[0] if isinstance(t, torch.Tensor)]
         in_storages = {storage_key(t) for t in ins if t.layout == torch.strided}
         copies = any(t.layout == torch.strided and storage_key(t) not in in_storages for t in outs)
@@ -333,7 +346,9 @@ class _Builder:
             input_meta=in_meta, output_meta=out_meta, fwd_flops=cost.fwd_flops, bwd_flops=cost.bwd_flops,
             bytes_read=sum(m.bytes for m in in_meta), bytes_written=sum(m.bytes for m in out_meta),
             params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type,
-            args=plain_args(call_args), causal=causal, copies=copies))
+            args=plain_args(call_args), causal=causal, copies=copies,
+            input_sources=tuple(sources) + (-1,) * (len(read) - len(ins)) if sources is not None
+            and len(sources) == len(ins) else ()))
         self.op_names.add(name)
 
     def add_loss(self, output_node: torch.fx.Node, outputs: Any, targets: Any, path: str) -> None:

@@ -71,6 +71,63 @@ def test_megatron_mlp_is_the_hand_optimum():
     assert sol.objective == pytest.approx(brute_force(problem).objective)
 
 
+def test_adding_two_partial_sums_saves_an_all_reduce():
+    """Two rowwise Linears (x -> p1, x -> p2) added, feeding a replicated consumer: reading the partial sums
+    directly (P + P -> P, a free P -> P edge) pays one P -> R all-reduce after the add (2 s) instead of one per
+    Linear. Linears 2 x 1/2 s, the add 1 s on whole tensors, one all-reduce: 1 + 1 + 2 = 4 s. Without partial
+    inputs the best is the sequence-sharded add: two reduce-scatters (1 s each), the add 1/2 s, an all-gather 1 s,
+    4.5 s (replicated: two all-reduces, 1 + 1 + 4 = 6 s)."""
+    from planner.graph import OpGraph
+    from planner.search.ilp import add_fixed_consumers
+    from planner.strategies import partial_inputs
+    x = make_op("x", "elementwise", [], (1, 8, 16))
+    lin = [make_op(n, "linear", ["x"], (1, 8, 16), [(f"{n}.weight", (16, 16))], in_shapes=[(1, 8, 16)])
+           for n in ("p1", "p2")]
+    add = make_op("add", "elementwise", ["p1", "p2"], (1, 8, 16))
+    out = make_op("out", "elementwise", ["add"], (1, 8, 16))
+    graph = OpGraph(model_name="pp", ops=(x, *lin, add, out), parameters=(), batch_size=1)
+    partial = partial_inputs(graph, 2)
+    assert partial["add"] == frozenset({0, 1})
+    cm = FakeCostModel()
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    cands = {op.name: [p for p in strategies_for(op, 2) if p.strategy == "rowwise"] for op in lin}
+    ops = [*lin, add]
+
+    def solved(add_cands):
+        problem = build_problem(ops, {**cands, "add": add_cands}, cm, ctx, producers={o.name: o for o in graph.ops},
+                                fixed={"x": strategies_for(x, 2)[0]})
+        add_fixed_consumers(problem, ops, [out], {"out": strategies_for(out, 2)[0]}, cm, ctx)
+        sol = solve(problem)
+        assert sol.objective == pytest.approx(brute_force(problem).objective)
+        return problem.strategies[2][sol.choice[2]], sol.objective
+
+    chosen, cost = solved(strategies_for(add, 2, partial["add"]))
+    assert placement_name(chosen) == "partial: P,P -> P" and cost == pytest.approx(4.0)
+    chosen, cost = solved(strategies_for(add, 2))
+    assert chosen.strategy == "sequence" and cost == pytest.approx(4.5)
+
+
+def test_a_partial_input_is_never_fed_anything_but_a_partial_sum():
+    """The add's partial candidate made free: with its producers replicated (their rowwise priced out) it still
+    cannot be chosen, since the executor cannot turn a replica or a shard into partial sums."""
+    from planner.graph import OpGraph
+    from planner.search.ilp import partial_mismatch
+    from planner.strategies import partial_inputs
+    lin = [make_op(n, "linear", ["x"], (1, 8, 16), [(f"{n}.weight", (16, 16))], in_shapes=[(1, 8, 16)])
+           for n in ("p1", "p2")]
+    add = make_op("add", "elementwise", ["p1", "p2"], (1, 8, 16))
+    graph = OpGraph(model_name="pp", ops=(*lin, add), parameters=(), batch_size=1)
+    cm = FakeCostModel(overrides={("p1", "rowwise"): 50.0, ("p2", "rowwise"): 50.0, ("add", "partial"): 0.0})
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    cands = {op.name: strategies_for(op, 2, partial_inputs(graph, 2).get(op.name, frozenset())) for op in graph.ops}
+    assert "partial" in {p.strategy for p in cands["add"]}
+    problem = build_problem(list(graph.ops), cands, cm, ctx, producers={o.name: o for o in graph.ops}, fixed={})
+    sol = solve(problem)
+    assert [problem.strategies[v][i].strategy for v, i in enumerate(sol.choice)][:2] != ["rowwise", "rowwise"]
+    assert problem.strategies[2][sol.choice[2]].strategy != "partial"
+    assert partial_mismatch("S(2)", "P") and partial_mismatch("R", "P") and not partial_mismatch("P", "P")
+
+
 def test_memory_budget_forces_sharding():
     """A replicated-is-faster linear (override) flips to colwise when the budget excludes its full weight."""
     op = make_op("fc", "linear", ["x"], (1, 8, 64), [("fc.weight", (64, 16))], in_shapes=[(1, 8, 16)])
@@ -209,3 +266,62 @@ def test_a_colwise_refusal_in_one_block_copy_holds_for_every_copy():
     assert "h.0.mlp.proj" in refused and "h.1.mlp.proj" not in refused
     for name in ("h.0_proj", "h.1_proj"):
         assert "colwise" not in {p.strategy for p in solver._candidates([g.op(name)], 2, (False, False))[name]}
+
+
+def test_a_traced_parallel_block_sums_its_partial_sums_before_reducing():
+    """GPT-J's parallel block, `x + (attn(h) + mlp(h))`, planned with the real cost model at tp=2: with the output
+    projections rowwise, the ILP adds their partial sums (P + P -> P) and all-reduces once, not once per branch.
+    (Trained under tp=2 by tests/zoo_worker.py, its losses match one process within 1e-6.)"""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from planner.dtensor_rules import propagate
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+
+    hidden, heads, seq = 1024, 8, 128
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm(hidden)
+            self.qkv = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(3))
+            self.o, self.fc, self.proj = nn.Linear(hidden, hidden), nn.Linear(hidden, 4 * hidden), \
+                nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            h = self.ln(x)
+            q, k, v = (lin(h).view(b, t, heads, c // heads).transpose(1, 2) for lin in self.qkv)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            return x + (self.o(y) + self.proj(F.gelu(self.fc(h))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+            self.head = nn.Linear(hidden, 64)
+
+        def forward(self, idx):
+            x = self.emb(idx)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    mf = ModelFile(path="parallel_block", build_model=Model, loss_fn=default_loss,
+                   sample_batch=lambda n: (torch.randint(0, 64, (n, seq)), torch.randint(0, 64, (n, seq))))
+    graph = trace_model(mf, batch_size=4, progress=False)
+    result = PlacementSolver(graph, CostModel(load_cluster("cpu-local"))).solve(2, 4, "fp32", sp=False)
+    sums = [graph.op(n) for n in graph.index if graph.op(n).inputs[1:] and
+            {graph.op(s).module_path.rpartition(".")[2] for s in graph.op(n).inputs} == {"o", "proj"}]
+    assert len(sums) == 2
+    for op in sums:
+        p = result.ops[op.name]
+        assert placement_name(p) == "partial: P,P -> P"
+        assert {result.ops[s].strategy for s in op.inputs} == {"rowwise"}
+        r = propagate(op, p.inputs, p.params, 2)
+        assert r.runs_as_placed and r.output == "P"

@@ -2,7 +2,8 @@
 
 FakeCostModel prices with numbers a person can check:
 - op_time: the op's table time t (seconds, forward + backward = t, split 1/3 : 2/3) times the micro-batch size,
-  divided by tp when the op is sharded (any non-replicate placement); per-(op, strategy) overrides win.
+  divided by tp when the op is sharded (a placement with something sharded, `splits_work`: an op on partial sums
+  computes whole tensors); per-(op, strategy) overrides win.
 - reshard_time: a fixed time per kind of change (table RESHARD) per 128 elements of the tensor, times the
   micro-batch size (so an all-gather of a 4h-wide activation costs 4x that of an h-wide one).
 - op_memory: parameters 4 bytes per element, divided by tp for each parameter placed S(d); activations 4 bytes per
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from cost_model.compute import splits_work
 from cost_model.prediction import Prediction
 from hardware_profiles.schema import Cluster, DeviceSpec, LinkSpec
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
@@ -113,7 +115,7 @@ class FakeCostModel:
     def op_time(self, op, placement, tp, microbatch_size, precision):
         t = self.times.get(op.name, self.default_time)
         if placement is not None:
-            t = self.overrides.get((op.name, placement.strategy), t / tp)
+            t = self.overrides.get((op.name, placement.strategy), t / tp if splits_work(placement) else t)
         t *= microbatch_size
         return (t / 3, 2 * t / 3)
 

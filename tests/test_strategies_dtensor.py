@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from planner import dtensor_rules
 from planner.dtensor_rules import propagate
-from planner.strategies import placement_name, strategies_for
+from planner.strategies import partial_inputs, placement_name, strategies_for
 from test_search_fakes import make_op
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +64,64 @@ def test_sdpa_shards_heads_not_sequence():
     assert heads.output == "S(1)" and heads.runs_as_placed
     assert not propagate(sdpa, ("S(2)",) * 3, (), 2).runs_as_placed  # keys and values are needed whole
     assert [p.strategy for p in strategies_for(sdpa, 2)] == ["replicate", "heads"]
+
+
+def test_attention_inputs_are_enumerated_jointly_with_a_head_shard():
+    """q, k, v and a producer-fed [seq, seq] mask (which the registry's all-4-d rule does not cover): one placement
+    for q, k and v together; the mask, of another rank, stays replicated; only the heads run without moving."""
+    sdpa = make_op("a", "attention", ["q", "k", "v", "mask"], (2, 4, 8, 4),
+                   in_shapes=[(2, 4, 8, 4)] * 3 + [(8, 8)], target="F.scaled_dot_product_attention")
+    sdpa = _with(sdpa, args=("T", "T", "T", ("attn_mask", "T")))
+    from planner.strategies import _RULES, _joint_combinations
+    assert _RULES["attention"](sdpa, 2) == []
+    assert _joint_combinations(sdpa, 2) == [("S(1)",) * 3 + ("R",), ("S(2)",) * 3 + ("R",),
+                                            ("S(3)",) * 3 + ("R",)]
+    assert [placement_name(p) for p in strategies_for(sdpa, 2)] == ["replicate: R,R,R,R -> R",
+                                                                   "heads: S(1),S(1),S(1),R -> S(1)"]
+    # grouped-query attention: k and v with 2 heads for q's 4 shard on heads too at tp=2, not at tp=4
+    gqa = make_op("g", "attention", ["q", "k", "v"], (2, 4, 8, 4), in_shapes=[(2, 4, 8, 4)] + [(2, 2, 8, 4)] * 2,
+                  target="F.scaled_dot_product_attention")
+    gqa = _with(gqa, args=("T", "T", "T", ("enable_gqa", True)))
+    assert ("S(1)",) * 3 in {p.inputs for p in strategies_for(gqa, 2)}
+    assert [p.strategy for p in strategies_for(gqa, 4)] == ["replicate"]
+
+
+def test_add_of_two_partial_sums_is_a_partial_sum():
+    add = make_op("add", "elementwise", ["a", "b"], (2, 8, 16))
+    assert all("P" not in p.inputs for p in strategies_for(add, 2))  # no producer gives P: none offered
+    got = {p.inputs: (p.strategy, p.output) for p in strategies_for(add, 2, frozenset({0, 1}))}
+    assert got[("P", "P")] == ("partial", "P")
+    assert got[("R", "P")] == ("partial", "P")  # DTensor splits the replica locally: x/tp + partial sums
+    assert ("P", "S(1)") not in got  # DTensor would reduce-scatter the partial sums first
+    view = _with(make_op("v", "reshape", ["a"], (2, 8, 4, 4), in_shapes=[(2, 8, 16)], target="Tensor.view"),
+                 args=("T", 2, 8, 4, 4))
+    assert ("partial", "P") in {(p.strategy, p.output) for p in strategies_for(view, 2, frozenset({0}))}
+
+
+def test_a_nonlinear_op_never_reads_a_partial_sum():
+    """gelu(P) would need the sum first (DTensor all-reduces); a norm or softmax is not offered P at all (the
+    registry's pruning: only elementwise and reshape ops may read partial sums)."""
+    gelu = make_op("g", "elementwise", ["a"], (2, 8, 16), target="F.gelu")
+    assert propagate(gelu, ("P",), (), 2).redistributes == ("input 0 P -> R",)
+    assert all("P" not in p.inputs for p in strategies_for(gelu, 2, frozenset({0})))
+    sm = _with(make_op("sm", "softmax", ["s"], (2, 4, 8, 8), target="F.softmax"), args=("T", ("dim", -1)))
+    assert all("P" not in p.inputs for p in strategies_for(sm, 2, frozenset({0})))
+
+
+def test_partial_inputs_follow_partial_sums_through_the_graph():
+    """Two rowwise Linears (partial outputs) added, then negated, then gelu'd: the add and the neg may read P, the
+    gelu's consumer may not; an embedding's (masked) partial sum is never offered onward."""
+    from planner.graph import OpGraph
+    emb = make_op("emb", "embedding", [], (2, 8, 16), [("emb.weight", (32, 16))], module="emb")
+    ops = [emb, make_op("x", "elementwise", ["emb"], (2, 8, 16), target="torch.neg"),
+           _with(PROJ, name="p1", inputs=("x",), module_path="p1"), _with(PROJ, name="p2", inputs=("x",),
+                                                                         module_path="p2"),
+           make_op("add", "elementwise", ["p1", "p2"], (2, 8, 16)),
+           make_op("neg", "elementwise", ["add"], (2, 8, 16), target="torch.neg"),
+           make_op("gelu", "elementwise", ["neg"], (2, 8, 16), target="F.gelu"),
+           make_op("out", "elementwise", ["gelu"], (2, 8, 16), target="torch.neg")]
+    graph = OpGraph(model_name="p", ops=tuple(ops), parameters=(), batch_size=2)
+    assert partial_inputs(graph, 2) == {"add": frozenset({0, 1}), "neg": frozenset({0}), "gelu": frozenset({0})}
 
 
 def test_view_through_heads_follows_the_shard():
@@ -154,10 +212,14 @@ def llama_graph():
 
 
 def test_every_candidate_of_a_traced_llama_runs_as_placed(llama_graph):
-    """Every non-replicate candidate of every op is one DTensor runs without a communicating redistribution, and
-    its stated output is DTensor's; ops DTensor cannot rebuild (the loss) are replicate only."""
+    """Every non-replicate candidate of every op (partial-sum inputs offered where a producer can output one) is
+    one DTensor runs without a communicating redistribution, and its stated output is DTensor's; ops DTensor cannot
+    rebuild (the loss) are replicate only."""
+    partial = partial_inputs(llama_graph, 2)
+    assert any(p.strategy == "partial" for op in llama_graph.ops
+               for p in strategies_for(op, 2, partial.get(op.name, frozenset())))
     for op in llama_graph.ops:
-        cands = strategies_for(op, 2)
+        cands = strategies_for(op, 2, partial.get(op.name, frozenset()))
         assert cands[0].strategy == "replicate"
         for p in cands[1:]:
             r = propagate(op, p.inputs, p.params, 2)
@@ -194,3 +256,61 @@ def test_propagation_meshes_never_equal_a_real_one():
     propagate(FC, ("R",), ("S(0)", "S(0)"), 2)
     real = DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",), _init_backend=False, _rank=0)
     assert dtensor_rules._mesh(2) != real
+
+
+def test_tensor_keyword_arguments_keep_their_producers():
+    """`torch.addmm(c, mat2=b, mat1=a)`: the traced op lists its tensors (and producers) in call order, c, b, a;
+    the call is rebuilt with each keyword fed its own tensor (sorting the keywords by name would hand mat1 b's
+    [8, 6] tensor and fail), and a placement of producer 1 (b) lands on mat2."""
+    import torch
+    import torch.nn as nn
+
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+
+    class KeywordCall(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(16, 8), nn.Linear(16, 48), nn.Linear(16, 6)
+
+        def forward(self, x):
+            a = self.a(x)  # [4, 8]
+            b = self.b(x).view(8, 24)[:, :6]  # [8, 6]
+            c = self.c(x)[0]  # [6]
+            return torch.addmm(c, mat2=b, mat1=a)
+
+    mf = ModelFile(path="keyword_call", build_model=KeywordCall, loss_fn=default_loss,
+                   sample_batch=lambda n: (torch.randn(4, 16), torch.randn(4, 6)))
+    graph = trace_model(mf, batch_size=4, progress=False)
+    op = next(o for o in graph.ops if "addmm" in o.target)
+    assert [graph.op(src).output_meta[0].shape for src in op.inputs] == [(6,), (8, 6), (4, 8)]
+    assert propagate(op, ("R", "R", "R"), (), 2).output == "R"
+    assert propagate(op, ("R", "S(1)", "R"), (), 2).output == "S(1)"  # mat2 sharded on its columns
+
+
+def test_a_buffer_read_before_the_producer_keeps_replicated():
+    """`torch.mm(self.table, h)` with a registered buffer first: the producer's placement goes to h (its tensor,
+    `OpNode.input_sources`), not to the first tensor of the call. h sharded on its columns gives column shards;
+    handing that placement to the buffer instead would make a partial sum."""
+    import torch
+    import torch.nn as nn
+
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+
+    class BufferFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+            self.register_buffer("table", torch.randn(8, 4))
+
+        def forward(self, x):
+            return torch.mm(self.table, self.fc(x))  # [8, 4] @ [4, 16]
+
+    mf = ModelFile(path="buffer_first", build_model=BufferFirst, loss_fn=default_loss,
+                   sample_batch=lambda n: (torch.randn(4, 16), torch.randn(8, 16)))
+    graph = trace_model(mf, batch_size=4, progress=False)
+    op = next(o for o in graph.ops if o.inputs == ("fc",))
+    assert op.input_sources == (-1, 0)
+    r = propagate(op, ("S(1)",), (), 2)
+    assert r.output == "S(1)" and r.runs_as_placed

@@ -11,11 +11,14 @@ r_e[i, j] = reshard time (forward + backward) from u's output under strategy i t
                 sum_j y[e, i, j] = x[u, i]   for every i        for every edge u -> v    add_edge_consistency
                 sum_i y[e, i, j] = x[v, j]   for every j
                 sum_v sum_i m[v, i] x[v, i] <= M                (when a budget is set)   add_memory_limit
-                x[u, i] + x[v, j] <= 1       for each excluded pair (tied weights)     add_exclusions
+                x[u, i] + x[v, j] <= 1       for each excluded pair                    add_exclusions
 
 c[v, i] is the op's compute time (forward + backward) under strategy i plus the re-sharding cost from
 neighbours outside V whose strategy is already fixed (`add_objective` folds those linear terms in); m[v, i] is
-`alpha * param_bytes + beta * activation_bytes` from the cost model's `op_memory`. The edge constraints are the
+`alpha * param_bytes + beta * activation_bytes` from the cost model's `op_memory`. Excluded pairs: two holders of
+a tied weight laying it out differently, and an edge whose consumer reads a partial sum (`P`) its producer's
+strategy does not output (DTensor cannot turn a shard or a replica into the partial sums the consumer's other
+inputs are: `partial_mismatch`). The edge constraints are the
 tight linearisation of y = x_u x_v: with x integral each y[e] is a transportation plan between two unit vectors,
 which forces y[e, i, j] = x[u, i] x[v, j], so y may stay continuous. (The McCormick form y <= x_u, y <= x_v,
 y >= x_u + x_v - 1 is much weaker: a 200-op x 8-strategy instance does not finish in 120 s, while this one
@@ -124,6 +127,7 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
         return reshard_cache[key]
 
     edges: list[tuple[int, int, np.ndarray]] = []
+    exclusions: list[tuple[int, int, int, int]] = []
     for v, op in enumerate(ops):
         for k, src_name in enumerate(op.inputs):
             meta = _edge_meta(producers.get(src_name))
@@ -134,6 +138,8 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
             if src_name in index:
                 u = index[src_name]
                 table = np.array([[reshard(meta, a.output, w) for w in want] for a in strategies[u]])
+                exclusions += [(u, i, v, j) for i, a in enumerate(strategies[u]) for j, w in enumerate(want)
+                               if partial_mismatch(a.output, w) and (u != v or i == j)]
                 if u == v:
                     compute[v] = compute[v] + np.diag(table)
                 else:
@@ -141,8 +147,9 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
             else:
                 have = fixed[src_name].output if src_name in fixed else "R"
                 compute[v] = compute[v] + np.array([reshard(meta, have, w) for w in want])
+                exclusions += [(v, j, v, j) for j, w in enumerate(want) if partial_mismatch(have, w)]
     return ILPProblem(names=[op.name for op in ops], strategies=strategies, compute=compute, memory=memory,
-                      edges=edges, budget=budget)
+                      edges=edges, budget=budget, exclusions=exclusions)
 
 
 def add_fixed_consumers(problem: ILPProblem, ops: Sequence[OpNode], consumers: Sequence[OpNode],
@@ -162,6 +169,14 @@ def add_fixed_consumers(problem: ILPProblem, ops: Sequence[OpNode], consumers: S
             extra = [0.0 if p.output == want else sum(cost_model.reshard_time(meta, p.output, want, *args))
                      for p in problem.strategies[u]]
             problem.compute[u] = problem.compute[u] + np.array(extra)
+            problem.exclusions += [(u, i, u, i) for i, p in enumerate(problem.strategies[u])
+                                   if partial_mismatch(p.output, want)]
+
+
+def partial_mismatch(have: str, want: str) -> bool:
+    """A consumer input that wants a partial sum fed anything else: the executor refuses it (DTensor has no
+    S -> P, and an R -> P split would be a layout no strategy states), so the ILP never joins the two."""
+    return want == "P" and have != "P"
 
 
 def _arg(p: OpPlacement) -> OpPlacement | None:
@@ -225,7 +240,7 @@ def solve(problem: ILPProblem, time_limit_s: float = 30.0) -> ILPSolution:
         if status == pywraplp.Solver.INFEASIBLE:
             why = "infeasible under " + " and ".join(
                 w for w, on in (("the memory budget", problem.budget is not None),
-                                ("the tied weights' layouts", bool(problem.exclusions))) if on)
+                                ("the excluded pairs (tied weights, partial-sum edges)", bool(problem.exclusions))) if on)
         raise ILPError(f"{name}: {why}")
     choice = tuple(int(np.argmax([xi.solution_value() for xi in xv])) for xv in x)
     return ILPSolution(choice, problem.objective(choice), problem.memory_of(choice), name)

@@ -15,7 +15,7 @@ from planner.graph import Layer, OpGraph, OpNode
 from planner.plan import OpPlacement
 from planner.search.ilp import CostContext, ILPError, ILPProblem, add_fixed_consumers, build_problem, solve
 from planner.shard_flow import colwise_refusals, partial_refusals
-from planner.strategies import graph_tp_modules, strategies_for
+from planner.strategies import graph_tp_modules, partial_inputs, strategies_for
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,13 @@ class PlacementSolver:
             self._cache[key] = colwise_refusals(self.graph, tp)
         return self._cache[key]
 
+    def partial_inputs(self, tp: int) -> dict[str, frozenset[int]]:
+        """`planner.strategies.partial_inputs` for this tp (inputs an op may read as partial sums), computed once."""
+        key = ("partial", tp)
+        if key not in self._cache:
+            self._cache[key] = partial_inputs(self.graph, tp)
+        return self._cache[key]
+
     # ---- pieces ---------------------------------------------------------------------------------------------------
     def _candidates(self, ops: list[OpNode], tp: int, choice: tuple[bool, bool]) -> dict[str, list[OpPlacement]]:
         """Strategies per op under `choice` = (sp, shard_linears) (see `solve`). A Linear whose colwise output an
@@ -116,8 +123,9 @@ class PlacementSolver:
         sp, shard_linears = choice
         out = {}
         refused = self.refused_colwise(tp)
+        partial = self.partial_inputs(tp)
         for op in ops:
-            strats = strategies_for(op, tp)
+            strats = strategies_for(op, tp, partial.get(op.name, frozenset()))
             copies = self.copies.get(op.name, (op.module_path,))
             if op.kind == "linear" and any(m in refused for m in copies):
                 strats = [p for p in strats if p.strategy != "colwise"]
