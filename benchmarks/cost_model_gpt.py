@@ -4,8 +4,10 @@ V = 51200); plus the time one `CostModel.predict` of the 1T / 3072-GPU configura
 
 Only the configurations come from the paper; no figure is tuned to its published throughputs. Micro-batch size 1,
 1F1B schedule, full activation recomputation (the paper's setting), ZeRO-0, bf16 (same peak as the paper's fp16).
+The attention kernel is the preset's (FlashAttention-2); `--attention unfused` prices SDPA as the separate kernels
+Megatron-LM ran in 2021, before FlashAttention (batched GEMMs over the dense scores and a fused softmax).
 
-    python3 benchmarks/cost_model_gpt.py [--only 1.7B,1T] [--repeat 20]
+    python3 benchmarks/cost_model_gpt.py [--only 1.7B,1T] [--repeat 20] [--attention unfused]
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from gpt import GPT, GPTConfig, sample_batch  # noqa: E402
 
 from cost_model.model import CostModel  # noqa: E402
 from hardware_profiles.load import load_cluster  # noqa: E402
+from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict  # noqa: E402
+from hardware_profiles.schema import Cluster  # noqa: E402
 from planner.defaults import default_plan  # noqa: E402
 from planner.model_file import ModelFile, default_loss  # noqa: E402
 from planner.trace import trace_model  # noqa: E402
@@ -51,10 +55,24 @@ def model_file(heads: int, hidden: int, layers: int) -> ModelFile:
                      sample_batch=lambda b: sample_batch(b, cfg), loss_fn=default_loss)
 
 
+def _cluster(nodes: int, attention: str | None) -> Cluster:
+    """dgx-a100-80gb with `nodes` nodes, its attention kernel replaced by `attention` when given."""
+    cluster = load_cluster("dgx-a100-80gb", nodes=nodes)
+    if attention:
+        att = cluster_to_dict(cluster)["device"]["attention"]
+        att["kernel"] = attention
+        data = cluster_to_dict(cluster)
+        data["device"]["attention"] = att
+        cluster = cluster_from_dict(data)
+    return cluster
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated model names (default: all)")
     ap.add_argument("--repeat", type=int, default=20, help="predict() repetitions for the 1T timing")
+    ap.add_argument("--attention", metavar="KERNEL",
+                    help="attention kernel to price SDPA with (default: the preset's; unfused: separate kernels)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     names = args.only.split(",") if args.only else list(CONFIGS)
@@ -67,7 +85,7 @@ def main() -> int:
         graph = trace_model(model_file(heads, hidden, layers), batch_size=1, progress=False)
         trace_s = time.perf_counter() - t0
         graphs[name] = graph
-        cluster = load_cluster("dgx-a100-80gb", nodes=gpus // 8)
+        cluster = _cluster(gpus // 8, args.attention)
         d = gpus // (t * p)
         forced = {"dp": d, "tp": t, "pp": p, "zero": 0, "mbs": 1, "recompute": "full", "schedule": "1f1b",
                   "sp": 0}
@@ -81,7 +99,7 @@ def main() -> int:
               flush=True)
     if "1T" in graphs:
         heads, hidden, layers, t, p, gpus, batch = CONFIGS["1T"]
-        cluster = load_cluster("dgx-a100-80gb", nodes=gpus // 8)
+        cluster = _cluster(gpus // 8, args.attention)
         forced = {"dp": gpus // (t * p), "tp": t, "pp": p, "zero": 0, "mbs": 1, "recompute": "full",
                   "schedule": "1f1b", "sp": 0}
         plan = default_plan(graphs["1T"], cluster, batch, "bf16", forced, "examples/gpt.py")

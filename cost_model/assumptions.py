@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from cost_model.memory import DDP_BUCKET_BYTES
+from hardware_profiles.schema import UNFUSED_ATTENTION
 
 
 def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
@@ -81,7 +82,9 @@ def _compute_assumption(dev, precision: str, peak: float) -> str:
         parts.append("GEMMs by the profile's efficiency curves by size")
     if dev.matmul_shapes or dev.attention_shapes:
         parts.append("the model's own measured GEMM/attention shapes first")
-    if dev.attention is not None:
+    if dev.attention is not None and dev.attention.kernel == UNFUSED_ATTENTION:
+        parts.append("SDPA unfused: batched GEMMs over the dense scores plus softmax (and dropout) passes")
+    elif dev.attention is not None:
         parts.append("SDPA at the profile's attention kernel efficiency on its real (causal) work")
     parts.append("copies cost their bytes, views nothing")
     if dev.kernel_floor:

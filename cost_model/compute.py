@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from cost_model import kernels
 from cost_model.kernels import PRECISION_BYTES, Attn, Gemm, interp_log, peak_flops  # noqa: F401 (re-exported)
-from hardware_profiles.schema import DeviceSpec
+from hardware_profiles.schema import UNFUSED_ATTENTION, DeviceSpec
 from planner.graph import OpNode, TensorMeta, dtype_bytes
 
 MATMUL_KINDS = frozenset({"linear", "matmul", "attention", "conv"})
@@ -85,6 +85,8 @@ class OpWork:
     """The fused attention call on this device (kind `attention` with 4-D q, k, v), or None."""
     copy: bool = False
     """A `reshape`-kind op that copies (`OpNode.copies`): memory-bound, not a free view."""
+    dropout: bool = False
+    """An attention call with a dropout probability above 0 (its unfused form runs a dropout pass)."""
 
 
 def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
@@ -192,6 +194,17 @@ def _attn_shape(op: OpNode, acts: list[int], scale: float, div: int) -> Attn | N
     return (max(1, round(q[0] * q[1] * scale / div)), q[2], k[2], q[3], op.causal)
 
 
+def attention_dropout(op: OpNode) -> bool:
+    """Whether an SDPA call passes a dropout probability above 0 (`dropout_p`, keyword or fifth argument)."""
+    if op.kind != "attention":
+        return False
+    for a in op.args:
+        if isinstance(a, tuple) and len(a) == 2 and a[0] == "dropout_p":
+            return isinstance(a[1], (int, float)) and a[1] > 0
+    pos = [a for a in op.args if not (isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str))]
+    return len(pos) > 4 and isinstance(pos[4], (int, float)) and not isinstance(pos[4], bool) and pos[4] > 0
+
+
 def _divisor(placement: str, tp: int) -> int:
     """How many ways a tensor with this placement is split over tp (S(d) -> tp; R and P -> 1)."""
     return tp if placement.startswith("S") else 1
@@ -241,7 +254,7 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
                   fwd_bytes=fwd_bytes, bwd_bytes=(1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes,
                   elems=_kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
                   dtensor=dtensor, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
-                  attn=_attn_shape(op, acts, scale, div), copy=copy)
+                  attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op))
 
 
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
@@ -303,6 +316,33 @@ class ComputeModel:
             return model
         ref = self._attention_model(row[:5], flops * row[0] / a[0], precision, backward)
         return row[7 if backward else 6] * model / ref
+
+    @property
+    def unfused_attention(self) -> bool:
+        """Whether the profile's attention kernel is `unfused` (SDPA runs as separate kernels)."""
+        return self.device.attention is not None and self.device.attention.kernel == UNFUSED_ATTENTION
+
+    def unfused_attention_time(self, a: Attn, precision: str, backward: bool, dropout: bool) -> float:
+        """Seconds of attention as separate kernels over the dense s_q x s_k scores (the causal mask is applied to
+        computed scores, so nothing is skipped): forward, the batched GEMMs q k^T (writing the scores) and p v,
+        one fused scale-mask-softmax pass (read the scores, write the probabilities) and, when the call has a
+        dropout probability, the dropout pass (read, write, a 1-byte mask); backward, the four operand-gradient
+        GEMMs, the dropout backward (gradient and mask in, gradient out) and the softmax backward (gradient and
+        probabilities in, gradient out). Scores in the activation dtype, as Megatron-LM's fused softmax keeps
+        them."""
+        bh, s_q, s_k, d, _ = a
+        e = PRECISION_BYTES[precision]
+        scores = float(bh) * s_q * s_k
+        qk, pv = (bh, s_q, s_k, d), (bh, s_q, d, s_k)
+        if backward:
+            gemms = sum(self.gemm_time(x, precision) for g in (qk, pv) for x in backward_gemms(g))
+            passes = [3 * e * scores]
+        else:
+            gemms = self.gemm_time(qk, precision) + self.gemm_time(pv, precision)
+            passes = [2 * e * scores]
+        if dropout:
+            passes.append((2 * e + 1) * scores)
+        return gemms + sum(self._floor(self.memory_time(b)) for b in passes)
 
     def _causal_fraction(self, s_q: int, s_k: int) -> float:
         """Work fraction of causal attention without a fused-attention model: PyTorch's CPU flash kernel's blocks
@@ -373,6 +413,9 @@ class ComputeModel:
             return self._floor(self.memory_time(work.fwd_bytes)), self._floor(self.memory_time(work.bwd_bytes))
         fwd_mem = self.memory_time(work.fwd_bytes)
         bwd_mem = self.memory_time(work.bwd_bytes)
+        if kind == "attention" and work.attn is not None and self.unfused_attention:
+            return (self.unfused_attention_time(work.attn, precision, False, work.dropout),
+                    self.unfused_attention_time(work.attn, precision, True, work.dropout))
         if kind == "attention" and work.attn is not None and \
                 (self.device.attention is not None or self.device.attention_shapes):
             return (self.attention_time(work.attn, work.fwd_flops, precision, False),

@@ -11,9 +11,11 @@ The graph's per-op figures are for `graph.batch_size` samples at the traced dtyp
 """
 from __future__ import annotations
 
+import math
+
 from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
-from cost_model.compute import ComputeModel, op_work, split_inputs, splits_work, tensor_bytes
+from cost_model.compute import ComputeModel, attention_dropout, op_work, split_inputs, splits_work, tensor_bytes
 from cost_model.prediction import Prediction
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.plan import OpPlacement, Plan
@@ -142,6 +144,12 @@ class CostModel:
             else:
                 sharded = split
             total += tensor_bytes(t, saved_at) * scale / (tp if sharded and tp > 1 else 1)
+        if op.kind == "attention" and self.compute.unfused_attention and len(metas) >= 2:
+            # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
+            # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither
+            q, k = metas[0].shape, metas[1].shape
+            scores = math.prod(q[:-1]) * k[-2] * scale / (tp if split and tp > 1 else 1) if len(q) >= 2 else 0.0
+            total += scores * (2 * bytes_per + 1 if attention_dropout(op) else bytes_per)
         return par, total
 
     # ---- whole plans ----------------------------------------------------------------------------------------

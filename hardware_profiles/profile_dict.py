@@ -18,7 +18,8 @@ YAML layout::
       sms: 108                                            # optional: GEMM tiles / attention blocks run in waves
       matmul: {tiles: [[256, 128], [128, 128]], best_efficiency: 0.869}   # optional: GEMM efficiency by shape
       attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128}   # optional: fused SDPA; or
-                                                          # {kernel: K, kernels: {K: {...}, ...}}: K runs
+                                                          # {kernel: K, kernels: {K: {...}, ...}}: K runs;
+                                                          # {kernel: unfused}: SDPA as separate kernels
       kernel_floor: 3.8e-6                                # optional: minimum seconds per kernel
       async_host: true                                    # optional: host dispatch overlaps kernels (GPUs)
       threads: 1                                          # optional: CPU threads per rank (0: unknown / a GPU)
@@ -37,8 +38,8 @@ import math
 from dataclasses import fields
 from typing import Any, Mapping
 
-from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, KERNELS, LEVELS, LINK_KINDS, AttentionModel, Cluster,
-                                      CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel, OpOverhead, ProfileError)
+from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, KERNELS, LEVELS, LINK_KINDS, UNFUSED_ATTENTION,
+                                      AttentionModel, Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel, OpOverhead, ProfileError)
 
 
 
@@ -162,6 +163,14 @@ def _attention_effs(d: Mapping[str, Any], where: str) -> tuple[float, float]:
 def _attention(d: Any, where: str) -> AttentionModel:
     """`{forward_efficiency, backward_efficiency[, block, kernel]}` (one kernel), or `{kernel, kernels: {name:
     {forward_efficiency, backward_efficiency}, ...}[, block]}` (several; `kernel` names the one that runs)."""
+    if isinstance(d, Mapping) and d.get("kernel") == UNFUSED_ATTENTION:
+        # the attention's own kernels (GEMMs and memory-bound passes) price it: no efficiencies to give
+        d = _keys(d, where, ("kernel",), ("block", "kernels", *_ATTN_EFFS))
+        table = tuple((str(k), *_attention_effs(_keys(v, f"{where}.kernels.{k}", _ATTN_EFFS),
+                                                f"{where}.kernels.{k}"))
+                      for k, v in (d.get("kernels") or {}).items())
+        return AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=UNFUSED_ATTENTION,
+                              kernels=table, block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)))
     if isinstance(d, Mapping) and "kernels" in d:
         d = _keys(d, where, ("kernel", "kernels"), ("block",))
         ks = d["kernels"]
@@ -173,7 +182,7 @@ def _attention(d: Any, where: str) -> AttentionModel:
         chosen = [t for t in table if t[0] == str(d["kernel"])]
         if not chosen:
             raise ProfileError(f"{where}.kernel: {d['kernel']!r} is not one of the listed kernels "
-                               f"({', '.join(t[0] for t in table)})")
+                               f"({', '.join(t[0] for t in table)}) nor {UNFUSED_ATTENTION!r}")
         name, f, b = chosen[0]
     else:
         d = _keys(d, where, _ATTN_EFFS, ("block", "kernel"))
@@ -184,6 +193,8 @@ def _attention(d: Any, where: str) -> AttentionModel:
 
 def _attention_dict(a: AttentionModel) -> dict[str, Any]:
     """Plain-data form of an AttentionModel that `_attention` reads back to an equal one."""
+    if a.kernel == UNFUSED_ATTENTION and not a.kernels:
+        return {"kernel": a.kernel, "block": a.block}
     if a.kernels:
         return {"kernel": a.kernel, "block": a.block,
                 "kernels": {k: {"forward_efficiency": f, "backward_efficiency": b} for k, f, b in a.kernels}}

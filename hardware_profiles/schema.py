@@ -128,6 +128,12 @@ class MatmulModel:
     """Achieved fraction of peak at large, tile-aligned shapes (a measured maximum achievable matmul)."""
 
 
+UNFUSED_ATTENTION = "unfused"
+"""Attention kernel name meaning no fused kernel: SDPA runs as separate kernels (batched GEMMs over the dense
+scores, softmax, dropout), as Megatron-LM did before FlashAttention and PyTorch's math backend does; priced from
+the GEMM model and the memory bandwidth (`ComputeModel.unfused_attention_time`), so it takes no efficiencies."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionModel:
     """Fused attention (FlashAttention-style SDPA) efficiency: its own forward and backward fractions of peak, for
@@ -146,7 +152,8 @@ class AttentionModel:
     block: int = 128
     """Query / key block size of the kernel (rows per thread block; the causal diagonal's granularity)."""
     kernel: str = ""
-    """Name of the kernel these efficiencies describe (e.g. `flash2`, `cudnn`, `flash3`); "" when unnamed."""
+    """Name of the kernel these efficiencies describe (e.g. `flash2`, `cudnn`, `flash3`); "" when unnamed;
+    `UNFUSED_ATTENTION` for no fused kernel (the efficiencies are then unused)."""
     kernels: tuple[tuple[str, float, float], ...] = ()
     """All kernels the profile lists, as (name, forward_efficiency, backward_efficiency); `kernel` is one of them.
     Empty when the profile gives one kernel's figures only."""

@@ -145,6 +145,48 @@ def test_attention_kernel_is_chosen_by_name_and_bad_names_are_errors():
     assert flat == {"forward_efficiency": 0.73, "backward_efficiency": 0.63, "block": 128, "kernel": "flash2"}
 
 
+def test_unfused_attention_kernel_prices_sdpa_as_gemms_softmax_and_dropout_over_the_dense_scores():
+    """`attention: {kernel: unfused}` (a run without FlashAttention, e.g. Megatron-LM in 2021): the SDPA call costs
+    its two batched GEMMs over the dense scores (causal skips nothing) plus a softmax pass, a dropout pass when the
+    call drops out, and their backward; the probabilities it keeps count as saved activations."""
+    d = cluster_to_dict(load_cluster("dgx-a100-80gb", nodes=1))
+    d["device"]["attention"] = {"kernel": "unfused"}
+    cluster = cluster_from_dict(d)
+    assert cluster_from_dict(cluster_to_dict(cluster)) == cluster
+    dev = cluster.device
+    cm = ComputeModel(dev)
+    bh, s, hd, e = 8 * 16, 2048, 128, 2
+    scores = bh * s * s
+    qk, pv = (bh, s, s, hd), (bh, s, hd, s)
+    gemms = kernels.gemm_time(dev, qk, "bf16") + kernels.gemm_time(dev, pv, "bf16")
+    soft = kernels.memory_time(dev, 2 * e * scores)
+    drop = kernels.memory_time(dev, (2 * e + 1) * scores)
+    for causal in (True, False):
+        assert cm.unfused_attention_time((bh, s, s, hd, causal), "bf16", False, False) == pytest.approx(gemms + soft)
+    assert cm.unfused_attention_time((bh, s, s, hd, True), "bf16", False, True) == pytest.approx(gemms + soft + drop)
+    bwd = cm.unfused_attention_time((bh, s, s, hd, True), "bf16", True, True)
+    assert bwd > 2 * gemms and bwd > kernels.memory_time(dev, 3 * e * scores) + drop
+    # far slower than FlashAttention-2 on the same causal call, which never writes the scores to memory
+    flash = kernels.attention_time(A100, (bh, s, s, hd, True), 4.0 * bh * s * s * hd, "bf16", False)
+    assert cm.unfused_attention_time((bh, s, s, hd, True), "bf16", False, False) > 3 * flash
+
+    class Drop(_Attn):
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True).transpose(1, 2) \
+                .reshape(b, n, 64)
+
+    g = trace_model(_model_file(lambda: Drop(True), (256, 64)), 1, progress=False)
+    (op,) = [o for o in g.ops if o.kind == "attention"]
+    w = op_work(op, None, 1, 1.0, "bf16")
+    assert w.dropout and w.attn == (4, 256, 256, 16, True)
+    assert cm.op_times("attention", w, "bf16")[0] >= cm.unfused_attention_time(w.attn, "bf16", False, True)
+    fused, unfused = CostModel(load_cluster("dgx-a100-80gb", nodes=1)), CostModel(cluster)
+    extra = unfused.op_memory(op, None, 1, 1, "bf16")[1] - fused.op_memory(op, None, 1, 1, "bf16")[1]
+    assert extra == 4 * 256 * 256 * (2 * 2 + 1)  # probabilities, mask and dropped-out probabilities
+
+
 # ---- copies, views, floor, host -----------------------------------------------------------------------------------
 
 class _Reshapes(nn.Module):
