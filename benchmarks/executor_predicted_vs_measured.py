@@ -112,7 +112,7 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: s
         before = load()
         where = os.path.join(trace, name.replace(" ", "_")) if trace else None
         p = run(PLAN + ["measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", out]
-                + (["--trace", where] if where else []))
+                + (["--trace", where, "--cluster", cluster] if where else []))  # the timeline on this profile
         after = load()
         if p.returncode:
             rows.append({"plan": name, "error": p.stderr.strip().splitlines()[-1]})
