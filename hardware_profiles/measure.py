@@ -109,7 +109,7 @@ def time_calls(fn: Callable[[], object], sync: Callable[[], None], warmup: int, 
 
 
 COLD_CACHE_BYTES = {"cpu": 32 * MIB, "cuda": 256 * 1000 ** 2}
-"""Bytes written between timed GEMM calls to evict their weights from the caches: on CPUs more than a core's
+"""Bytes written between timed calls to evict a layer's weights from the caches: on CPUs more than a core's
 private L2 (1-2 MiB on current Xeons, several MiB on other parts); on GPUs 256 MB, the buffer triton.testing.do_bench
 zeroes before each timed call to clear the L2."""
 
@@ -118,7 +118,8 @@ def cold_weights(device: torch.device, *hot: torch.Tensor) -> Callable[[], None]
     """A `time_calls(before=...)` that evicts the caches, then reads `hot` back in: in a training step a layer's
     weights were last touched a whole pass ago, while its input is the output of the op just before it. Measured
     here: a 512 x 128 x 128 nn.Linear forward took 111 us with everything cached and 159 us with only its input
-    cached (+43 %; +16 % at 256, ~0 at 512 wide), so small GEMMs timed hot under-price a step's."""
+    cached (+43 %; +16 % at 256, ~0 at 512 wide), so small linears timed hot under-price a step's. Only
+    `linear_rates` uses it: a bare matmul's operands may both be activations (attention's q k^T)."""
     junk = torch.empty(COLD_CACHE_BYTES.get(device.type, COLD_CACHE_BYTES["cpu"]) // 4, device=device)
 
     def flush() -> None:
@@ -130,8 +131,7 @@ def cold_weights(device: torch.device, *hot: torch.Tensor) -> Callable[[], None]
 
 def matmul_rates(dtype: str, sizes: Sequence[int], device: torch.device, sync: Callable[[], None],
                  plan: MeasurePlan) -> list[tuple[float, float]]:
-    """[(FLOPs of one n x n x n matmul, FLOP/s at its expected time)] for each size, its second operand out of cache
-    (`cold_weights`)."""
+    """[(FLOPs of one n x n x n matmul, FLOP/s at its expected time)] for each size."""
     tf32_was = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
@@ -140,7 +140,7 @@ def matmul_rates(dtype: str, sizes: Sequence[int], device: torch.device, sync: C
             a = torch.randn(n, n, device=device).to(DTYPES[dtype])
             b = torch.randn(n, n, device=device).to(DTYPES[dtype])
             t = expected(time_calls(lambda: torch.mm(a, b), sync, plan.warmup, plan.repeats,
-                                    plan.budget_s, before=cold_weights(device, a)))
+                                             plan.budget_s))
             out.append((2.0 * n ** 3, 2.0 * n ** 3 / t))
         return out
     finally:

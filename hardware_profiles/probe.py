@@ -431,8 +431,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); mesh_slice: one "
              "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
-             "rates (per-op overheads taken out) over peak_flops, by forward FLOPs. Matmuls, linears and --model "
-             "GEMMs are timed with their weights out of cache and their inputs in, as in a step.",
+             "rates (per-op overheads taken out) over peak_flops, by forward FLOPs, timed with the weights out of "
+             "cache and the input in, as a step finds them.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events on "
              "GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "

@@ -14,25 +14,22 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from hardware_profiles.measure import DTYPES, MeasurePlan, cold_weights, expected, time_calls
+from hardware_profiles.measure import DTYPES, MeasurePlan, expected, time_calls
 
 FLOOR_CHAIN = 64
 """Tiny back-to-back kernels timed for the per-kernel floor."""
 
 
 def _expected_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
-                    plan: MeasurePlan, before: Callable[[], object] | None = None) -> float:
-    """Expected seconds of one call of `fn`: CUDA-event device time on GPUs, wall clock on CPUs; `before` runs
-    untimed ahead of each call (`measure.cold_weights`)."""
+                    plan: MeasurePlan) -> float:
+    """Expected seconds of one call of `fn`: CUDA-event device time on GPUs, wall clock on CPUs."""
     if device.type != "cuda":
-        return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s, before=before))
+        return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s))
     for _ in range(plan.warmup):
         fn()
     torch.cuda.synchronize(device)
     samples = []
     for _ in range(plan.repeats):
-        if before is not None:
-            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -44,14 +41,14 @@ def _expected_seconds(fn: Callable[[], object], device: torch.device, sync: Call
 
 def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, device: torch.device,
                  sync: Callable[[], None], plan: MeasurePlan, host_s: float = 0.0) -> list[tuple]:
-    """[(batch, M, N, K, precision, seconds)] for each GEMM shape, its weight out of cache (`cold_weights`); `host_s`
-    (CPU: the per-op overhead) is taken out, keeping at least 5 % of the time."""
+    """[(batch, M, N, K, precision, seconds)] for each GEMM shape; `host_s` (CPU: the per-op overhead) is taken
+    out, keeping at least 5 % of the time."""
     out = []
     for b, m, n, k in shapes:
         a = torch.randn(b, m, k, device=device).to(DTYPES[precision])
         w = torch.randn(b, k, n, device=device).to(DTYPES[precision])
         fn = (lambda: torch.mm(a[0], w[0])) if b == 1 else (lambda: torch.bmm(a, w))
-        t = _expected_seconds(fn, device, sync, plan, before=cold_weights(device, a))
+        t = _expected_seconds(fn, device, sync, plan)
         out.append((b, m, n, k, precision, max(t - host_s, 0.05 * t)))
     return out
 
