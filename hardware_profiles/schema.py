@@ -6,7 +6,7 @@ Units are SI everywhere: bytes, seconds, bytes/s, FLOP/s. Bandwidths are per dev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -280,6 +280,28 @@ class Cluster:
             raise ProfileError(f"--nodes must be >= 1, got {nodes}")
         return Cluster(name=self.name, nodes=nodes, devices_per_node=self.devices_per_node, device=self.device,
                        intra_node=self.intra_node, inter_node=self.inter_node, collectives=self.collectives)
+
+    def with_attention_kernel(self, kernel: str) -> "Cluster":
+        """The same cluster pricing SDPA with `kernel`: one the profile's attention block lists (e.g. flash2, cudnn,
+        flash3 on the H100 preset) or `UNFUSED_ATTENTION` (separate kernels: a run without FlashAttention)."""
+        att = self.device.attention
+        table = att.kernels if att is not None else ()
+        listed = [k for k, _, _ in table] or ([att.kernel] if att is not None and att.kernel else [])
+        block = att.block if att is not None else 128
+        if kernel == UNFUSED_ATTENTION:
+            new = AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=kernel, kernels=table,
+                                 block=block)
+        elif any(k == kernel for k, _, _ in table):
+            f, b = next((f, b) for k, f, b in table if k == kernel)
+            new = AttentionModel(forward_efficiency=f, backward_efficiency=b, kernel=kernel, kernels=table,
+                                 block=block)
+        elif att is not None and att.kernel == kernel:
+            return self
+        else:
+            names = ", ".join([*listed, UNFUSED_ATTENTION])
+            raise ProfileError(f"--attention {kernel}: the profile {self.name} prices the attention kernels {names}; "
+                               "pick one of them (or add the kernel's efficiencies to the profile's attention block)")
+        return replace(self, device=replace(self.device, attention=new))
 
     def curve(self, collective: str, level: str, group_size: int) -> CollectiveCurve | None:
         """The measured curve for this collective, level and group size, if the profile has one."""

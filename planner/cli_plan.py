@@ -150,6 +150,10 @@ def build_parser() -> ArgParser:
     p.add_argument("--cluster", metavar="PRESET|YAML",
                    help="cluster profile: a preset name (e.g. dgx-a100-80gb) or a YAML file from `plan profile`")
     p.add_argument("--nodes", type=int, metavar="N", help="override the profile's node count")
+    p.add_argument("--attention", metavar="KERNEL",
+                   help="price SDPA with this attention kernel of the profile instead of the one it names: one it "
+                        "lists (the H100 preset: cudnn, flash2, flash3) or `unfused` (separate GEMMs, softmax and "
+                        "dropout over the s x s scores: a run without FlashAttention)")
     p.add_argument("--batch-size", type=int, metavar="B", help="global batch size (samples per optimizer step)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="training precision (bf16/fp16 keep fp32 master weights and Adam state); default bf16, "
@@ -196,6 +200,8 @@ def main(argv: Sequence[str]) -> int:
                         "use --summary alone to only inspect the model")
     if args.cluster and args.batch_size is None:
         raise PlanError("--batch-size is required to plan: the global batch per optimizer step")
+    if args.attention and not args.cluster:
+        raise PlanError("--attention picks the cluster profile's attention kernel: give --cluster and --batch-size")
     if args.plot and not args.cluster:
         raise PlanError("--plot draws the search's candidates: give --cluster and --batch-size")
     if args.json and args.summary:
@@ -207,6 +213,8 @@ def main(argv: Sequence[str]) -> int:
     if args.cluster:  # a bad profile fails fast, before the (slower) trace
         from hardware_profiles.load import load_cluster
         cluster = load_cluster(args.cluster, nodes=args.nodes)
+        if args.attention:
+            cluster = cluster.with_attention_kernel(args.attention)
     scale = read_calibration(args.calibration, cluster.name) if cluster and args.calibration else None
     precision = args.precision or (default_precision(cluster.device.peak_flops) if cluster else "bf16")
     if cluster and args.precision is None and precision != "bf16":

@@ -70,3 +70,24 @@ def test_bad_force_is_one_line(capsys):
     rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "12", "--force", "dp=8,mbs=1"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "batch" in err
+
+
+def test_attention_flag_picks_the_profiles_kernel_or_unfused(tmp_path, capsys):
+    """`--attention unfused` prices SDPA as separate kernels (slower than FlashAttention-2 on a 2048-token GPT);
+    a kernel the profile does not list is one line and exit 2."""
+    model = tmp_path / "gpt2k.py"
+    model.write_text(f"import sys\nsys.path.insert(0, {os.path.join(ROOT, 'examples')!r})\n"
+                     "from gpt import GPT, GPTConfig, sample_batch as _s\n"
+                     "CFG = GPTConfig(n_layer=2, n_embd=1024, n_head=8, vocab_size=512, block_size=2048)\n"
+                     "def build_model():\n    return GPT(CFG)\n"
+                     "def sample_batch(b):\n    return _s(b, CFG)\n")
+    steps = {}
+    for kernel in ("flash2", "unfused"):
+        rc = main([str(model), "--cluster", "dgx-a100-80gb", "--batch-size", "32", "--attention", kernel,
+                   "--force", "dp=8,tp=1,pp=1,zero=0,mbs=4,recompute=none", "--json"])
+        assert rc == 0
+        steps[kernel] = json.loads(capsys.readouterr().out)["plan"]["predicted"]["step_time_s"]
+    assert steps["unfused"] > 1.1 * steps["flash2"]
+    assert main([str(model), "--cluster", "dgx-a100-80gb", "--batch-size", "8", "--attention", "flash3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--attention flash3" in err[0] and "flash2, unfused" in err[0]
