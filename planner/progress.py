@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import time
 from typing import IO, Any
 
 DELAY_S = 2.0
