@@ -222,7 +222,8 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
     `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with a sharded
-    input, output or parameter does 1/tp of the FLOPs (`splits_work`); each tensor's bytes are divided by tp where it is sharded.
+    input, output or parameter does 1/tp of the FLOPs (`splits_work`); each tensor's bytes are divided by tp where
+    it is sharded.
     `dtensor` says whether the op runs on DTensors (`cost_model.layers.runs_on_dtensors`); None: where tp > 1 and
     the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
     """

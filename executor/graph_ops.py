@@ -12,8 +12,8 @@ modules): the root and each repeated block are traced on their own, blocks kept 
 their ops, blocks expanded in place, are the whole-model trace's ops in the same order, which names them. Each
 traced module's `forward` becomes an `torch.fx.Interpreter` over its own graph; hooks on the module still run.
 An op that fails carries its module path and model-file line (`source_module`, `source_stack`) for the dry run's
-message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up with the
-whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
+message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up
+with the whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
 """
 from __future__ import annotations
 

@@ -488,8 +488,8 @@ def _ddp_buckets(params: list, cap: int = 25 * 2**20) -> list[int]:
 
 def _paired_extra(base: Callable[[], object], other: Callable[[], object], sync: Callable[[], None],
                   plan: MeasurePlan, group: dist.ProcessGroup | None) -> float:
-    """Expected value over repeats of (seconds of `other` - seconds of `base`), the two timed back to back in each repeat
-    after a barrier, so that load from other processes hits both alike (every rank makes the same calls)."""
+    """Expected value over repeats of (seconds of `other` - seconds of `base`), the two timed back to back in each
+    repeat after a barrier, so that load from other processes hits both alike (every rank makes the same calls)."""
     for _ in range(plan.warmup):
         base()
         other()

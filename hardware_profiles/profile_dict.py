@@ -39,7 +39,8 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, KERNELS, LEVELS, LINK_KINDS, UNFUSED_ATTENTION,
-                                      AttentionModel, Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel, OpOverhead, ProfileError)
+                                      AttentionModel, Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel,
+                                      OpOverhead, ProfileError)
 
 
 

@@ -4,8 +4,8 @@ The shapes come from the caller (the planner traces the model; this package impo
 (batch, M, N, K) runs as torch.matmul of contiguous [batch, M, K] x [batch, K, N] operands (plain mm at batch 1);
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
 tensors, forward alone and forward + backward (backward = the difference). On CUDA the kernels are timed with CUDA
-events (device time, after warm-up, expected time over repeats (measure.expected)); on CPU with the wall clock, minus the measured per-op host
-overhead (the cost model charges that separately), as `measure.linear_rates` does.
+events (device time, after warm-up, expected time over repeats (measure.expected)); on CPU with the wall clock,
+minus the measured per-op host overhead (the cost model charges that separately), as `measure.linear_rates` does.
 """
 from __future__ import annotations
 

@@ -108,10 +108,11 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert [r[:6] for r in c.device.attention_shapes] == [(4, 32, 32, 16, True, "fp32")]
     assert all(0 < t < 0.1 for r in c.device.attention_shapes for t in r[6:]) and not c.device.async_host
 
-    # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B)
-    # made in the same launch: the expected times of A must lie inside B's min-max spread, widened by 2x each way, at
-    # half the sizes at least (gloo on loopback on a 2-core machine moved single points by up to 4x between runs, and two
-    # neighbouring points at once on 2026-11-25); a wrong unit or a size convention moves every point, by far more.
+    # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B) made
+    # in the same launch: the expected times of A must lie inside B's min-max spread, widened by 2x each way, at
+    # half the sizes at least (gloo on loopback on a 2-core machine moved single points by up to 4x between runs,
+    # and two neighbouring points at once on 2026-11-25); a wrong unit or a size convention moves every point, by
+    # far more.
     curve = load_cluster(str(path)).curve("all_reduce", "intra_node", 2)
     run_a, run_b = result.raw["all_reduce_runs"]
     assert [s for s, _ in curve.points] == sorted(run_a) == sorted(run_b)
