@@ -124,14 +124,14 @@ def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> 
     median over ranks (all ranks measure at once, as they would train)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from hardware_profiles import measure as M
+    from hardware_profiles import measure_overheads as O
     from hardware_profiles.measure_recompute import checkpoint_overheads, mesh_slice_seconds
     mesh = init_device_mesh(device.type, (world,))
     # checkpointing's host cost only on CPU ranks: on GPUs the host runs ahead of the kernels, and the cost model
     # adds these figures to the re-run as they are
     ckpt = checkpoint_overheads(device, sync, plan) if device.type == "cpu" else {}
-    local = ({**M.op_overheads(device, sync, plan, mesh), **M.ddp_overheads(device, sync, plan), **ckpt,
-              "mesh_slice": mesh_slice_seconds(device, sync, plan)}, M.kernel_costs(device, sync, plan))
+    local = ({**O.op_overheads(device, sync, plan, mesh), **O.ddp_overheads(device, sync, plan), **ckpt,
+              "mesh_slice": mesh_slice_seconds(device, sync, plan)}, O.kernel_costs(device, sync, plan))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     over = {k: statistics.median(r[0][k] for r in everyone) for k in local[0]}
@@ -144,6 +144,7 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
     import torch
     import torch.distributed as dist
     from hardware_profiles import measure as M
+    from hardware_profiles import measure_collectives as C
 
     cuda = cfg["backend"] == "nccl"
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -176,10 +177,10 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
     for level, group in levels:
         raw["curves"][level] = {}
         for name in plan.collectives:
-            samples = M.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
-            raw["curves"][level][name] = M.expected_curve(samples)
+            samples = C.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
+            raw["curves"][level][name] = C.expected_curve(samples)
             if name == "all_reduce" and level == "intra_node" and cfg.get("repeat_all_reduce"):
-                again = M.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
+                again = C.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
                 raw["all_reduce_runs"] = [samples, again]
             step(f"{name} ({level.replace('_', '-')})")
     return raw if rank == 0 else None
@@ -363,7 +364,7 @@ def _op_overhead(measured: dict[str, float]) -> OpOverhead:
 def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Cluster | None = None) -> Cluster:
     """The Cluster that `raw` (rank 0's measurements) describes; with one rank (no curves measured) its links and
     collective curves are `links_from`'s."""
-    from hardware_profiles.measure import fit_ring_allreduce
+    from hardware_profiles.measure_collectives import fit_ring_allreduce
     world, local_world, dev = raw["world"], raw["local_world"], raw["device"]
     cuda = raw["backend"] == "nccl"
     main_dtype = "bf16" if cuda else "fp32"  # the dtype training runs in on this hardware

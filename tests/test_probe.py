@@ -4,7 +4,9 @@ import pytest
 
 from hardware_profiles import load_cluster, save_cluster
 from hardware_profiles.host import link_kind_from_topo, meminfo, parse_nvidia_topo
-from hardware_profiles.measure import DDP_STACKS, expected, expected_curve, fit_ring_allreduce, plan_for
+from hardware_profiles.measure import expected, plan_for
+from hardware_profiles.measure_collectives import expected_curve, fit_ring_allreduce
+from hardware_profiles.measure_overheads import DDP_STACKS
 from hardware_profiles.probe import profile_local
 
 DGX_A100_TOPO = """\
