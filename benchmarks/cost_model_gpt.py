@@ -26,7 +26,6 @@ from gpt import GPT, GPTConfig, sample_batch  # noqa: E402
 
 from cost_model.model import CostModel  # noqa: E402
 from hardware_profiles.load import load_cluster  # noqa: E402
-from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict  # noqa: E402
 from hardware_profiles.schema import Cluster  # noqa: E402
 from planner.defaults import default_plan  # noqa: E402
 from planner.model_file import ModelFile, default_loss  # noqa: E402
@@ -58,13 +57,7 @@ def model_file(heads: int, hidden: int, layers: int) -> ModelFile:
 def _cluster(nodes: int, attention: str | None) -> Cluster:
     """dgx-a100-80gb with `nodes` nodes, its attention kernel replaced by `attention` when given."""
     cluster = load_cluster("dgx-a100-80gb", nodes=nodes)
-    if attention:
-        att = cluster_to_dict(cluster)["device"]["attention"]
-        att["kernel"] = attention
-        data = cluster_to_dict(cluster)
-        data["device"]["attention"] = att
-        cluster = cluster_from_dict(data)
-    return cluster
+    return cluster.with_attention_kernel(attention) if attention else cluster
 
 
 def main() -> int:

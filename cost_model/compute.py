@@ -122,7 +122,7 @@ def kernel_family(op: OpNode) -> str | None:
     return None
 
 
-def _kernel_elems(op: OpNode, acts: list[int], scale: float, div: int) -> float:
+def kernel_elems(op: OpNode, acts: list[int], scale: float, div: int) -> float:
     """Elements of the op's elementwise kernel on one device (see `OpWork.elems`)."""
     if op.kind == "attention" and len(acts) >= 2:
         q, k = op.input_meta[acts[0]].shape, op.input_meta[acts[1]].shape
@@ -253,7 +253,7 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     copy = op.kind in FREE_KINDS and op.copies
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
                   fwd_bytes=fwd_bytes, bwd_bytes=(1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes,
-                  elems=_kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
+                  elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
                   dtensor=dtensor, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op))
 

@@ -11,11 +11,10 @@ The graph's per-op figures are for `graph.batch_size` samples at the traced dtyp
 """
 from __future__ import annotations
 
-import math
-
 from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
-from cost_model.compute import ComputeModel, attention_dropout, op_work, split_inputs, splits_work, tensor_bytes
+from cost_model.compute import (ComputeModel, attention_dropout, kernel_elems, op_work, split_inputs,
+                                splits_work, tensor_bytes)
 from cost_model.prediction import Prediction
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.plan import OpPlacement, Plan
@@ -147,8 +146,7 @@ class CostModel:
         if op.kind == "attention" and self.compute.unfused_attention and len(metas) >= 2:
             # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
             # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither
-            q, k = metas[0].shape, metas[1].shape
-            scores = math.prod(q[:-1]) * k[-2] * scale / (tp if split and tp > 1 else 1) if len(q) >= 2 else 0.0
+            scores = kernel_elems(op, acts, scale, tp if split and tp > 1 else 1)
             total += scores * (2 * bytes_per + 1 if attention_dropout(op) else bytes_per)
         return par, total
 
