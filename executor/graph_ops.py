@@ -14,6 +14,7 @@ traced module's `forward` becomes an `torch.fx.Interpreter` over its own graph; 
 An op that fails carries its module path and model-file line (`source_module`, `source_stack`) for the dry run's
 message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up
 with the whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
+Under pipelining only the blocks are replaced (before the stages are cut; the stages keep the block modules).
 """
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ from executor import tp
 from planner.plan import Plan
 
 _CALLS = ("call_function", "call_method", "call_module")
-PIPELINED = ("ops outside module calls follow DTensor's propagation in pipeline stages (their planned placements "
-             "are not applied or asserted)")
-"""The note for a pipelined plan: its stages are cut from the model's graph, not traced block by block."""
+PIPELINED = ("pipeline stages run each block's ops as the plan places them; the ops between a stage's modules "
+             "(outside the blocks: e.g. token plus position embeddings) follow DTensor's own propagation")
+"""The note for a pipelined plan: its stages are graphs cut from the model's forward (`executor.pipeline`), which
+keep the blocks whole, so only the blocks run as placed graphs."""
 
 
 def _tracer(leaves: set[str]) -> torch.fx.Tracer:
@@ -203,10 +205,12 @@ def _install(module: nn.Module, path: str, graph: torch.fx.Graph, specs: dict, m
 
 
 def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str], local: list[str],
-              hooked: set[str]) -> str | None:
+              hooked: set[str], root: bool = True) -> str | None:
     """Run `model` as its traced graph with the plan's placement on every op that is not a module call `executor.tp`
     hooks (`hooked`: their paths); see the module docstring. `blocks`: the repeated blocks' paths; `local`: the
-    subtrees that run on plain tensors. Returns None when done, else why nothing was replaced (for the notes)."""
+    subtrees that run on plain tensors. `root=False` leaves the root's own forward as it is and places the blocks'
+    ops only (pipelining: call it on the whole model before the stages are cut, which keep the blocks' modules).
+    Returns None when done, else why nothing was replaced (for the notes)."""
     from planner.trace import _LeafTracer
     named = dict(model.named_modules())
     try:
@@ -229,6 +233,6 @@ def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str],
             continue  # tp's hooks place it; a block runs its own interpreter; a replicated subtree runs plainly
         specs[piece][node] = (w, plan.ops.get(w.name))
     for piece, spec in specs.items():
-        if spec:
+        if spec and (piece or root):
             _install(named[piece] if piece else model, piece, pieces[piece], spec, mesh)
     return None

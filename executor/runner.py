@@ -181,11 +181,8 @@ class Runner:
         plan = self.plan
         if plan.mesh.tp > 1:
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
-            why = graph_ops.place_ops(module, plan, self.mesh["tp"], self.block_paths,
-                                      tp.local_modules(plan, module), set(tp.module_calls(plan, module))) \
-                if plan.mesh.pp == 1 else graph_ops.PIPELINED
-            if why is not None and why not in self.notes:
-                self.notes.append(why)
+            if plan.mesh.pp == 1:
+                self._place_ops(module, root=True)
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
@@ -202,9 +199,22 @@ class Runner:
             return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths)
         return module
 
+    def _place_ops(self, model: nn.Module, root: bool) -> None:
+        """`graph_ops.place_ops` on `model` (the whole model: its blocks are what the stages hold), noting why
+        not, or under pipelining which ops still follow DTensor's propagation."""
+        plan = self.plan
+        why = graph_ops.place_ops(model, plan, self.mesh["tp"], self.block_paths, tp.local_modules(plan, model),
+                                  set(tp.module_calls(plan, model)), root=root)
+        if why is None and not root:
+            why = graph_ops.PIPELINED
+        if why is not None and why not in self.notes:
+            self.notes.append(why)
+
     def _build_pipeline(self, model: nn.Module) -> None:
         from torch.distributed.pipelining import PipelineStage
         plan = self.plan
+        if plan.mesh.tp > 1:
+            self._place_ops(model, root=False)  # before the cut: the stages keep these block modules
         mods = pipeline.stage_modules(model, plan)
         graphs = pipeline.split_model(model, mods, self.example_inputs)
         self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))

@@ -536,3 +536,29 @@ def test_a_plan_whose_output_placement_is_not_dtensors_fails_in_one_line(tmp_pat
     assert len(problems) == 1 and "\n" not in problems[0], problems
     assert f"op {name} (module {op['module']}): DTensor propagated the output as S(2), the plan says S(1)" \
         in problems[0], problems[0]
+
+
+def test_pipeline_stages_run_their_blocks_ops_as_placed(const_heads, tmp_path, capsys):
+    """Under tp x pp the stages keep the blocks whole, and each block runs as its placed graph
+    (executor.graph_ops): a block op's planned output edited to a placement DTensor does not give is caught at
+    that op in the stage holding it (before: stages ran block ops through DTensor's own propagation)."""
+    from planner.cli import main
+    out = tmp_path / "tp_pp.json"
+    args = _plan_args(const_heads, out)
+    args[args.index("tp=2")] = "tp=2,pp=2"
+    args[args.index("cpu-local") + 1:args.index("cpu-local") + 1] = ["--nodes", "2"]
+    assert main(args) == 0, capsys.readouterr().err
+    plan = json.loads(out.read_text())
+    assert plan["mesh"]["pp"] == 2 and plan["mesh"]["tp"] == 2
+    first, last = plan["ops"]["transpose"], [n for n, o in plan["ops"].items()
+                                            if o["module"] == "h.1.attn" and n.startswith("transpose")][0]
+    assert first["output"] == "S(1)" and plan["ops"][last]["output"] == "S(1)"
+    for name, module in (("transpose", "h.0.attn"), (last, "h.1.attn")):
+        wrong = json.loads(json.dumps(plan))
+        wrong["ops"][name]["output"] = "S(2)"
+        (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+        capsys.readouterr()
+        assert main(["check", str(tmp_path / "wrong.json"), const_heads]) == 2, name
+        line = capsys.readouterr().err.strip()
+        for part in (f"op {name} (module {module})", "DTensor propagated the output as S(1), the plan says S(2)"):
+            assert part in line, (part, line)
