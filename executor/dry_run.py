@@ -256,7 +256,7 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     where.strategies = {p.module: p.strategy for p in plan.ops.values() if p.module}
     inputs, targets = batch(mf, plan.microbatch_size)
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh,  # default AdamW
-                        example_inputs=inputs if plan.mesh.pp > 1 else None)
+                        example_inputs=inputs)
     where.uneven = _uneven(runner)
     out = None
     if plan.mesh.pp == 1:

@@ -15,10 +15,14 @@ An op that fails carries its module path and model-file line (`source_module`, `
 message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up
 with the whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
 Under pipelining only the blocks are replaced (before the stages are cut; the stages keep the block modules).
+A model fx cannot trace runs as its torch.export graph instead (`exported`, `place_exported_ops`): exported the
+planner's way and unflattened to its module tree, every module's graph in the placed interpreter, ops matched by
+name (pipelined, its stages still follow DTensor's propagation).
 """
 from __future__ import annotations
 
 import inspect
+import re
 import types
 from typing import Any
 
@@ -29,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from executor import tp
+from executor.errors import ExecutorError
 from planner.plan import Plan
 
 _CALLS = ("call_function", "call_method", "call_module")
@@ -180,6 +185,10 @@ class _PlacedInterpreter(torch.fx.Interpreter):
         if isinstance(out, torch.Tensor):
             tp.check_output(out, placement.output if placement is not None else "R", whole.name,
                             placement.module if placement is not None else _path(whole))
+            if placement is not None and placement.output == "P":
+                # a vocabulary-parallel embedding's masked partial sum is reduced where the op ends (tp's module
+                # hook does the same for a module call)
+                out = tp._redistribute(out, "P", self.mesh, f"op {whole.name} output")
         return out
 
 
@@ -217,7 +226,8 @@ def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str],
         whole = _LeafTracer().trace(model)  # the planner's trace: its node names are the plan's op names
     except Exception:
         return ("ops outside module calls follow DTensor's propagation: the model is not fx-traceable (the plan "
-                "names torch.export's ops)")
+                "names torch.export's ops); pass example_inputs= (one micro-batch) to apply_plan to run its export "
+                "graph as placed")
     blocks = [b for b in blocks if b and b not in local]
     pieces = _pieces(model, blocks, local)
     pairs = _align(_expanded(pieces), [n for n in whole.nodes if n.op in _CALLS], set(local)) \
@@ -236,3 +246,94 @@ def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str],
         if spec and (piece or root):
             _install(named[piece] if piece else model, piece, pieces[piece], spec, mesh)
     return None
+
+
+EXPORTED = ("the model runs as its torch.export graph (the one the plan names), each op as the plan places it")
+"""The note for a model fx cannot trace, run from its export graph."""
+
+
+_PASS_THROUGH = frozenset({"contiguous", "clone", "alias", "detach"})
+"""Ops that hand their input on unchanged (same shape and placement): an export on real tensors can lack one the
+planner's export on meta tensors had (`contiguous()` of a tensor whose strides the real kernel already made
+contiguous); its consumer then reads the same placement from the producer."""
+
+
+def _absent(plan: Plan, names: set[str]) -> list[str]:
+    """The plan's ops not among `names`, pass-through ops (`_PASS_THROUGH`) that keep their placement excepted."""
+    return [name for name, p in plan.ops.items() if name not in names
+            and not (re.sub(r"_\d+$", "", name) in _PASS_THROUGH and set(p.inputs) == {p.output})]
+
+
+def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, torch.fx.Graph] | str | None:
+    """For a model torch.fx cannot trace (the planner then planned its torch.export graph): the model exported the
+    planner's way (non-strict training IR) with `example` (one micro-batch, as the model is called) and unflattened
+    to its module tree (same module paths and parameter names), and the flat exported graph whose node names the
+    plan's ops use. None when fx can trace it (`place_ops` handles it) or there is no example; why not (for the
+    notes) when the export lacks an op the plan names."""
+    from planner.trace import _LeafTracer
+    if example is None:
+        return None
+    try:
+        _LeafTracer().trace(model)
+        return None
+    except Exception:  # noqa: BLE001 — not fx-traceable: exported below
+        pass
+    args, kwargs = ((), dict(example)) if isinstance(example, dict) else \
+        (((example,) if isinstance(example, torch.Tensor) else tuple(example)), {})
+    ep = torch.export.export(model, args, kwargs, strict=False)
+    names = {n.name for n in ep.graph.nodes if n.op in _CALLS}
+    missing = _absent(plan, names)
+    if missing:
+        return (f"ops outside module calls follow DTensor's propagation: the model's export here lacks the plan's "
+                f"op {missing[0]} (planned with another torch or transformers version?)")
+    return torch.export.unflatten(ep), ep.graph
+
+
+def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: DeviceMesh,
+                       local: list[str]) -> None:
+    """Run the unflattened export `root` with the plan's placement on every op (see `exported`): each module's
+    graph runs in a placed interpreter whose ops are matched to the flat graph's nodes by name (unflattening keeps
+    them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are."""
+    whole = {n.name: n for n in flat.nodes if n.op in _CALLS}
+    modules = [(path, m) for path, m in root.named_modules()
+               if isinstance(getattr(m, "graph", None), torch.fx.Graph)
+               and not any(path == p or path.startswith(p + ".") for p in local)]
+    seen = {n.name for _, m in modules for n in m.graph.nodes if n.op in _CALLS}
+    missing = [name for name in _absent(plan, seen)
+               if not any(plan.ops[name].module == p or plan.ops[name].module.startswith(p + ".") for p in local)]
+    if missing:  # unflattening dropped or renamed it: nothing would place that op
+        raise ExecutorError(f"op {missing[0]} of the plan is in the model's torch.export graph but not in its "
+                            "unflattened modules (torch.export.unflatten), so it cannot run as placed; report it")
+    for path, m in modules:
+        for n in list(m.graph.nodes):
+            if n.op == "call_function" and not n.users and str(n.target).startswith("aten._assert"):
+                m.graph.erase_node(n)  # export's own dtype/shape assertions: no op of the plan, no DTensor rule
+        specs = {n: (whole[n.name], plan.ops.get(n.name)) for n in m.graph.nodes
+                 if n.op == "call_function" and n.name in whole and _makes_tensors(whole[n.name])}
+        if specs:
+            _install_exported(m, path, specs, mesh)
+
+
+def _makes_tensors(node: torch.fx.Node) -> bool:
+    """Whether an exported node's value (export's `meta["val"]`) holds a tensor: the planner's ops are exactly
+    these (sizes, assertions and other plain values are not ops)."""
+    from torch.utils._pytree import tree_flatten
+    return any(isinstance(v, torch.Tensor) for v in tree_flatten(node.meta.get("val"))[0])
+
+
+def _install_exported(module: nn.Module, path: str, specs: dict, mesh: DeviceMesh) -> None:
+    """An unflattened module's forward runs its graph in the placed interpreter (its own forward's argument
+    handling: kwargs bound to the placeholders by name; the root flattens inputs and rebuilds outputs)."""
+    from torch.utils._pytree import tree_unflatten
+    graph = module.graph
+    is_root = hasattr(module, "process_forward_inputs")
+
+    def forward(self, *args, **kwargs):
+        if is_root:
+            flat = self.process_forward_inputs(*args, **kwargs)
+            out = _PlacedInterpreter(self, graph, specs, mesh, path).run(*flat, enable_io_processing=False)
+            return tree_unflatten(out, self.module_call_graph[0].signature.out_spec)
+        if kwargs:
+            args = tuple(args) + tuple(kwargs[k] for k in self.arg_names[len(args):] if k in kwargs)
+        return _PlacedInterpreter(self, graph, specs, mesh, path).run(*args, enable_io_processing=False)
+    module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]

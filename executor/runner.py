@@ -123,9 +123,11 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
     (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
-    `example_inputs`: one micro-batch of inputs, needed only to pipeline a model torch.fx cannot trace (it is
-    exported instead, `executor.pipeline.split_model`). `compile`: a torch.compile backend ("inductor") to compile
-    each repeated block with (`executor.parallel.apply_compile`); None runs eager.
+    `example_inputs`: one micro-batch of inputs, used only for a model torch.fx cannot trace (it is exported
+    instead): to pipeline it (`executor.pipeline.split_model`), and under tp to run its export graph with the plan's
+    placements (`executor.graph_ops.exported`; without it those ops follow DTensor's propagation, as noted).
+    `compile`: a torch.compile backend ("inductor") to compile each repeated block with
+    (`executor.parallel.apply_compile`); None runs eager.
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
@@ -180,8 +182,16 @@ class Runner:
         `executor.parallel` documents)."""
         plan = self.plan
         if plan.mesh.tp > 1:
+            made = graph_ops.exported(module, self.example_inputs, plan) if plan.mesh.pp == 1 else None
+            if isinstance(made, str):
+                self.notes.append(made)
+            elif made is not None:  # not fx-traceable: run its export graph, the one the plan names
+                module, flat = made
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
-            if plan.mesh.pp == 1:
+            if isinstance(made, tuple):
+                graph_ops.place_exported_ops(module, flat, plan, self.mesh["tp"], tp.local_modules(plan, module))
+                self.notes.append(graph_ops.EXPORTED)
+            elif made is None and plan.mesh.pp == 1:
                 self._place_ops(module, root=True)
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "

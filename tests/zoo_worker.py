@@ -55,7 +55,7 @@ def _train(job: dict, steps: int) -> list[float]:
     mf = load_model_file(job["model"])
     torch.manual_seed(BUILD_SEED)
     model = build(mf)
-    example = batch(mf, plan.microbatch_size)[0] if plan.mesh.pp > 1 else None  # to export what fx cannot trace
+    example = batch(mf, plan.microbatch_size)[0]  # to export what fx cannot trace (pp, tp)
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
     torch.manual_seed(STEP_SEED)
     batches = Batches(mf, DATA_SEED)
