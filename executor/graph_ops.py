@@ -17,7 +17,7 @@ with the whole trace, nothing is replaced and those ops follow DTensor's own pro
 Under pipelining only the blocks are replaced (before the stages are cut; the stages keep the block modules).
 A model fx cannot trace runs as its torch.export graph instead (`exported`, `place_exported_ops`): exported the
 planner's way and unflattened to its module tree, every module's graph in the placed interpreter, ops matched by
-name (pipelined, its stages still follow DTensor's propagation).
+name (pipelined: the blocks of the unflattened module the stages were cut from).
 """
 from __future__ import annotations
 
@@ -290,17 +290,20 @@ def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, tor
 
 
 def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: DeviceMesh,
-                       local: list[str]) -> None:
+                       local: list[str], within: list[str] | None = None) -> None:
     """Run the unflattened export `root` with the plan's placement on every op (see `exported`): each module's
     graph runs in a placed interpreter whose ops are matched to the flat graph's nodes by name (unflattening keeps
-    them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are."""
+    them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are. `within`: only the
+    subtrees at these paths (pipelining: the blocks, which the stages hold whole)."""
+    def under(path: str, tops) -> bool:
+        return any(path == p or path.startswith(p + ".") for p in tops)
     whole = {n.name: n for n in flat.nodes if n.op in _CALLS}
     modules = [(path, m) for path, m in root.named_modules()
-               if isinstance(getattr(m, "graph", None), torch.fx.Graph)
-               and not any(path == p or path.startswith(p + ".") for p in local)]
+               if isinstance(getattr(m, "graph", None), torch.fx.Graph) and not under(path, local)
+               and (within is None or under(path, within))]
     seen = {n.name for _, m in modules for n in m.graph.nodes if n.op in _CALLS}
-    missing = [name for name in _absent(plan, seen)
-               if not any(plan.ops[name].module == p or plan.ops[name].module.startswith(p + ".") for p in local)]
+    missing = [name for name in _absent(plan, seen) if not under(plan.ops[name].module, local)
+               and (within is None or under(plan.ops[name].module, within))]
     if missing:  # unflattening dropped or renamed it: nothing would place that op
         raise ExecutorError(f"op {missing[0]} of the plan is in the model's torch.export graph but not in its "
                             "unflattened modules (torch.export.unflatten), so it cannot run as placed; report it")

@@ -118,6 +118,7 @@ def split_model(model: nn.Module, modules: list[list[str]], example: object = No
     stages = [_stage_graph(root, graph, stage, k) for k in range(len(modules))]
     if root is not model:
         stages[0].flat_inputs = True  # type: ignore[attr-defined]
+        stages[0].__dict__["exported_root"] = root  # a plain attribute: not a submodule of the stage
     return stages
 
 
@@ -137,7 +138,8 @@ def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Excep
     args, kwargs = ((), dict(example)) if isinstance(example, dict) else \
         (((example,) if isinstance(example, torch.Tensor) else tuple(example)), {})
     try:
-        root = torch.export.unflatten(torch.export.export(model, args, kwargs, strict=False))
+        ep = torch.export.export(model, args, kwargs, strict=False)
+        root = torch.export.unflatten(ep)
     except Exception as e:  # noqa: BLE001 — said in one line below
         raise ExecutorError(f"pipeline parallelism cannot cut this model: torch.fx failed ({type(fx_error).__name__}: "
                             f"{str(fx_error).splitlines()[0][:120]}) and so did torch.export ({type(e).__name__}: "
@@ -180,6 +182,7 @@ def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Excep
         raise ExecutorError("pipeline split of the exported model: a graph without an output; use pp = 1")
     ins = tuple(g.placeholder(n.name) for n in root.graph.nodes if n.op == "placeholder")
     g.output(inline("", root.graph, ins, {}))
+    root.flat_graph = ep.graph  # the graph the plan's op names come from (`executor.graph_ops.place_exported_ops`)
     return root, g
 
 

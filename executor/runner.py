@@ -192,7 +192,7 @@ class Runner:
                 graph_ops.place_exported_ops(module, flat, plan, self.mesh["tp"], tp.local_modules(plan, module))
                 self.notes.append(graph_ops.EXPORTED)
             elif made is None and plan.mesh.pp == 1:
-                self._place_ops(module, root=True)
+                self._note(self._place_ops(module, root=True))
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
@@ -209,25 +209,34 @@ class Runner:
             return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths)
         return module
 
-    def _place_ops(self, model: nn.Module, root: bool) -> None:
-        """`graph_ops.place_ops` on `model` (the whole model: its blocks are what the stages hold), noting why
-        not, or under pipelining which ops still follow DTensor's propagation."""
+    def _place_ops(self, model: nn.Module, root: bool) -> str | None:
+        """`graph_ops.place_ops` on `model` (pipelining: the whole model, before the cut: its blocks are what the
+        stages hold); returns why not (a note)."""
         plan = self.plan
-        why = graph_ops.place_ops(model, plan, self.mesh["tp"], self.block_paths, tp.local_modules(plan, model),
-                                  set(tp.module_calls(plan, model)), root=root)
-        if why is None and not root:
-            why = graph_ops.PIPELINED
-        if why is not None and why not in self.notes:
-            self.notes.append(why)
+        return graph_ops.place_ops(model, plan, self.mesh["tp"], self.block_paths, tp.local_modules(plan, model),
+                                   set(tp.module_calls(plan, model)), root=root)
+
+    def _note(self, text: str | None) -> None:
+        if text is not None and text not in self.notes:
+            self.notes.append(text)
 
     def _build_pipeline(self, model: nn.Module) -> None:
         from torch.distributed.pipelining import PipelineStage
         plan = self.plan
-        if plan.mesh.tp > 1:
-            self._place_ops(model, root=False)  # before the cut: the stages keep these block modules
+        # the blocks run as placed graphs: placed before the cut (the stages keep the block modules), or, for a
+        # model cut from its torch.export graph, its unflattened blocks after it
+        why = self._place_ops(model, root=False) if plan.mesh.tp > 1 else None
         mods = pipeline.stage_modules(model, plan)
         graphs = pipeline.split_model(model, mods, self.example_inputs)
         self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))
+        root = getattr(graphs[0], "exported_root", None)
+        if root is not None and plan.mesh.tp > 1:
+            named = dict(root.named_modules())
+            graph_ops.place_exported_ops(root, root.flat_graph, plan, self.mesh["tp"], tp.local_modules(plan, root),
+                                         within=[b for b in self.block_paths if b in named])
+            why = None
+        if plan.mesh.tp > 1:
+            self._note(why or graph_ops.PIPELINED)
         pairs = pipeline.tied_pairs(model, mods)  # before sharding replaces (and unties) parameters
         pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]

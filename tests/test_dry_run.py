@@ -564,15 +564,20 @@ def test_pipeline_stages_run_their_blocks_ops_as_placed(const_heads, tmp_path, c
             assert part in line, (part, line)
 
 
-def test_a_transformers_model_runs_its_export_graph_as_placed(tmp_path, capsys):
+@pytest.mark.parametrize("force", ["tp=2", "tp=2,pp=2"])
+def test_a_transformers_model_runs_its_export_graph_as_placed(force, tmp_path, capsys):
     """HF GPT-2 (fx cannot trace it; the plan names its torch.export ops) runs from its export graph, unflattened
-    to its module tree, each op with the plan's placements: an op's planned output edited to a placement DTensor
-    does not give is caught at that op (before: those ops followed DTensor's own propagation, unchecked)."""
+    to its module tree, each op with the plan's placements (pipelined: each block's): an op's planned output edited
+    to a placement DTensor does not give is caught at that op (before: those ops followed DTensor's own
+    propagation, unchecked)."""
     pytest.importorskip("transformers")
     from planner.cli import main
     model = os.path.join(EXAMPLES, "hf_gpt2.py")
     out = tmp_path / "tp.json"
-    assert main(_plan_args(model, out)) == 0, capsys.readouterr().err
+    args = _plan_args(model, out)
+    args[args.index("tp=2")] = force
+    args[args.index("cpu-local") + 1:args.index("cpu-local") + 1] = ["--nodes", "2"]
+    assert main(args) == 0, capsys.readouterr().err
     plan = json.loads(out.read_text())
     name = next(n for n, o in plan["ops"].items()
                 if o["module"] == "transformer.h.0.mlp.act" and o["output"] == "S(2)")
