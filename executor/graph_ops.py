@@ -14,7 +14,8 @@ traced module's `forward` becomes an `torch.fx.Interpreter` over its own graph; 
 An op that fails carries its module path and model-file line (`source_module`, `source_stack`) for the dry run's
 message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up
 with the whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
-Under pipelining only the blocks are replaced (before the stages are cut; the stages keep the block modules).
+Under pipelining the blocks are replaced before the stages are cut (the stages keep the block modules), and each
+stage graph's own ops run placed too (`place_stage_ops`: its nodes keep the names of the root's trace).
 A model fx cannot trace runs as its torch.export graph instead (`exported`, `place_exported_ops`): exported the
 planner's way and unflattened to its module tree, every module's graph in the placed interpreter, ops matched by
 name (pipelined: the blocks of the unflattened module the stages were cut from).
@@ -38,9 +39,9 @@ from planner.plan import Plan
 
 _CALLS = ("call_function", "call_method", "call_module")
 PIPELINED = ("pipeline stages run each block's ops as the plan places them; the ops between a stage's modules "
-             "(outside the blocks: e.g. token plus position embeddings) follow DTensor's own propagation")
-"""The note for a pipelined plan: its stages are graphs cut from the model's forward (`executor.pipeline`), which
-keep the blocks whole, so only the blocks run as placed graphs."""
+             "(outside the blocks: e.g. token plus position embeddings) follow DTensor's own propagation (the "
+             "stages were cut from a trace that does not line up with the planner's)")
+"""The note for a pipelined plan whose stages' own ops could not be matched to the plan (`place_stage_ops`)."""
 
 
 def _tracer(leaves: set[str]) -> torch.fx.Tracer:
@@ -214,11 +215,12 @@ def _install(module: nn.Module, path: str, graph: torch.fx.Graph, specs: dict, m
 
 
 def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str], local: list[str],
-              hooked: set[str], root: bool = True) -> str | None:
+              hooked: set[str], root: bool = True, root_specs: dict | None = None) -> str | None:
     """Run `model` as its traced graph with the plan's placement on every op that is not a module call `executor.tp`
     hooks (`hooked`: their paths); see the module docstring. `blocks`: the repeated blocks' paths; `local`: the
     subtrees that run on plain tensors. `root=False` leaves the root's own forward as it is and places the blocks'
-    ops only (pipelining: call it on the whole model before the stages are cut, which keep the blocks' modules).
+    ops only (pipelining: call it on the whole model before the stages are cut, which keep the blocks' modules),
+    and fills `root_specs` with the root's own ops by node name, for `place_stage_ops`.
     Returns None when done, else why nothing was replaced (for the notes)."""
     from planner.trace import _LeafTracer
     named = dict(model.named_modules())
@@ -245,7 +247,42 @@ def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str],
     for piece, spec in specs.items():
         if spec and (piece or root):
             _install(named[piece] if piece else model, piece, pieces[piece], spec, mesh)
+    if root_specs is not None:
+        root_specs.update({n.name: (_key(n, ""), w, pl) for n, (w, pl) in specs[""].items()})
     return None
+
+
+def exported_specs(flat: torch.fx.Graph, plan: Plan) -> dict:
+    """`place_stage_ops`'s table for stages cut from a torch.export graph: every op of the flat graph by name."""
+    return {n.name: (_key(n, ""), n, plan.ops.get(n.name)) for n in flat.nodes
+            if n.op in _CALLS and _makes_tensors(n)}
+
+
+def _unpacks_module_call(n: torch.fx.Node) -> bool:
+    """`getitem` of a module call's outputs (unflattening adds these where a module returns several values)."""
+    import operator
+    return n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "call_module"
+
+
+def place_stage_ops(stage: torch.fx.GraphModule, by_name: dict, mesh: DeviceMesh) -> bool:
+    """Run a pipeline stage's own ops (those between its modules: `wte(idx) + wpe(pos)`) as the plan places them:
+    its graph's nodes keep the names of the trace it was cut from, which `by_name` maps to (call key, whole-trace
+    node, placement) (`place_ops(..., root_specs=)`, `exported_specs`). Returns False, changing nothing, when a
+    node of the stage is not in that table as the same call (the cut came from another trace)."""
+    specs = {}
+    for n in stage.graph.nodes:
+        if n.op not in ("call_function", "call_method") or _is_metadata(n) \
+                or str(n.target).startswith("aten._assert"):
+            continue
+        entry = by_name.get(n.name)
+        if entry is None and "val" in n.meta and (not _makes_tensors(n) or _unpacks_module_call(n)):
+            continue  # an export node that makes no tensor (sizes), or picks a module's output: no op of the plan
+        if entry is None or entry[0] != _key(n, ""):
+            return False
+        specs[n] = entry[1:]
+    if specs:
+        _install(stage, "", stage.graph, specs, mesh)
+    return True
 
 
 EXPORTED = ("the model runs as its torch.export graph (the one the plan names), each op as the plan places it")

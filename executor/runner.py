@@ -209,12 +209,12 @@ class Runner:
             return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths)
         return module
 
-    def _place_ops(self, model: nn.Module, root: bool) -> str | None:
+    def _place_ops(self, model: nn.Module, root: bool, root_specs: dict | None = None) -> str | None:
         """`graph_ops.place_ops` on `model` (pipelining: the whole model, before the cut: its blocks are what the
         stages hold); returns why not (a note)."""
         plan = self.plan
         return graph_ops.place_ops(model, plan, self.mesh["tp"], self.block_paths, tp.local_modules(plan, model),
-                                   set(tp.module_calls(plan, model)), root=root)
+                                   set(tp.module_calls(plan, model)), root=root, root_specs=root_specs)
 
     def _note(self, text: str | None) -> None:
         if text is not None and text not in self.notes:
@@ -225,7 +225,8 @@ class Runner:
         plan = self.plan
         # the blocks run as placed graphs: placed before the cut (the stages keep the block modules), or, for a
         # model cut from its torch.export graph, its unflattened blocks after it
-        why = self._place_ops(model, root=False) if plan.mesh.tp > 1 else None
+        by_name: dict = {}  # the stages' own ops (between their modules) by node name
+        why = self._place_ops(model, root=False, root_specs=by_name) if plan.mesh.tp > 1 else None
         mods = pipeline.stage_modules(model, plan)
         graphs = pipeline.split_model(model, mods, self.example_inputs)
         self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))
@@ -234,9 +235,12 @@ class Runner:
             named = dict(root.named_modules())
             graph_ops.place_exported_ops(root, root.flat_graph, plan, self.mesh["tp"], tp.local_modules(plan, root),
                                          within=[b for b in self.block_paths if b in named])
-            why = None
-        if plan.mesh.tp > 1:
-            self._note(why or graph_ops.PIPELINED)
+            why, by_name = None, graph_ops.exported_specs(root.flat_graph, plan)
+        if plan.mesh.tp > 1 and why is None:
+            placed = [graph_ops.place_stage_ops(graphs[i], by_name, self.mesh["tp"])
+                      for i in range(len(graphs)) if i % plan.mesh.pp == self.mesh["pp"].get_local_rank()]
+            why = None if all(placed) else graph_ops.PIPELINED
+        self._note(why)
         pairs = pipeline.tied_pairs(model, mods)  # before sharding replaces (and unties) parameters
         pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]

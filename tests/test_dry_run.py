@@ -538,11 +538,12 @@ def test_a_plan_whose_output_placement_is_not_dtensors_fails_in_one_line(tmp_pat
         in problems[0], problems[0]
 
 
-def test_pipeline_stages_run_their_blocks_ops_as_placed(const_heads, tmp_path, capsys):
-    """Under tp x pp the stages keep the blocks whole, and each block runs as its placed graph
-    (executor.graph_ops): a block op's planned output edited to a placement DTensor does not give is caught at
-    that op in the stage holding it (before: stages ran block ops through DTensor's own propagation)."""
+def test_pipeline_stages_run_their_blocks_ops_as_placed(tmp_path, capsys):
+    """Under tp x pp the stages keep the blocks whole, and each block runs as its placed graph, each stage's own
+    ops (`wte(idx) + wpe(pos)`) too (executor.graph_ops): a planned output edited to a placement DTensor does not
+    give is caught at that op in the stage holding it (before: stages ran them through DTensor's propagation)."""
     from planner.cli import main
+    const_heads = os.path.join(ROOT, "tests", "zoo", "const_heads.py")  # with `wte(idx) + wpe(pos)` at its root
     out = tmp_path / "tp_pp.json"
     args = _plan_args(const_heads, out)
     args[args.index("tp=2")] = "tp=2,pp=2"
@@ -553,14 +554,19 @@ def test_pipeline_stages_run_their_blocks_ops_as_placed(const_heads, tmp_path, c
     first, last = plan["ops"]["transpose"], [n for n, o in plan["ops"].items()
                                             if o["module"] == "h.1.attn" and n.startswith("transpose")][0]
     assert first["output"] == "S(1)" and plan["ops"][last]["output"] == "S(1)"
-    for name, module in (("transpose", "h.0.attn"), (last, "h.1.attn")):
+    assert "add" not in plan["ops"]  # the root's `wte(idx) + wpe(pos)`: replicated
+    plan["ops"]["add"] = {"strategy": "shard", "module": "", "inputs": ["R", "R"], "output": "S(1)", "params": []}
+    for name, module in (("transpose", "h.0.attn"), (last, "h.1.attn"), ("add", "")):
         wrong = json.loads(json.dumps(plan))
-        wrong["ops"][name]["output"] = "S(2)"
+        if name != "add":
+            del wrong["ops"]["add"]
+            wrong["ops"][name]["output"] = "S(2)"
         (tmp_path / "wrong.json").write_text(json.dumps(wrong))
         capsys.readouterr()
         assert main(["check", str(tmp_path / "wrong.json"), const_heads]) == 2, name
         line = capsys.readouterr().err.strip()
-        for part in (f"op {name} (module {module})", "DTensor propagated the output as S(1), the plan says S(2)"):
+        said = "R, the plan says S(1)" if name == "add" else "S(1), the plan says S(2)"
+        for part in (f"op {name} (module {module})", f"DTensor propagated the output as {said}"):
             assert part in line, (part, line)
 
 
