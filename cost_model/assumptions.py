@@ -55,7 +55,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
          f"optimizer: Adam over the local shard, memory-bound ({adam_bytes:.0f} "
          "bytes per parameter)"),
         f"activations: the traced graph's saved tensors at {plan.precision} (masks 1 byte), recompute "
-        f"{plan.recompute}, sequence parallel {'on' if plan.sequence_parallel else 'off'}; in-flight "
+        f"{plan.recompute}, sequence parallel "
+        + ("on (outside checkpointed blocks gathered inputs are saved as their shard, gathered again in "
+           "backward)" if plan.sequence_parallel else "off") + "; in-flight "
         f"micro-batches per {plan.schedule}" + (
             "; checkpointing's measured host cost per op of a checkpointed block"
             if plan.recompute != "none" and _checkpoint_priced(cl.device.op_overhead, plan.recompute) else ""),

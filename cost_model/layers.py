@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cost_model.compute import FREE_KINDS, tensor_bytes
-from cost_model.ops import logits_producer, sac_kept
+from cost_model.ops import logits_producer, sac_kept, sequence_shard
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
 
@@ -169,6 +169,10 @@ class LayerCoster:
         stop = recompute_stop(g, layer) if full or selective else -1
         kept = sac_kept(g, layer.ops) if selective else frozenset()
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
+        # sequence parallelism outside checkpointed blocks: a tensor gathered from a sequence shard is saved as the
+        # shard and gathered again in backward, once per tensor (executor.tp.keep_shards)
+        keep = plan.sequence_parallel and tp > 1 and not (full or selective)
+        backward_gathers: set[str] = set()
         shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
@@ -196,13 +200,17 @@ class LayerCoster:
                 if op.kind == "linear":
                     shared.add((src, d_pl))
                 tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
+                if keep and d_pl == "R" and src not in backward_gathers \
+                        and sequence_shard(s_pl, len(g.op(src).output_meta[0].shape)):
+                    backward_gathers.add(src)
+                    tp_bwd += ef
                 # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
                 scattered = selective and s_pl == "P" and d_pl.startswith("S")
                 if rerun and ef > 0 and not scattered and (full or src not in regathered):
                     rec_tp += ef
                     regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
-                               input_sources=tuple(sources))
+                               input_sources=tuple(sources), keep_shards=keep)
             act_full += a
             act += a
             params.update(_local_params(op, pl, tp))

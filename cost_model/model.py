@@ -15,6 +15,7 @@ from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
 from cost_model.compute import (ComputeModel, attention_dropout, kernel_elems, op_work, split_inputs,
                                 splits_work, tensor_bytes)
+from cost_model.ops import sequence_shard
 from cost_model.prediction import Prediction
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.plan import OpPlacement, Plan
@@ -110,17 +111,17 @@ class CostModel:
         return 0.0, 0.0  # -> P: partial sums pass through (consumer accepts them)
 
     def op_memory(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                  *, traced_batch_size: int = 1, input_sources: tuple[str, ...] | None = None
-                  ) -> tuple[float, float]:
+                  *, traced_batch_size: int = 1, input_sources: tuple[str, ...] | None = None,
+                  keep_shards: bool = False) -> tuple[float, float]:
         """(parameter bytes, saved activation bytes) of one op on one tp rank for one micro-batch.
 
         Parameter bytes are the weights alone at the training precision (model states with gradients and Adam
         are `cost_model.memory.model_state_bytes`). A saved tensor is divided by tp when it is sharded: when it
-        is an input whose placement is S(d) (an input all-gathered from a sequence-parallel shard is saved whole:
-        DTensor's PrepareModuleInput gathers it before the linear, which saves what it reads — unlike Megatron,
-        which keeps the shard and re-gathers in backward; `input_sources` is accepted for callers and not used);
-        when it is the output and the output is S(d); otherwise (masks, internals) when the op itself is
-        split."""
+        is an input whose placement is S(d), or, with `keep_shards` (sequence parallelism outside checkpointed
+        blocks: `executor.tp.keep_shards`, Megatron-LM's way), an input gathered whole from a sequence shard
+        (`input_sources`: the placement each input arrives in), which is saved as that shard and gathered again in
+        backward; when it is the output and the output is S(d); otherwise (masks, internals) when the op itself
+        is split."""
         bytes_per = 4 if precision == "fp32" else 2
         pls = list(placement.params) if placement is not None else []
         par = 0.0
@@ -137,7 +138,9 @@ class CostModel:
             k = next((k for k, m in enumerate(metas) if m.shape == t.shape), None)
             if k is not None:
                 d = placement.inputs[k] if placement is not None and k < len(placement.inputs) else "R"
-                sharded = d.startswith("S")
+                sharded = d.startswith("S") or (keep_shards and d == "R" and input_sources is not None
+                                                and k < len(input_sources)
+                                                and sequence_shard(input_sources[k], len(t.shape)))
             elif op.output_meta and t.shape == op.output_meta[0].shape:
                 sharded = placement is not None and placement.output.startswith("S")
             else:

@@ -120,3 +120,12 @@ def sac_kept(graph: OpGraph, ops: Sequence[int]) -> frozenset[int]:
         elif what == "save":
             kept.add(i)
     return frozenset(kept)
+
+
+def sequence_shard(placement: str, ndim: int) -> bool:
+    """Whether `placement` shards a tensor of `ndim` dims along a dim other than its last (a sequence or batch
+    shard, not a feature shard): what gathering to R then saving as the shard applies to (`executor.tp`)."""
+    if not placement.startswith("S("):
+        return False
+    d = int(placement[2:-1])
+    return (d + ndim if d < 0 else d) != ndim - 1

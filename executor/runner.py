@@ -250,6 +250,8 @@ class Runner:
             part = self._parallelize(graphs[i])
             if plan.mesh.tp > 1:
                 tp.stage_boundary_hooks(part, self.mesh["tp"], last=i == len(graphs) - 1)
+                part.register_forward_pre_hook(lambda *_: tp.forget_gathered())  # a stage's forward begins
+                part.register_forward_hook(lambda *_: tp.forget_gathered())  # and ends
             self.parts.append(part)
             stages.append(PipelineStage(part, i, len(graphs), self.device, group=self.mesh["pp"].get_group()))
             annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
@@ -294,6 +296,8 @@ class Runner:
         stack = contextlib.ExitStack()
         stack.enter_context(implicit_replication())
         stack.enter_context(loss_parallel())
+        if self.plan.sequence_parallel:
+            stack.enter_context(tp.keep_shards())
         return stack
 
     # ---- training ----------------------------------------------------------------------------------------------
@@ -364,10 +368,12 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
+            tp.forget_gathered()
             with self._tp_context():
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
                     out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
                     loss = self._loss(out, y) / n
+                tp.forget_gathered()
                 with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
                     loss.backward()
             total += loss.detach().float()

@@ -28,6 +28,7 @@ gets its gradient all-reduced, a Partial output is all-reduced (or reduce-scatte
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, Mapping
 
 import torch
@@ -217,8 +218,8 @@ def _run_locally(mod: nn.Module, mesh: DeviceMesh) -> None:
     as Replicate DTensors (differentiable both ways, so the gradients of its plain parameters stay plain)."""
     def pre(module, args, kwargs):
         # an in-place module (ReLU(inplace=True)) must not write into the alias `to_local` returns
-        conv = (lambda t: _to_local(t).clone() if isinstance(t, DTensor) else t) if getattr(module, "inplace", False) \
-            else _to_local
+        conv = (lambda t: _to_local(t, mesh).clone() if isinstance(t, DTensor) else t) \
+            if getattr(module, "inplace", False) else (lambda t: _to_local(t, mesh))
         return tree_map(conv, args), tree_map(conv, kwargs)
 
     def post(module, args, kwargs, output):
@@ -227,8 +228,12 @@ def _run_locally(mod: nn.Module, mesh: DeviceMesh) -> None:
     mod.register_forward_hook(post, with_kwargs=True)
 
 
-def _to_local(t: Any) -> Any:
+def _to_local(t: Any, mesh: DeviceMesh | None = None) -> Any:
+    """A DTensor gathered and unwrapped (with `mesh`: shared by the replicated modules reading one tensor, as q, k
+    and v do, and kept as its shard for their backward under sequence parallelism: `keep_shards`)."""
     if isinstance(t, DTensor):
+        if mesh is not None:
+            return _shared_redistribute(t, "R", mesh, "replicated module input").to_local()
         return t.redistribute(placements=[Replicate()]).to_local()
     return t
 
@@ -254,7 +259,10 @@ def _redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
         return _ReduceMasked.apply(t)
     if isinstance(want, Partial):
         raise ExecutorError(f"{where}: the plan wants a partial sum but DTensor produced {have}; re-plan")
-    return t.redistribute(placements=[want])
+    out = t.redistribute(placements=[want])
+    if isinstance(have, Shard) and have.dim != t.dim() - 1 and isinstance(want, Replicate):
+        _note_gather(t, out)  # a sequence (not feature) shard gathered: saved as the shard (`keep_shards`)
+    return out
 
 
 class _ReduceMasked(torch.autograd.Function):
@@ -274,6 +282,97 @@ class _ReduceMasked(torch.autograd.Function):
 
 
 _GATHERED: Any = None  # a WeakIdKeyDictionary, made on first use
+
+
+def forget_gathered() -> None:
+    """Start and end of a forward: drop the shared redistributions (`_shared_redistribute`), so a gathered tensor
+    lives only as long as something holds it, and the gathers `keep_shards` may find."""
+    if _GATHERED is not None:
+        _GATHERED.clear()
+    _SOURCES.clear()
+
+
+class _Source:
+    """A tensor gathered from a sequence shard: the shard (held once a saved tensor needs it), and the whole
+    tensor while backward reads it."""
+
+    __slots__ = ("ref", "shard", "full", "packs", "unpacks")
+
+    def __init__(self, shard: DTensor):
+        self.ref, self.shard, self.full, self.packs, self.unpacks = weakref.ref(shard), None, None, 0, 0
+
+
+class _Regather:
+    """A saved tensor that is (a view of) a gathered tensor, kept as its source's shard (see `keep_shards`)."""
+
+    __slots__ = ("src", "size", "stride", "offset", "shape", "gstride")
+
+    def __init__(self, src: _Source, local: torch.Tensor, t: DTensor | None):
+        self.src, self.size, self.stride, self.offset = src, local.size(), local.stride(), local.storage_offset()
+        self.shape, self.gstride = (t.shape, t.stride()) if t is not None else (None, None)
+
+
+_SOURCES: dict[int, _Source] = {}
+"""Storage address of each tensor gathered from a sequence shard in the forward running now -> its source. Filled
+outside backward only and cleared at every forward's start and end (`forget_gathered`), so an address is never
+stale."""
+
+
+def _address(t: torch.Tensor) -> int | None:
+    from torch._subclasses.fake_tensor import FakeTensor
+    if isinstance(t, FakeTensor) or t.device.type == "meta":
+        return None  # no storage to compare (the dry run): saved whole
+    return t.untyped_storage().data_ptr()
+
+
+def _note_gather(shard: DTensor, out: DTensor) -> None:
+    if torch._C._current_graph_task_id() != -1 or not torch.is_grad_enabled():
+        return  # a recomputation inside backward, or nothing will be saved
+    address = _address(out._local_tensor)
+    if address is not None:
+        _SOURCES[address] = _Source(shard)
+
+
+def _pack(t: Any) -> Any:
+    if not _SOURCES or not isinstance(t, torch.Tensor):
+        return t
+    dt = isinstance(t, DTensor)
+    if dt and not t.placements[0].is_replicate():
+        return t
+    local = t._local_tensor if dt else t  # a replicated subtree saves the gathered tensor's plain local view
+    src = _SOURCES.get(_address(local))
+    if src is None or (src.shard is None and src.ref() is None):
+        return t
+    src.shard = src.ref()
+    src.packs += 1
+    return _Regather(src, local, t if dt else None)
+
+
+def _unpack(x: Any) -> Any:
+    if not isinstance(x, _Regather):
+        return x
+    src = x.src
+    if src.full is None:  # the first reader in backward gathers it again; the last lets it go
+        with torch.no_grad():
+            src.full = src.shard.redistribute(placements=[Replicate()])._local_tensor.contiguous()
+    full = src.full
+    src.unpacks += 1
+    if src.unpacks >= src.packs:
+        src.full = None
+    local = full.as_strided(x.size, x.stride, full.storage_offset() + x.offset)
+    if x.shape is None:
+        return local
+    return DTensor.from_local(local, src.shard.device_mesh, [Replicate()], run_check=False, shape=x.shape,
+                              stride=x.gstride)
+
+
+def keep_shards():
+    """Megatron-LM's sequence-parallel memory: a tensor all-gathered from a sequence shard (a norm's output on its
+    way into the column-parallel linears) is saved for backward as that shard and gathered again when backward
+    reads it (once for the q, k and v that share it), instead of whole: tp times less memory for one more
+    all-gather. Covers what autograd saves outside activation checkpointing (inside a checkpointed block,
+    checkpointing's own hooks decide). Use as the context of forward and backward."""
+    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
 
 
 def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:

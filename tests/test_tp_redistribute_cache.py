@@ -37,3 +37,55 @@ def test_a_cached_redistribution_is_shared_then_dies_with_its_input(mesh):
     del t, a, b
     gc.collect()
     assert _entries() == before
+
+
+KEEP_SHARDS_PROGRAM = """
+import contextlib, gc, json, sys, weakref
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from executor import tp
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+x, w = torch.randn(2, 8, 16), torch.randn(6, 16)
+out = {}
+for keep in (False, True):
+    t = distribute_tensor(x.clone(), mesh, [Shard(1)]).requires_grad_()  # a sequence-parallel norm output
+    W = distribute_tensor(w.clone(), mesh, [Shard(0)]).requires_grad_()  # a column-parallel linear
+    tp.forget_gathered()
+    with tp.keep_shards() if keep else contextlib.nullcontext():
+        g = tp._shared_redistribute(t, "R", mesh, "q input")
+        loss = (F.linear(g, W) ** 2).sum().full_tensor()
+    gathered = weakref.ref(g._local_tensor)
+    del g
+    tp.forget_gathered()
+    gc.collect()
+    alive = gathered() is not None  # held for backward, or not
+    loss.backward()
+    out[str(keep)] = {"alive": alive, "dx": t.grad.full_tensor().tolist(), "dw": W.grad.full_tensor().tolist()}
+if dist.get_rank() == 0:
+    json.dump(out, open(sys.argv[1], "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_sequence_parallel_gathers_are_saved_as_their_shard(tmp_path):
+    """Under `keep_shards` (sequence parallelism) a tensor gathered from a sequence shard into a column-parallel
+    linear is not held for backward: the linear's saved input is the shard, gathered again when backward reads it
+    (Megatron-LM's way), and the gradients are the same as with the whole tensor saved. Two gloo ranks."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prog, out = tmp_path / "ranks.py", tmp_path / "out.json"
+    prog.write_text(KEEP_SHARDS_PROGRAM)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(prog), str(out)], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["False"]["alive"] and not got["True"]["alive"]
+    for key in ("dx", "dw"):
+        assert torch.allclose(torch.tensor(got["True"][key]), torch.tensor(got["False"][key]), atol=1e-6), key
