@@ -281,14 +281,16 @@ class _ReduceMasked(torch.autograd.Function):
         return grad
 
 
-_GATHERED: Any = None  # a WeakIdKeyDictionary, made on first use
+_LAST: Any = None
+"""The latest shared redistribution (input, key, result), kept for the readers that follow it
+(`_shared_redistribute`)."""
 
 
 def forget_gathered() -> None:
-    """Start and end of a forward: drop the shared redistributions (`_shared_redistribute`), so a gathered tensor
+    """Start and end of a forward: drop the shared redistribution (`_shared_redistribute`), so a gathered tensor
     lives only as long as something holds it, and the gathers `keep_shards` may find."""
-    if _GATHERED is not None:
-        _GATHERED.clear()
+    global _LAST
+    _LAST = None
     _SOURCES.clear()
 
 
@@ -313,9 +315,9 @@ class _Regather:
 
 
 _SOURCES: dict[int, _Source] = {}
-"""Storage address of each tensor gathered from a sequence shard in the forward running now -> its source. Filled
-outside backward only and cleared at every forward's start and end (`forget_gathered`), so an address is never
-stale."""
+"""Storage address of each live tensor gathered from a sequence shard in the forward running now -> its source.
+Filled outside backward only; an entry goes when its tensor does and at every forward's start and end
+(`forget_gathered`), so an address is never stale."""
 
 
 def _address(t: torch.Tensor) -> int | None:
@@ -331,6 +333,8 @@ def _note_gather(shard: DTensor, out: DTensor) -> None:
     address = _address(out._local_tensor)
     if address is not None:
         _SOURCES[address] = _Source(shard)
+        # the entry goes when the gathered tensor does (its storage can be reused after that, never before)
+        weakref.finalize(out._local_tensor, _SOURCES.pop, address, None)
 
 
 def _pack(t: Any) -> Any:
@@ -376,23 +380,22 @@ def keep_shards():
 
 
 def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
-    """`_redistribute`, once per (tensor, version, placement) in a forward: q, k and v read one norm output and
-    gather it once, as Megatron's f does (their gradients then meet before one reduce-scatter). A recomputation
-    (inside a backward) keeps its own entries, so it issues exactly the forward's collectives."""
-    global _GATHERED
+    """`_redistribute`, shared by consecutive readers of one tensor in one placement: q, k and v read one norm
+    output and gather it once, as Megatron's f does (their gradients then meet before one reduce-scatter). Only the
+    latest result is kept, until another redistribution or the forward's end (`forget_gathered`): which
+    collectives run never depends on object lifetimes (every rank must issue the same ones), and a tensor saved as
+    its shard (`keep_shards`) is freed once its readers are done. A recomputation inside a backward keys its own
+    entries, so it issues exactly the forward's collectives."""
+    global _LAST
     if not isinstance(t, DTensor):
         return _redistribute(t, text, mesh, where)
-    if _GATHERED is None:
-        from torch.utils.weak import WeakIdKeyDictionary
-        _GATHERED = WeakIdKeyDictionary()
     key = (text, t._version, torch._C._current_graph_task_id())
-    per = _GATHERED.get(t)
-    if per is None or key not in per:
-        out = _redistribute(t, text, mesh, where)
-        if out is t:  # already so: kept as a value, t would keep its own weak key (and itself) alive for good
-            return t
-        _GATHERED[t] = per = {key: out}
-    return per[key]
+    if _LAST is not None and _LAST[0] is t and _LAST[1] == key:
+        return _LAST[2]
+    out = _redistribute(t, text, mesh, where)
+    if out is not t:
+        _LAST = (t, key, out)
+    return out
 
 
 def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh, op: str) -> None:

@@ -1,6 +1,7 @@
-"""executor.tp's shared redistribution (q, k and v gather one norm output once) must not keep tensors alive: a
-cached entry lives only while its input does, so a step's activations are freed after its backward."""
+"""executor.tp's shared redistribution (q, k and v gather one norm output once) must not keep tensors alive past
+the forward, nor depend on object lifetimes (every rank must issue the same collectives)."""
 import gc
+import weakref
 
 import pytest
 import torch
@@ -14,29 +15,29 @@ def mesh(one_rank_mesh):
     return one_rank_mesh
 
 
-def _entries() -> int:
-    return 0 if tp._GATHERED is None else sum(len(v) for v in tp._GATHERED.values())
-
-
 def test_a_redistribution_with_nothing_to_do_is_not_cached(mesh):
-    before = _entries()
+    tp.forget_gathered()
     for _ in range(3):  # three steps' activations
         t = DTensor.from_local(torch.randn(4, 4, requires_grad=True), mesh, [Replicate()])
         assert tp._shared_redistribute(t, "R", mesh, "x") is t
-    assert _entries() == before
+    assert tp._LAST is None
 
 
-def test_a_cached_redistribution_is_shared_then_dies_with_its_input(mesh):
-    gc.collect()
-    before = _entries()
+def test_consecutive_readers_share_it_until_the_forward_ends(mesh):
+    tp.forget_gathered()
     t = DTensor.from_local(torch.randn(4, 4, requires_grad=True), mesh, [Shard(0)])
     a = tp._shared_redistribute(t, "R", mesh, "q input")
     b = tp._shared_redistribute(t, "R", mesh, "k input")
     assert a is b and a is not t and a.placements == (Replicate(),)
+    other = DTensor.from_local(torch.randn(4, 4, requires_grad=True), mesh, [Shard(0)])
+    tp._shared_redistribute(other, "R", mesh, "fc input")
+    assert tp._shared_redistribute(t, "R", mesh, "late reader") is not a  # not consecutive: gathered again
     (a.to_local().sum() + b.to_local().sum()).backward()
-    del t, a, b
+    gone = weakref.ref(a)
+    del t, a, b, other
+    tp.forget_gathered()
     gc.collect()
-    assert _entries() == before
+    assert gone() is None and tp._LAST is None
 
 
 KEEP_SHARDS_PROGRAM = """
