@@ -376,6 +376,7 @@ class Runner:
                 tp.forget_gathered()
                 with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
                     loss.backward()
+            tp.forget_gathered()  # a recomputation's last shared gather
             total += loss.detach().float()
         return total
 
