@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cost_model.compute import FREE_KINDS, tensor_bytes
-from cost_model.ops import logits_producer, sac_kept, sequence_shard
+from cost_model.ops import logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
 
@@ -293,7 +293,7 @@ class LayerCoster:
             return None
         hp = self.plan.ops.get(logits)
         meta, target = op.input_meta[0], op.input_meta[1]
-        if hp is None or not _shards_last_dim(hp.output, len(meta.shape)):
+        if hp is None or not shards_last_dim(hp.output, len(meta.shape)):
             return None
         integer = target.dtype.removeprefix("torch.") in ("int64", "int32", "int16", "int8", "uint8")
         if not integer or len(meta.shape) != len(target.shape) + 1:
@@ -373,14 +373,6 @@ def recompute_stop(graph: OpGraph, layer: Layer) -> int:
         if op.saved:
             return pos - 1 if op.kind in ("linear", "matmul") else pos
     return -1
-
-
-def _shards_last_dim(placement: str, ndim: int) -> bool:
-    """Whether a placement (`S(d)`, d possibly negative) shards the last of `ndim` dims."""
-    if not placement.startswith("S(") or ndim == 0:
-        return False
-    d = int(placement[2:-1])
-    return d % ndim == ndim - 1
 
 
 def _pattern(pl):

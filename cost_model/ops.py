@@ -122,10 +122,15 @@ def sac_kept(graph: OpGraph, ops: Sequence[int]) -> frozenset[int]:
     return frozenset(kept)
 
 
+def shards_last_dim(placement: str, ndim: int) -> bool:
+    """Whether a placement (`S(d)`, d possibly negative) shards the last of `ndim` dims."""
+    if not placement.startswith("S(") or ndim == 0:
+        return False
+    d = int(placement[2:-1])
+    return d % ndim == ndim - 1
+
+
 def sequence_shard(placement: str, ndim: int) -> bool:
     """Whether `placement` shards a tensor of `ndim` dims along a dim other than its last (a sequence or batch
     shard, not a feature shard): what gathering to R then saving as the shard applies to (`executor.tp`)."""
-    if not placement.startswith("S("):
-        return False
-    d = int(placement[2:-1])
-    return (d + ndim if d < 0 else d) != ndim - 1
+    return placement.startswith("S(") and not shards_last_dim(placement, ndim)

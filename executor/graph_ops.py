@@ -44,6 +44,12 @@ PIPELINED = ("pipeline stages run each block's ops as the plan places them; the 
 """The note for a pipelined plan whose stages' own ops could not be matched to the plan (`place_stage_ops`)."""
 
 
+NOT_TRACEABLE = ("ops outside module calls follow DTensor's propagation: the model is not fx-traceable (the plan "
+                 "names torch.export's ops); pass example_inputs= (one micro-batch) to apply_plan to run its export "
+                 "graph as placed")
+"""`place_ops`'s answer for a model fx cannot trace (then try `exported`), and the note when that cannot run."""
+
+
 def _tracer(leaves: set[str]) -> torch.fx.Tracer:
     """The planner's tracer (built-in leaf modules whole), with the modules at `leaves` (paths from the traced
     root) kept whole too."""
@@ -227,9 +233,7 @@ def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str],
     try:
         whole = _LeafTracer().trace(model)  # the planner's trace: its node names are the plan's op names
     except Exception:
-        return ("ops outside module calls follow DTensor's propagation: the model is not fx-traceable (the plan "
-                "names torch.export's ops); pass example_inputs= (one micro-batch) to apply_plan to run its export "
-                "graph as placed")
+        return NOT_TRACEABLE
     blocks = [b for b in blocks if b and b not in local]
     pieces = _pieces(model, blocks, local)
     pairs = _align(_expanded(pieces), [n for n in whole.nodes if n.op in _CALLS], set(local)) \
@@ -305,19 +309,12 @@ def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, tor
     """For a model torch.fx cannot trace (the planner then planned its torch.export graph): the model exported the
     planner's way (non-strict training IR) with `example` (one micro-batch, as the model is called) and unflattened
     to its module tree (same module paths and parameter names), and the flat exported graph whose node names the
-    plan's ops use. None when fx can trace it (`place_ops` handles it) or there is no example; why not (for the
-    notes) when the export lacks an op the plan names."""
-    from planner.trace import _LeafTracer
+    plan's ops use (call it where `place_ops` says `NOT_TRACEABLE`). None when there is no example; why not (for
+    the notes) when the export lacks an op the plan names."""
+    from executor.pipeline import export_call
     if example is None:
         return None
-    try:
-        _LeafTracer().trace(model)
-        return None
-    except Exception:  # noqa: BLE001 — not fx-traceable: exported below
-        pass
-    args, kwargs = ((), dict(example)) if isinstance(example, dict) else \
-        (((example,) if isinstance(example, torch.Tensor) else tuple(example)), {})
-    ep = torch.export.export(model, args, kwargs, strict=False)
+    ep = torch.export.export(model, *export_call(example), strict=False)
     names = {n.name for n in ep.graph.nodes if n.op in _CALLS}
     missing = _absent(plan, names)
     if missing:

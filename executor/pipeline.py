@@ -131,12 +131,19 @@ def flat_inputs(inputs: object) -> tuple:
     return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(tree_flatten(tuple(inputs))[0])
 
 
+def export_call(example: object) -> tuple[tuple, dict]:
+    """(args, kwargs) for `torch.export.export` from one micro-batch as the model is called: a tensor, a tuple, or a
+    dict of keyword arguments."""
+    if isinstance(example, dict):
+        return (), dict(example)
+    return ((example,) if isinstance(example, torch.Tensor) else tuple(example)), {}
+
+
 def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Exception) -> tuple[nn.Module, fx.Graph]:
     """The model exported with `example` and unflattened, and one graph over it in which every module above the
     stage modules is inlined (see `split_model`)."""
     from torch.export.unflatten import InterpreterModule
-    args, kwargs = ((), dict(example)) if isinstance(example, dict) else \
-        (((example,) if isinstance(example, torch.Tensor) else tuple(example)), {})
+    args, kwargs = export_call(example)
     try:
         ep = torch.export.export(model, args, kwargs, strict=False)
         root = torch.export.unflatten(ep)

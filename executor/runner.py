@@ -182,17 +182,19 @@ class Runner:
         `executor.parallel` documents)."""
         plan = self.plan
         if plan.mesh.tp > 1:
-            made = graph_ops.exported(module, self.example_inputs, plan) if plan.mesh.pp == 1 else None
-            if isinstance(made, str):
-                self.notes.append(made)
-            elif made is not None:  # not fx-traceable: run its export graph, the one the plan names
-                module, flat = made
+            flat = None
+            if plan.mesh.pp == 1:  # (a pipeline's stages were placed when they were cut: `_build_pipeline`)
+                why = self._place_ops(module, root=True)
+                if why == graph_ops.NOT_TRACEABLE:  # run its export graph, the one the plan names
+                    made = graph_ops.exported(module, self.example_inputs, plan)
+                    if isinstance(made, tuple):
+                        (module, flat), why = made, graph_ops.EXPORTED
+                    elif made is not None:
+                        why = made
+                self._note(why)
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
-            if isinstance(made, tuple):
+            if flat is not None:
                 graph_ops.place_exported_ops(module, flat, plan, self.mesh["tp"], tp.local_modules(plan, module))
-                self.notes.append(graph_ops.EXPORTED)
-            elif made is None and plan.mesh.pp == 1:
-                self._note(self._place_ops(module, root=True))
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
@@ -368,7 +370,6 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
-            tp.forget_gathered()
             with self._tp_context():
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
                     out = model(**x) if isinstance(x, dict) else model(*_as_args(x))

@@ -27,6 +27,7 @@ gets its gradient all-reduced, a Partial output is all-reduced (or reduce-scatte
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
 from typing import Any, Mapping
@@ -328,8 +329,8 @@ def _address(t: torch.Tensor) -> int | None:
 
 
 def _note_gather(shard: DTensor, out: DTensor) -> None:
-    if torch._C._current_graph_task_id() != -1 or not torch.is_grad_enabled():
-        return  # a recomputation inside backward, or nothing will be saved
+    if not _KEEPING or torch._C._current_graph_task_id() != -1 or not torch.is_grad_enabled():
+        return  # not under `keep_shards`, a recomputation inside backward, or nothing will be saved
     address = _address(out._local_tensor)
     if address is not None:
         _SOURCES[address] = _Source(shard)
@@ -370,13 +371,24 @@ def _unpack(x: Any) -> Any:
                               stride=x.gstride)
 
 
+_KEEPING = False
+"""Whether `keep_shards` is active (gathers are noted only then)."""
+
+
+@contextlib.contextmanager
 def keep_shards():
     """Megatron-LM's sequence-parallel memory: a tensor all-gathered from a sequence shard (a norm's output on its
     way into the column-parallel linears) is saved for backward as that shard and gathered again when backward
     reads it (once for the q, k and v that share it), instead of whole: tp times less memory for one more
     all-gather. Covers what autograd saves outside activation checkpointing (inside a checkpointed block,
     checkpointing's own hooks decide). Use as the context of forward and backward."""
-    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+    global _KEEPING
+    was, _KEEPING = _KEEPING, True
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+            yield
+    finally:
+        _KEEPING = was
 
 
 def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
