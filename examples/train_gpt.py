@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import CONFIG, build_model  # noqa: E402
 
 from executor import apply_plan  # noqa: E402
+from planner.plan import Plan  # noqa: E402
 
 
 def main() -> None:
@@ -32,8 +33,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same initial weights on every rank
-    runner = apply_plan(build_model(), args.plan,
-                        optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr))
+    plan = Plan.load(args.plan)
+    one_micro_batch = torch.zeros(plan.microbatch_size, CONFIG.block_size, dtype=torch.long)  # tp exports with it
+    runner = apply_plan(build_model(), plan, optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr),
+                        example_inputs=one_micro_batch)
     if args.resume:
         runner.load(args.resume)
     rank = int(os.environ.get("RANK", "0"))

@@ -394,8 +394,9 @@ def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
     parts = []
     if where.phase == "apply_plan":
         parts.append("apply_plan")
-    elif where.modules:
-        # an op of a traced graph (executor.graph_ops) runs inside its module without calling it
+    elif where.modules or (where.phase == "forward" and getattr(e, "source_module", None) is not None):
+        # an op of a traced graph (executor.graph_ops) runs inside its module without calling it (and an exported
+        # model's unflattened modules are not the ones `_track_modules` hooks)
         path = getattr(e, "source_module", None) if where.phase == "forward" else None
         path = where.modules[-1] if path is None else path
         parts.append(f"{where.phase} of module {path or '(the model)'}{_placement_text(path, where.strategies)}")

@@ -1,24 +1,21 @@
-"""The plan's placements of ops that are not module calls (views, splits, attention, residual adds, activations),
-applied as written: the model's forward runs as the planner's own fx graph, op by op.
+"""The plan's placements of every op, applied as written: the model runs as the graph `plan.json`'s op names
+refer to, op by op.
 
-`plan.ops` names the nodes of the planner's fx trace (`planner.trace`: `torch.fx.symbolic_trace` keeping built-in
-leaf modules whole). Built-in module calls are placed by `executor.tp`'s module hooks. For every other op this
-module makes each of its inputs the placement the plan gives it (the redistribution the cost model priced on that
-edge), runs the op on DTensors, and asserts that DTensor propagated the plan's output placement (ExecutorError
-naming the op and both placements otherwise).
+`plan.model["graph"]` says which graph that is (`planner.trace`). By default torch.export's aten training IR
+(non-strict): `exported` exports the model the planner's way with one micro-batch and unflattens it to its module
+tree (same module paths and parameter names, so FSDP2, activation checkpointing and checkpoints keep their
+modules); `place_exported_ops` runs every module's graph in a placed interpreter, ops matched by node name. Where
+export failed the planner used torch.fx (built-in leaf modules whole): `place_ops` traces the root and each repeated
+block on their own, blocks kept as leaves of the root's graph; their ops, blocks expanded in place, are the
+whole-model trace's ops in the same order, which names them, and built-in module calls are placed by
+`executor.tp`'s module hooks.
 
-How, without changing the module tree (FSDP2, activation checkpointing and the checkpoint names keep their
-modules): the root and each repeated block are traced on their own, blocks kept as leaves of the root's graph;
-their ops, blocks expanded in place, are the whole-model trace's ops in the same order, which names them. Each
-traced module's `forward` becomes an `torch.fx.Interpreter` over its own graph; hooks on the module still run.
-An op that fails carries its module path and model-file line (`source_module`, `source_stack`) for the dry run's
-message. Where the model cannot be traced by fx (the planner then used torch.export), or the pieces do not line up
-with the whole trace, nothing is replaced and those ops follow DTensor's own propagation (`place_ops` says why).
-Under pipelining the blocks are replaced before the stages are cut (the stages keep the block modules), and each
-stage graph's own ops run placed too (`place_stage_ops`: its nodes keep the names of the root's trace).
-A model fx cannot trace runs as its torch.export graph instead (`exported`, `place_exported_ops`): exported the
-planner's way and unflattened to its module tree, every module's graph in the placed interpreter, ops matched by
-name (pipelined: the blocks of the unflattened module the stages were cut from).
+Either way, each op's inputs are made the placements the plan gives them (the redistribution the cost model priced
+on that edge), the op runs on DTensors, and its output placement is asserted (ExecutorError naming the op and both
+placements otherwise). An op that fails carries its module path and model-file line (`source_module`,
+`source_stack`) for the dry run's message. An export that lacks an op the plan names is refused (`require_ops`).
+Under pipelining the stages are cut from the same graph (`executor.pipeline.split_model`): its blocks run placed,
+and each stage graph's own ops too (`place_stage_ops`: its nodes keep the names of the graph it was cut from).
 """
 from __future__ import annotations
 
@@ -44,10 +41,9 @@ PIPELINED = ("pipeline stages run each block's ops as the plan places them; the 
 """The note for a pipelined plan whose stages' own ops could not be matched to the plan (`place_stage_ops`)."""
 
 
-NOT_TRACEABLE = ("ops outside module calls follow DTensor's propagation: the model is not fx-traceable (the plan "
-                 "names torch.export's ops); pass example_inputs= (one micro-batch) to apply_plan to run its export "
-                 "graph as placed")
-"""`place_ops`'s answer for a model fx cannot trace (then try `exported`), and the note when that cannot run."""
+NOT_TRACEABLE = ("ops outside module calls follow DTensor's propagation: the plan names torch.fx's ops, and fx "
+                 "cannot trace the model here; re-plan (plan names torch.export's ops unless export fails)")
+"""`place_ops`'s answer (and the note) for an fx-named plan whose model fx cannot trace."""
 
 
 def _tracer(leaves: set[str]) -> torch.fx.Tracer:
@@ -289,10 +285,6 @@ def place_stage_ops(stage: torch.fx.GraphModule, by_name: dict, mesh: DeviceMesh
     return True
 
 
-EXPORTED = ("the model runs as its torch.export graph (the one the plan names), each op as the plan places it")
-"""The note for a model fx cannot trace, run from its export graph."""
-
-
 _PASS_THROUGH = frozenset({"contiguous", "clone", "alias", "detach"})
 """Ops that hand their input on unchanged (same shape and placement): an export on real tensors can lack one the
 planner's export on meta tensors had (`contiguous()` of a tensor whose strides the real kernel already made
@@ -305,22 +297,24 @@ def _absent(plan: Plan, names: set[str]) -> list[str]:
             and not (re.sub(r"_\d+$", "", name) in _PASS_THROUGH and set(p.inputs) == {p.output})]
 
 
-def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, torch.fx.Graph] | str | None:
-    """For a model torch.fx cannot trace (the planner then planned its torch.export graph): the model exported the
-    planner's way (non-strict training IR) with `example` (one micro-batch, as the model is called) and unflattened
-    to its module tree (same module paths and parameter names), and the flat exported graph whose node names the
-    plan's ops use (call it where `place_ops` says `NOT_TRACEABLE`). None when there is no example; why not (for
-    the notes) when the export lacks an op the plan names."""
+def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, torch.fx.Graph]:
+    """The model exported the planner's way (non-strict training IR) with `example` (one micro-batch, as the model
+    is called) and unflattened to its module tree (same module paths and parameter names), and the flat exported
+    graph whose node names the plan's ops use. ExecutorError when the export lacks an op the plan names (a plan
+    made for another model, torch or transformers version)."""
     from executor.pipeline import export_call
-    if example is None:
-        return None
     ep = torch.export.export(model, *export_call(example), strict=False)
-    names = {n.name for n in ep.graph.nodes if n.op in _CALLS}
-    missing = _absent(plan, names)
-    if missing:
-        return (f"ops outside module calls follow DTensor's propagation: the model's export here lacks the plan's "
-                f"op {missing[0]} (planned with another torch or transformers version?)")
+    require_ops(plan, ep.graph)
     return torch.export.unflatten(ep), ep.graph
+
+
+def require_ops(plan: Plan, flat: torch.fx.Graph) -> None:
+    """ExecutorError when the model's export graph `flat` lacks an op the plan places (a plan made for another
+    model, torch or transformers version): that op could not run as written."""
+    missing = _absent(plan, {n.name for n in flat.nodes if n.op in _CALLS})
+    if missing:
+        raise ExecutorError(f"plan op {missing[0]!r} is not in this model's torch.export graph (the plan was made "
+                            "for another model, or with another torch or transformers version); re-plan for it")
 
 
 def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: DeviceMesh,

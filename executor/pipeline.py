@@ -1,6 +1,7 @@
 """Pipeline stages: cut an ordinary model into the plan's stages and run them with torch.distributed.pipelining.
 
-The model's own forward is traced with torch.fx, treating each module a stage holds (`StageSpec.modules`, e.g.
+The model's own forward is traced (torch.fx; torch.export for a tp plan naming the export graph's ops, or where fx
+fails: `split_model`), treating each module a stage holds (`StageSpec.modules`, e.g.
 `wte`, `h.3`, `lm_head`) as a leaf, so the blocks keep their real Python forward (and the attributes the TP step
 adjusts). Every graph node is assigned a stage: a leaf call goes to the stage holding the module; any other node
 (the `wte(idx) + wpe(arange(s))` glue) goes to the latest stage among its inputs; a `get_attr` goes to its first
@@ -72,11 +73,13 @@ class _LeafTracer(fx.Tracer):
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
 
 
-def split_model(model: nn.Module, modules: list[list[str]], example: object = None) -> list[fx.GraphModule]:
+def split_model(model: nn.Module, modules: list[list[str]], example: object = None,
+                export: bool = False) -> list[fx.GraphModule]:
     """Cut `model` into one GraphModule per stage (see the module docstring); raises ExecutorError when the model
     cannot be traced or a stage's modules do not run in model order.
 
-    A forward torch.fx cannot trace (transformers' models) is exported instead, with `example` (one micro-batch of
+    With `export` (a plan naming the torch.export graph's ops), or for a forward torch.fx cannot trace, the model
+    is exported instead, with `example` (one micro-batch of
     inputs, as `model` is called: a tensor, a tuple, or a dict of keyword arguments): torch.export's training IR,
     unflattened to the model's module tree (`torch.export.unflatten`, parameter names kept), with the modules
     above the stage modules inlined into one graph. Its first stage then takes the inputs flattened
@@ -87,14 +90,20 @@ def split_model(model: nn.Module, modules: list[list[str]], example: object = No
     if missing:
         raise ExecutorError(f"plan stage module {missing[0]!r} is not a module of this model; re-plan for it")
     root: nn.Module = model
-    try:
-        graph = _LeafTracer(set(owner)).trace(model)
-    except Exception as e:  # fx cannot trace data-dependent control flow
+    graph, fx_error = None, None
+    if not export:  # (`export`: cut the graph the plan names, torch.export's, as `example` runs)
+        try:
+            graph = _LeafTracer(set(owner)).trace(model)
+        except Exception as e:  # fx cannot trace data-dependent control flow
+            fx_error = e
+    if graph is None:
         if example is None:
-            raise ExecutorError(f"pipeline parallelism traces the model's forward with torch.fx, which failed "
-                                f"({type(e).__name__}: {e}); pass example_inputs= (one micro-batch) to apply_plan "
-                                "so it can export the model instead, or use pp = 1") from None
-        root, graph = _exported(model, set(owner), example, e)
+            raise ExecutorError("pipeline parallelism cuts this model's torch.export graph"
+                                + (f" (torch.fx failed: {type(fx_error).__name__}: {str(fx_error).splitlines()[0][:120]})"
+                                   if fx_error else "")
+                                + "; pass example_inputs= (one micro-batch) to apply_plan so it can export the "
+                                "model, or use pp = 1")
+        root, graph = _exported(model, set(owner), example, fx_error)
     stage: dict[fx.Node, int] = {}
     nodes = list(graph.nodes)
     for node in nodes:
@@ -119,6 +128,7 @@ def split_model(model: nn.Module, modules: list[list[str]], example: object = No
     if root is not model:
         stages[0].flat_inputs = True  # type: ignore[attr-defined]
         stages[0].__dict__["exported_root"] = root  # a plain attribute: not a submodule of the stage
+        stages[-1].out_spec = root.out_spec  # type: ignore[attr-defined]
     return stages
 
 
@@ -139,7 +149,8 @@ def export_call(example: object) -> tuple[tuple, dict]:
     return ((example,) if isinstance(example, torch.Tensor) else tuple(example)), {}
 
 
-def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Exception) -> tuple[nn.Module, fx.Graph]:
+def _exported(model: nn.Module, keep: set[str], example: object,
+              fx_error: Exception | None) -> tuple[nn.Module, fx.Graph]:
     """The model exported with `example` and unflattened, and one graph over it in which every module above the
     stage modules is inlined (see `split_model`)."""
     from torch.export.unflatten import InterpreterModule
@@ -148,9 +159,10 @@ def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Excep
         ep = torch.export.export(model, args, kwargs, strict=False)
         root = torch.export.unflatten(ep)
     except Exception as e:  # noqa: BLE001 — said in one line below
-        raise ExecutorError(f"pipeline parallelism cannot cut this model: torch.fx failed ({type(fx_error).__name__}: "
-                            f"{str(fx_error).splitlines()[0][:120]}) and so did torch.export ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:120]}); use pp = 1") from None
+        fx_failed = f"torch.fx failed ({type(fx_error).__name__}: {str(fx_error).splitlines()[0][:120]}) and so did " \
+            if fx_error is not None else ""
+        raise ExecutorError(f"pipeline parallelism cannot cut this model: {fx_failed}torch.export failed "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); use pp = 1") from None
     g = fx.Graph()
 
     def inline(prefix: str, sub: fx.Graph, args: tuple, kwargs: dict) -> object:
@@ -190,6 +202,7 @@ def _exported(model: nn.Module, keep: set[str], example: object, fx_error: Excep
     ins = tuple(g.placeholder(n.name) for n in root.graph.nodes if n.op == "placeholder")
     g.output(inline("", root.graph, ins, {}))
     root.flat_graph = ep.graph  # the graph the plan's op names come from (`executor.graph_ops.place_exported_ops`)
+    root.out_spec = ep.call_spec.out_spec  # how the last stage's flat outputs make the model's output
     return root, g
 
 

@@ -55,6 +55,11 @@ def check_plan_matches_model(plan: Plan, model: nn.Module) -> None:
                             "re-plan for this model")
 
 
+def plan_graph(plan: Plan) -> str:
+    """Which graph the plan's ops name: `export` (torch.export's; also a plan that does not say) or `fx`."""
+    return plan.model.get("graph", "export")
+
+
 def check_runnable(plan: Plan) -> None:
     """Plan properties the executor needs beyond `Plan.validate` (pipeline schedules' micro-batch counts)."""
     pp = plan.mesh.pp
@@ -123,9 +128,9 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
     (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
-    `example_inputs`: one micro-batch of inputs, used only for a model torch.fx cannot trace (it is exported
-    instead): to pipeline it (`executor.pipeline.split_model`), and under tp to run its export graph with the plan's
-    placements (`executor.graph_ops.exported`; without it those ops follow DTensor's propagation, as noted).
+    `example_inputs`: one micro-batch of inputs, as the model is called; needed under tp for a plan whose ops name
+    the model's torch.export graph (`plan`'s default): the model is exported with it and runs as that graph, each
+    op placed as planned (`executor.graph_ops.exported`; pipelined: `executor.pipeline.split_model`).
     `compile`: a torch.compile backend ("inductor") to compile each repeated block with
     (`executor.parallel.apply_compile`); None runs eager.
     """
@@ -133,6 +138,9 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     check_plan_matches_model(plan, model)
     check_runnable(plan)
     check_tp_plan(plan, model)  # refuse before any process group starts
+    if plan.mesh.tp > 1 and plan_graph(plan) == "export" and example_inputs is None:
+        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp; "
+                            "pass example_inputs= (one micro-batch, as the model is called) to apply_plan")
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
@@ -149,6 +157,9 @@ class Runner:
         self.compile = compile
         self.example_inputs = example_inputs
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
+        self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
+        # the plan's ops name the torch.export graph's nodes (the planner's default): run that graph under tp
+        self.export_graph = plan.mesh.tp > 1 and plan_graph(plan) == "export"
         m = plan.mesh
         self.mesh = mesh or build_mesh(plan, device)
         if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
@@ -184,14 +195,10 @@ class Runner:
         if plan.mesh.tp > 1:
             flat = None
             if plan.mesh.pp == 1:  # (a pipeline's stages were placed when they were cut: `_build_pipeline`)
-                why = self._place_ops(module, root=True)
-                if why == graph_ops.NOT_TRACEABLE:  # run its export graph, the one the plan names
-                    made = graph_ops.exported(module, self.example_inputs, plan)
-                    if isinstance(made, tuple):
-                        (module, flat), why = made, graph_ops.EXPORTED
-                    elif made is not None:
-                        why = made
-                self._note(why)
+                if self.export_graph:
+                    module, flat = graph_ops.exported(module, self.example_inputs, plan)  # the graph the plan names
+                else:
+                    self._note(self._place_ops(module, root=True))
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
             if flat is not None:
                 graph_ops.place_exported_ops(module, flat, plan, self.mesh["tp"], tp.local_modules(plan, module))
@@ -228,12 +235,15 @@ class Runner:
         # the blocks run as placed graphs: placed before the cut (the stages keep the block modules), or, for a
         # model cut from its torch.export graph, its unflattened blocks after it
         by_name: dict = {}  # the stages' own ops (between their modules) by node name
-        why = self._place_ops(model, root=False, root_specs=by_name) if plan.mesh.tp > 1 else None
+        why = self._place_ops(model, root=False, root_specs=by_name) \
+            if plan.mesh.tp > 1 and not self.export_graph else None
         mods = pipeline.stage_modules(model, plan)
-        graphs = pipeline.split_model(model, mods, self.example_inputs)
+        graphs = pipeline.split_model(model, mods, self.example_inputs, export=self.export_graph)
         self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))
+        self.out_spec = getattr(graphs[-1], "out_spec", None)
         root = getattr(graphs[0], "exported_root", None)
         if root is not None and plan.mesh.tp > 1:
+            graph_ops.require_ops(plan, root.flat_graph)
             named = dict(root.named_modules())
             graph_ops.place_exported_ops(root, root.flat_graph, plan, self.mesh["tp"], tp.local_modules(plan, root),
                                          within=[b for b in self.block_paths if b in named])
@@ -274,6 +284,9 @@ class Runner:
         then runs vocabulary-parallel under `loss_parallel`, no logits all-gather); every other output, or logits a
         loss function fails on, is gathered to a plain tensor first."""
         from torch.distributed.tensor import DTensor
+        if self.out_spec is not None:
+            from torch.utils._pytree import tree_unflatten
+            out = tree_unflatten(list(out) if isinstance(out, (tuple, list)) else [out], self.out_spec)
         if self.plan.mesh.tp <= 1:
             return self.loss_fn(out, target)
         logits = _logits(out)

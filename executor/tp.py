@@ -12,8 +12,8 @@ output live (`Plan.ops`). `apply_tp` makes that true on one rank without touchin
    propagation, so a mismatch is a plan that does not describe what runs), then reduces a vocabulary-parallel
    embedding's masked partial sum.
 3. Everything else (views, split/chunk, attention, RoPE, residual adds, a custom module's own ops) runs on DTensors:
-   as the plan places each op where the model is fx-traceable (`executor.graph_ops`), else through DTensor's own
-   sharding propagation. Either way shapes are global: `view(B, T, n_head, C // n_head)` with the
+   as the plan places each op, in the graph the plan names (`executor.graph_ops`: the model's torch.export graph,
+   or its fx graph where export failed). Shapes are global: `view(B, T, n_head, C // n_head)` with the
    model's full head count is right on every rank, and an op that needs another layout (a `split` across a
    column shard) gets it by redistribution, never by computing something else. Tensors the forward creates
    itself (`arange`, masks, constants) are replicated (`implicit_replication`).
@@ -217,16 +217,29 @@ def apply_tp(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh, canonical: Mappi
 def _run_locally(mod: nn.Module, mesh: DeviceMesh) -> None:
     """Hooks that run `mod` on plain tensors: DTensor inputs gathered to Replicate and unwrapped, outputs wrapped
     as Replicate DTensors (differentiable both ways, so the gradients of its plain parameters stay plain)."""
+    writes = _writes_inputs(mod)
+
     def pre(module, args, kwargs):
         # an in-place module (ReLU(inplace=True)) must not write into the alias `to_local` returns
         conv = (lambda t: _to_local(t, mesh).clone() if isinstance(t, DTensor) else t) \
-            if getattr(module, "inplace", False) else (lambda t: _to_local(t, mesh))
+            if writes else (lambda t: _to_local(t, mesh))
         return tree_map(conv, args), tree_map(conv, kwargs)
 
     def post(module, args, kwargs, output):
         return tree_map(lambda t: _from_local(t, mesh), output)
     mod.register_forward_pre_hook(pre, with_kwargs=True)
     mod.register_forward_hook(post, with_kwargs=True)
+
+
+def _writes_inputs(mod: nn.Module) -> bool:
+    """Whether a module may write into a tensor it is given: `inplace=True` (nn.ReLU), or, for a module unflattened
+    from torch.export (its own graph), an aten op in that graph that mutates an argument (`relu_`)."""
+    if getattr(mod, "inplace", False):
+        return True
+    graph = getattr(mod, "graph", None)
+    return isinstance(graph, torch.fx.Graph) and any(
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        for n in graph.nodes)
 
 
 def _to_local(t: Any, mesh: DeviceMesh | None = None) -> Any:

@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> None:
     mf = load_model_file(args.model)
     torch.manual_seed(BUILD_SEED)
     model = build(mf)
-    example = batch(mf, plan.microbatch_size)[0]  # to export what fx cannot trace (pp, tp)
+    example = batch(mf, plan.microbatch_size)[0]  # tp exports the model with it (the graph the plan names)
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example, compile=args.compile)
     rank = dist.get_rank()
     torch.manual_seed(STEP_SEED)

@@ -301,4 +301,4 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
         ops=ops, parameters=parameter_placements(graph, ops),
         cluster={"name": cluster.name, "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node},
         model={"path": model_path, "parameters": graph.num_parameters,
-               "fingerprint": model_fingerprint((p.name, p.shape) for p in graph.parameters)})
+               "fingerprint": model_fingerprint((p.name, p.shape) for p in graph.parameters), "graph": graph.tracer})

@@ -161,8 +161,8 @@ class OpGraph:
     """Unique parameters of the model (tied weights once), in `named_parameters()` order."""
     batch_size: int
     """Samples in the batch the model was traced with; per-op figures are for this many samples."""
-    tracer: str = "fx"
-    """Which tracer produced the graph: `fx` or `export`."""
+    tracer: str = "export"
+    """Which tracer produced the graph: `export` (torch.export's aten training IR) or `fx` (where export fails)."""
     inputs: tuple[TensorMeta, ...] = field(default=())
     """Model inputs as traced."""
 
@@ -174,6 +174,14 @@ class OpGraph:
     def op(self, name: str) -> OpNode:
         """The op with this name."""
         return self.ops[self.index[name]]
+
+    def module_op(self, path: str) -> OpNode:
+        """The first op that runs in the module at `path` (a built-in module such as `h.0.mlp.c_fc` is one op in
+        either trace, while op names differ: fx's `h_0_mlp_c_fc`, export's `linear_4`); KeyError if none does."""
+        for op in self.ops:
+            if op.module_path == path:
+                return op
+        raise KeyError(path)
 
     @cached_property
     def nx_graph(self) -> nx.DiGraph:

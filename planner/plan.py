@@ -131,8 +131,10 @@ class Plan:
     """`name`, `nodes`, `devices_per_node` of the cluster the plan was made for."""
     model: Mapping[str, Any] = field(default_factory=dict, metadata=_meta(properties={
         "path": {"type": "string"}, "parameters": {"type": "integer", "minimum": 0},
-        "fingerprint": {"type": "string"}}))
-    """`path`, `parameters` (count) and `fingerprint` (`model_fingerprint`) of the model the plan was made for."""
+        "fingerprint": {"type": "string"}, "graph": {"enum": ["export", "fx"]}}))
+    """`path`, `parameters` (count) and `fingerprint` (`model_fingerprint`) of the model the plan was made for, and
+    `graph`: which trace `ops` names, `export` (torch.export's aten training IR, the default) or `fx` (torch.fx,
+    for a model export cannot trace). A plan without it names export's."""
     predicted: Mapping[str, Any] = field(default_factory=dict)
     """The cost model's prediction for this plan (step_time_s, breakdown, memory, ...), if any."""
 

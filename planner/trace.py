@@ -1,11 +1,12 @@
 """Tracing a model file into an `OpGraph` without touching real memory.
 
-    model file -> build_model() on the meta device -> fx graph (torch.fx.symbolic_trace; torch.export when fx fails)
+    model file -> build_model() on the meta device -> graph (torch.export's training IR; torch.fx when export fails)
                -> run every node on meta tensors (shapes, dtypes, views) -> per-op FLOPs and saved activations
                (planner.op_analysis, cached so repeated blocks are measured once) -> OpGraph
 
-fx keeps built-in leaf modules (Linear, Embedding, LayerNorm, Conv, ...) as single ops named by their module path;
-torch.export (non-strict, training IR) yields aten ops whose module path comes from `nn_module_stack`. The loss
+torch.export (non-strict, training IR) yields aten ops (`linear`, `view_3`) whose module path comes from
+`nn_module_stack`: the graph the executor runs under tp (`executor.graph_ops`). fx, the fallback, keeps built-in
+leaf modules (Linear, Embedding, LayerNorm, Conv, ...) as single ops named by their module path (`h_0_attn_q_proj`). The loss
 (`loss_fn(outputs, targets)`) is appended as one op of kind `loss`. Saved activations are counted once per storage
 over the whole graph: a LayerNorm output saved by the q, k and v projections is listed at the first of them.
 """
@@ -429,8 +430,15 @@ def _untraceable(path: str, errors: list[tuple[str, BaseException]], eager: Base
                       "make control flow depend on shapes, not tensor values (torch.where / torch.cond)")
 
 
-def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | None = None) -> OpGraph:
-    """Trace a model file into an OpGraph on the meta device (no weights allocated); raises ModelError."""
+TRACERS = ("export", "fx")
+"""The tracers `trace_model` tries, in order: torch.export's aten training IR (the graph the executor runs), then
+torch.fx where export fails."""
+
+
+def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | None = None,
+                tracers: tuple[str, ...] = TRACERS) -> OpGraph:
+    """Trace a model file into an OpGraph on the meta device (no weights allocated), with the first of `tracers`
+    that succeeds; raises ModelError."""
     model = build(model_file, "meta")
     model.train()
     inputs, targets = batch(model_file, batch_size)
@@ -438,7 +446,8 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     args, kwargs = _call_args(inputs)
     errors: list[tuple[str, BaseException]] = []
     traced = None
-    for name, tracer in (("torch.fx", _trace_fx), ("torch.export", _trace_export)):
+    by_name = {"export": ("torch.export", _trace_export), "fx": ("torch.fx", _trace_fx)}
+    for name, tracer in (by_name[t] for t in tracers):
         try:
             traced = tracer(model, args, kwargs)
             break

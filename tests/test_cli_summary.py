@@ -42,7 +42,7 @@ BAD_FILES = {
 
         def sample_batch(b):
             return torch.randn(b, 8), torch.randn(b, 8)
-        """), r"bad\.py:12: at `if h\.sum\(\) > 0:`: cannot trace the model \(torch\.fx: .*torch\.export: .*"
+        """), r"bad\.py:12: at `if h\.sum\(\) > 0:`: cannot trace the model \(torch\.export: .*torch\.fx: .*"
               r"torch\.where / torch\.cond"),
     "wrong_shapes": (HEADER + "def build_model():\n    return nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 10))\n\n"
                      "def sample_batch(b):\n    return torch.randn(b, 48), torch.randint(0, 10, (b,))\n",
@@ -62,7 +62,7 @@ def test_summary_of_the_gpt_example():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for label in ("parameters", "FLOPs per sample", "activation memory per sample", "ops", "repeated blocks",
-                  "torch.fx"):
+                  "torch.export"):
         assert label in out
     assert "867,072" in out and "h.* x 4" in out
 

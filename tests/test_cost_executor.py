@@ -98,7 +98,7 @@ def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(
     assert slowed == 0 and spans[0][0] == pytest.approx(times.rank_end()[0])  # nothing overlaps the backward
     assert end - spans[0][0] == pytest.approx(sum(sp._coll("all_reduce", b) for b in units))
     # the tied wte / lm_head gradient (fp32) is all-reduced between the first and the last stage, across nodes
-    tied = gpt.op("wte").params[0]
+    tied = gpt.module_op("wte").params[0]
     assert sp.tied_all_reduce() == pytest.approx(CostModel(cl).comm.time("all_reduce", tied.numel * 4, Group(2, 2)))
     pred = sp.run(False)
     assert pred.breakdown["exposed_comm_s"] >= sum(d for _, d, _ in spans) + sp.tied_all_reduce()
@@ -172,7 +172,7 @@ def test_vocabulary_parallel_loss_has_no_logits_gather(gpt):
     plan = _plan(gpt, cl, 1, tp=2)
     post = gpt.layers()[-1]
     cost = LayerCoster(cm, gpt, plan, cm.tp_group(2)).cost(post)
-    logits = gpt.op("lm_head").output_meta[0]
+    logits = gpt.module_op("lm_head").output_meta[0]
     rows = logits.numel / logits.shape[-1]
     want = LOSS_PARALLEL_ALL_REDUCES * cm.comm.time("all_reduce", rows * 4, cm.tp_group(2))
     gather = cm.reshard_time(logits, "S(2)", "R", 2, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
@@ -194,7 +194,7 @@ def test_autocast_prices_norms_softmax_and_losses_in_fp32():
 def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
     cl, cl2 = cluster(per_node=1), cluster(per_node=2)
     cm = CostModel(cl)
-    lin = gpt.op("h_0_mlp_c_fc")
+    lin = gpt.module_op("h.0.mlp.c_fc")
     elems = sum(p.numel for p in lin.params)
     mem = cm.compute.memory_time
 
@@ -209,7 +209,7 @@ def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
     assert copies(8, dp=2, zero=3, mbs=1) == pytest.approx((0.0, mem(6 * elems)))
     assert copies(4, precision="fp32") == (0.0, 0.0)
     assert copies(1, precision="bf16")[0] > 0 and LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1)) \
-        ._autocast_copies(gpt.op("h_0_ln_1"), None) == (0.0, 0.0)
+        ._autocast_copies(gpt.module_op("h.0.ln_1"), None) == (0.0, 0.0)
 
 
 def test_overlapped_collectives_slow_compute_on_nccl_only():

@@ -223,7 +223,7 @@ def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_p
     assert captured.out == "" and len(err) == 1, err
     line = err[0]
     assert line.startswith("plan check: dry run of tp.json at world 2 (rank 0")
-    for part in ("forward of module h.0.attn", "op h_0_attn_q_proj (module h.0.attn.q_proj)",
+    for part in ("forward of module h.0.attn", "op linear (module h.0.attn.q_proj)",
                  "DTensor propagated the output as S(2), the plan says P", "const_heads.py:11"):
         assert part in line, (part, line)
 
@@ -240,7 +240,7 @@ def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
                            "--warmup", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 1 and len(problems) == 1, (proc.returncode, problems)
-    crash = "op h_0_attn_q_proj (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P"
+    crash = "op linear (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P"
     assert crash in proc.stderr and crash in problems[0]
 
 
@@ -289,6 +289,58 @@ def _tp_fails(monkeypatch):
     def refuse(model, plan, mesh, canonical=None):
         raise RuntimeError("an op this test says cannot run under tp")
     monkeypatch.setattr(tp_mod, "apply_tp", refuse)
+
+
+def test_plans_name_the_export_graph_and_fx_is_the_fallback(const_heads, tmp_path, capsys, monkeypatch):
+    """plan.json says which graph its ops name: torch.export's by default; torch.fx's where export fails, and the
+    executor then runs the fx graph, each op placed (an edited q_proj is caught at its fx name)."""
+    from planner import trace
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(const_heads, out)) == 0
+    assert json.loads(out.read_text())["model"]["graph"] == "export"
+
+    def no_export(*args, **kwargs):
+        raise RuntimeError("torch.export cannot trace this model")
+    monkeypatch.setattr(trace, "_trace_export", no_export)
+    assert main(_plan_args(const_heads, out)) == 0
+    plan = json.loads(out.read_text())
+    assert plan["model"]["graph"] == "fx" and plan["ops"]["h_0_attn_q_proj"]["output"] == "S(2)"
+    plan["ops"]["h_0_attn_q_proj"]["output"] = "P"
+    out.write_text(json.dumps(plan))
+    capsys.readouterr()
+    assert main(["check", str(out), const_heads]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "op h_0_attn_q_proj (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P" \
+        in line, line
+
+
+def test_a_plan_naming_an_op_the_model_lacks_is_refused(const_heads, tmp_path, capsys):
+    """An op name that is not in the model's export graph (a plan made for another model or torch version) is
+    refused in one line before anything runs, not left to DTensor's propagation."""
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(const_heads, out)) == 0
+    plan = json.loads(out.read_text())
+    plan["ops"]["nope_op"] = {"strategy": "replicate", "module": "h.0"}
+    out.write_text(json.dumps(plan))
+    capsys.readouterr()
+    assert main(["check", str(out), const_heads]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan op 'nope_op' is not in this model's torch.export graph" in err[0], err
+    assert "re-plan" in err[0]
+
+
+def test_apply_plan_asks_for_one_micro_batch_to_export_the_model(const_heads, tmp_path):
+    from executor import apply_plan
+    from executor.errors import ExecutorError
+    from planner.cli import main
+    from planner.model_file import build, load_model_file
+    out = tmp_path / "tp.json"
+    assert main(_plan_args(const_heads, out)) == 0
+    with pytest.raises(ExecutorError, match=r"pass example_inputs= \(one micro-batch"):
+        apply_plan(build(load_model_file(const_heads)), str(out))
+    assert not dist.is_initialized()
 
 
 def test_plan_does_not_write_a_plan_that_fails_the_dry_run(const_heads, tmp_path, capsys, monkeypatch):
@@ -454,7 +506,8 @@ def test_the_last_tp_rank_runs_too_when_shards_are_uneven(tmp_path, monkeypatch)
            "head": OpPlacement(strategy="colwise", module="head", inputs=("R",), output="S(2)",
                                params=("S(0)", "S(0)"))}
     plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
-                ops=ops, parameters={"emb.weight": "S(0)", "head.weight": "S(0)", "head.bias": "S(0)"})
+                ops=ops, parameters={"emb.weight": "S(0)", "head.weight": "S(0)", "head.bias": "S(0)"},
+                model={"graph": "fx"})  # the ops are named as torch.fx names them (export: embedding, linear)
     assert dr.dry_run(plan, str(path)) == []
     assert ranks == [0, 1]
 

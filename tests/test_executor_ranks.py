@@ -85,8 +85,10 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     from torch.distributed.tensor import DTensor
 
     from executor import apply_plan
-    runner = apply_plan(build(), make_plan(spec), optimizer=optimizer, loss_fn=loss_fn)
+    plan = make_plan(spec)
     data = batches()
+    micro_batch = data[0][0][:plan.microbatch_size]  # tp exports the model with it
+    runner = apply_plan(build(), plan, optimizer=optimizer, loss_fn=loss_fn, example_inputs=micro_batch)
     if spec.get("load"):
         runner.load(ckpt)
         start = runner.step_count

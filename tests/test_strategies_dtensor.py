@@ -258,10 +258,11 @@ def test_propagation_meshes_never_equal_a_real_one():
     assert dtensor_rules._mesh(2) != real
 
 
-def test_tensor_keyword_arguments_keep_their_producers():
-    """`torch.addmm(c, mat2=b, mat1=a)`: the traced op lists its tensors (and producers) in call order, c, b, a;
-    the call is rebuilt with each keyword fed its own tensor (sorting the keywords by name would hand mat1 b's
-    [8, 6] tensor and fail), and a placement of producer 1 (b) lands on mat2."""
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_tensor_keyword_arguments_keep_their_producers(tracer):
+    """`torch.addmm(c, mat2=b, mat1=a)`: the traced op lists its tensors (and producers) in call order (fx: c, b,
+    a; export calls aten positionally: c, a, b); the call is rebuilt with each keyword fed its own tensor (sorting
+    the keywords by name would hand mat1 b's [8, 6] tensor and fail), and a placement of b lands on mat2."""
     import torch
     import torch.nn as nn
 
@@ -281,14 +282,17 @@ def test_tensor_keyword_arguments_keep_their_producers():
 
     mf = ModelFile(path="keyword_call", build_model=KeywordCall, loss_fn=default_loss,
                    sample_batch=lambda n: (torch.randn(4, 16), torch.randn(4, 6)))
-    graph = trace_model(mf, batch_size=4, progress=False)
+    graph = trace_model(mf, batch_size=4, progress=False, tracers=(tracer,))
     op = next(o for o in graph.ops if "addmm" in o.target)
-    assert [graph.op(src).output_meta[0].shape for src in op.inputs] == [(6,), (8, 6), (4, 8)]
+    shapes = [(6,), (8, 6), (4, 8)] if tracer == "fx" else [(6,), (4, 8), (8, 6)]
+    assert [graph.op(src).output_meta[0].shape for src in op.inputs] == shapes
     assert propagate(op, ("R", "R", "R"), (), 2).output == "R"
-    assert propagate(op, ("R", "S(1)", "R"), (), 2).output == "S(1)"  # mat2 sharded on its columns
+    b_sharded = ("R", "S(1)", "R") if tracer == "fx" else ("R", "R", "S(1)")
+    assert propagate(op, b_sharded, (), 2).output == "S(1)"  # mat2 sharded on its columns
 
 
-def test_a_buffer_read_before_the_producer_keeps_replicated():
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_a_buffer_read_before_the_producer_keeps_replicated(tracer):
     """`torch.mm(self.table, h)` with a registered buffer first: the producer's placement goes to h (its tensor,
     `OpNode.input_sources`), not to the first tensor of the call. h sharded on its columns gives column shards;
     handing that placement to the buffer instead would make a partial sum."""
@@ -309,8 +313,8 @@ def test_a_buffer_read_before_the_producer_keeps_replicated():
 
     mf = ModelFile(path="buffer_first", build_model=BufferFirst, loss_fn=default_loss,
                    sample_batch=lambda n: (torch.randn(4, 16), torch.randn(8, 16)))
-    graph = trace_model(mf, batch_size=4, progress=False)
-    op = next(o for o in graph.ops if o.inputs == ("fc",))
+    graph = trace_model(mf, batch_size=4, progress=False, tracers=(tracer,))
+    op = next(o for o in graph.ops if o.inputs == (graph.module_op("fc").name,))
     assert op.input_sources == (-1, 0)
     r = propagate(op, ("S(1)",), (), 2)
     assert r.output == "S(1)" and r.runs_as_placed

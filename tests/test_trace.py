@@ -99,8 +99,8 @@ def test_mlp_saved_activations_equal_hand_count():
 
 def test_tensor_saved_by_several_ops_is_counted_once():
     graph = _graph("gpt")
-    q, k, v = (graph.op(f"h_0_attn_{p}_proj") for p in "qkv")
-    ln_out = graph.op("h_0_ln_1").output_meta[0]
+    q, k, v = (graph.module_op(f"h.0.attn.{p}_proj") for p in "qkv")
+    ln_out = graph.module_op("h.0.ln_1").output_meta[0]
     assert ln_out in q.saved  # the LayerNorm output is listed at its first reader ...
     assert k.saved == () and v.saved == ()  # ... and not again
     attn = graph.op("scaled_dot_product_attention")
@@ -111,17 +111,18 @@ def test_tensor_saved_by_several_ops_is_counted_once():
 
 def test_gpt_blocks_layers_and_tied_weights():
     graph = _graph("gpt")
-    assert graph.tracer == "fx"
+    assert graph.tracer == "export"
     assert graph.block_types == {"h.*": ("h.0", "h.1", "h.2", "h.3")}
     layers = graph.layers()
     assert [layer.name for layer in layers] == ["pre", "h.0", "h.1", "h.2", "h.3", "post"]
-    add = graph.op("add_1")  # the residual add inside h.0 is a functional op, labelled by its module path
-    assert (add.block, add.block_type, add.kind) == ("h.0", "h.*", "elementwise")
-    assert [p.name for p in graph.op("lm_head").params] == ["wte.weight"]
-    assert [p.name for p in graph.op("wte").params] == ["wte.weight"]
+    add = graph.op("add_1")  # the first residual add inside h.0 is a functional op, labelled by its module path
+    assert (add.block, add.block_type, add.kind, add.module_path) == ("h.0", "h.*", "elementwise", "h.0")
+    lm_head = graph.module_op("lm_head")
+    assert [p.name for p in lm_head.params] == ["wte.weight"]
+    assert [p.name for p in graph.module_op("wte").params] == ["wte.weight"]
     names = [p.name for p in graph.parameters]
     assert len(names) == len(set(names)) and "lm_head.weight" not in names
-    assert graph.ops[-1].kind == "loss" and graph.ops[-1].inputs == ("lm_head",)
+    assert graph.ops[-1].kind == "loss" and graph.ops[-1].inputs == (lm_head.name,)
     assert {op.kind for op in graph.ops} >= {"embedding", "norm", "linear", "attention", "reshape", "loss"}
 
 

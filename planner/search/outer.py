@@ -478,7 +478,7 @@ class OuterSearch:
                     ops=dict(placement.ops), parameters=self._parameters(placement),
                     cluster={"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
                     model={"path": self.model_path, "parameters": self._num_params,
-                           "fingerprint": self._fingerprint})
+                           "fingerprint": self._fingerprint, "graph": self.graph.tracer})
 
     def _parameters(self, placement: PlacementResult) -> dict[str, str]:
         """`Plan.parameters` of a placement (`planner.layout`), computed once per placement result."""
