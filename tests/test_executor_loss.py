@@ -21,7 +21,7 @@ def _runner(loss_fn) -> Runner:
     from types import SimpleNamespace
     r = Runner.__new__(Runner)  # only the loss path: a tp plan's mesh, no model
     r.plan = SimpleNamespace(mesh=SimpleNamespace(tp=2))
-    r.gather_logits, r.vocab_parallel_loss, r.loss_fn = False, False, loss_fn
+    r.gather_logits, r.vocab_parallel_loss, r.loss_fn, r.out_spec = False, False, loss_fn, None
     return r
 
 
