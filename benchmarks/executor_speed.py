@@ -374,7 +374,10 @@ def build_pair(name: str, plan_path: str):
     """(ours, hand): callables taking the global batch (x, y), running one optimizer step, returning the loss."""
     import torch
     from executor import apply_plan
-    runner = apply_plan(fresh_model(), plan_path, optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR))
+    from planner.plan import Plan
+    one_micro_batch = torch.zeros(Plan.load(plan_path).microbatch_size, CFG["block_size"], dtype=torch.long)
+    runner = apply_plan(fresh_model(), plan_path, optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR),
+                        example_inputs=one_micro_batch)
     hand = {"dp2": hand_ddp, "tp2": hand_tp, "tp2+sp": hand_tp_sp}[name]()
     return runner.step, hand
 
