@@ -1,7 +1,7 @@
 """Pipeline stages: cut an ordinary model into the plan's stages and run them with torch.distributed.pipelining.
 
-The model's own forward is traced (torch.fx; torch.export for a tp plan naming the export graph's ops, or where fx
-fails: `split_model`), treating each module a stage holds (`StageSpec.modules`, e.g.
+The model's own forward is traced (torch.export for a plan naming the export graph's ops, the planner's default;
+else torch.fx, or export where fx fails: `split_model`), treating each module a stage holds (`StageSpec.modules`, e.g.
 `wte`, `h.3`, `lm_head`) as a leaf, so the blocks keep their real Python forward (and the attributes the TP step
 adjusts). Every graph node is assigned a stage: a leaf call goes to the stage holding the module; any other node
 (the `wte(idx) + wpe(arange(s))` glue) goes to the latest stage among its inputs; a `get_attr` goes to its first

@@ -128,9 +128,9 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
     (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
-    `example_inputs`: one micro-batch of inputs, as the model is called; needed under tp for a plan whose ops name
-    the model's torch.export graph (`plan`'s default): the model is exported with it and runs as that graph, each
-    op placed as planned (`executor.graph_ops.exported`; pipelined: `executor.pipeline.split_model`).
+    `example_inputs`: one micro-batch of inputs, as the model is called; needed under tp or pp for a plan whose ops
+    name the model's torch.export graph (`plan`'s default): the model is exported with it and runs as that graph,
+    each op placed as planned (`executor.graph_ops.exported`), or cut into stages (`executor.pipeline.split_model`).
     `compile`: a torch.compile backend ("inductor") to compile each repeated block with
     (`executor.parallel.apply_compile`); None runs eager.
     """
@@ -138,9 +138,10 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     check_plan_matches_model(plan, model)
     check_runnable(plan)
     check_tp_plan(plan, model)  # refuse before any process group starts
-    if plan.mesh.tp > 1 and plan_graph(plan) == "export" and example_inputs is None:
-        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp; "
-                            "pass example_inputs= (one micro-batch, as the model is called) to apply_plan")
+    if (plan.mesh.tp > 1 or plan.mesh.pp > 1) and plan_graph(plan) == "export" and example_inputs is None:
+        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp "
+                            "and cuts into pipeline stages; pass example_inputs= (one micro-batch, as the model is "
+                            "called) to apply_plan")
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
@@ -158,8 +159,9 @@ class Runner:
         self.example_inputs = example_inputs
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
-        # the plan's ops name the torch.export graph's nodes (the planner's default): run that graph under tp
-        self.export_graph = plan.mesh.tp > 1 and plan_graph(plan) == "export"
+        # the plan's ops name the torch.export graph's nodes (the planner's default): under tp, and for pipeline
+        # stages, run that graph
+        self.export_graph = (plan.mesh.tp > 1 or plan.mesh.pp > 1) and plan_graph(plan) == "export"
         m = plan.mesh
         self.mesh = mesh or build_mesh(plan, device)
         if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
