@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from cost_model import kernels
 from cost_model.kernels import PRECISION_BYTES, Attn, Gemm, interp_log, peak_flops  # noqa: F401 (re-exported)
+from cost_model.ops import call_name
 from hardware_profiles.schema import UNFUSED_ATTENTION, DeviceSpec
 from planner.graph import OpNode, TensorMeta, dtype_bytes
 
@@ -105,10 +106,12 @@ def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
 TRANSCENDENTAL = frozenset({"silu", "sigmoid", "tanh", "exp", "erf", "softplus", "mish", "elu", "selu", "log",
                             "log1p", "sin", "cos", "pow", "hardswish"})
 """Elementwise functions that evaluate a special function per element (priced as the `tanh` kernel family)."""
+
+
 def kernel_family(op: OpNode) -> str | None:
     """The `kernel_costs` family pricing an op: gelu, tanh (other transcendentals), softmax (softmax, log-softmax,
     cross-entropy losses), layer_norm (norms), add (other elementwise), or None (matmuls, views, gathers)."""
-    name = op.target.rsplit(".", 1)[-1].strip("_").lower()
+    name = call_name(op)  # `aten.gelu.default` and `F.gelu` alike: gelu
     if op.kind == "norm":
         return "layer_norm"
     if op.kind in ("softmax", "loss"):

@@ -94,6 +94,9 @@ def test_kernel_cost_prices_compute_bound_elementwise_ops():
     g = megatron_gpt()
     gelu = dataclasses.replace(g.op("h0_gelu"), target="F.gelu")  # the hand-made graph names no callee
     assert kernel_family(gelu) == "gelu" and kernel_family(g.op("h0_add1")) == "add"
+    for target, family in (("aten.gelu.default", "gelu"), ("aten.tanh.default", "tanh"),
+                           ("aten.add.Tensor", "add")):  # export's names: the overload is not the callee
+        assert kernel_family(dataclasses.replace(gelu, target=target)) == family
     elems = gelu.output_meta[0].numel
     slow = _with(cluster(), kernel_costs={"gelu": (1e-6, 3e-6)})  # far above the bytes term
     f, b = CostModel(slow).op_time(gelu, None, 1, 1, "bf16")
