@@ -4,7 +4,8 @@ Reads a `Plan` and the model; never imports the search or the cost model, so a h
 go through the same code.
 
     from executor import apply_plan
-    runner = apply_plan(build_model(), "plan.json", optimizer=lambda ps: torch.optim.AdamW(ps, lr=3e-4))
+    runner = apply_plan(build_model(), "plan.json", optimizer=lambda ps: torch.optim.AdamW(ps, lr=3e-4),
+                        example_inputs=one_micro_batch)  # tp exports the model with it
     loss = runner.step(inputs, targets)
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`apply_plan`: turn an ordinary model and a plan into a `Runner` that trains with the plan's parallelism.
 
-    runner = apply_plan(build_model(), "plan.json",
-                        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4), loss_fn=loss_fn)
+    runner = apply_plan(build_model(), "plan.json", optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4),
+                        loss_fn=loss_fn, example_inputs=one_micro_batch)  # tp exports the model with it
     loss = runner.step(inputs, targets)
 
 `optimizer` is a factory called with the parameters this rank ends up holding (sharding replaces them, so an
@@ -128,9 +128,10 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
     `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
     (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
-    `example_inputs`: one micro-batch of inputs, as the model is called; needed under tp or pp for a plan whose ops
-    name the model's torch.export graph (`plan`'s default): the model is exported with it and runs as that graph,
-    each op placed as planned (`executor.graph_ops.exported`), or cut into stages (`executor.pipeline.split_model`).
+    `example_inputs`: one micro-batch of inputs, as the model is called; needed under tp for a plan whose ops name
+    the model's torch.export graph (`plan`'s default): the model is exported with it and runs as that graph, each
+    op placed as planned (`executor.graph_ops.exported`); pipeline stages are cut from it too
+    (`executor.pipeline.split_model`; without tp and without it, from the model's fx trace: no op is placed).
     `compile`: a torch.compile backend ("inductor") to compile each repeated block with
     (`executor.parallel.apply_compile`); None runs eager.
     """
@@ -138,10 +139,9 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     check_plan_matches_model(plan, model)
     check_runnable(plan)
     check_tp_plan(plan, model)  # refuse before any process group starts
-    if (plan.mesh.tp > 1 or plan.mesh.pp > 1) and plan_graph(plan) == "export" and example_inputs is None:
-        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp "
-                            "and cuts into pipeline stages; pass example_inputs= (one micro-batch, as the model is "
-                            "called) to apply_plan")
+    if plan.mesh.tp > 1 and plan_graph(plan) == "export" and example_inputs is None:
+        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp; "
+                            "pass example_inputs= (one micro-batch, as the model is called) to apply_plan")
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
@@ -159,9 +159,10 @@ class Runner:
         self.example_inputs = example_inputs
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
-        # the plan's ops name the torch.export graph's nodes (the planner's default): under tp, and for pipeline
-        # stages, run that graph
-        self.export_graph = (plan.mesh.tp > 1 or plan.mesh.pp > 1) and plan_graph(plan) == "export"
+        # the plan's ops name the torch.export graph's nodes (the planner's default): under tp run that graph, and
+        # cut pipeline stages from it (without tp and without an example, from the fx trace: no op is placed)
+        self.export_graph = plan_graph(plan) == "export" and (
+            plan.mesh.tp > 1 or (plan.mesh.pp > 1 and example_inputs is not None))
         m = plan.mesh
         self.mesh = mesh or build_mesh(plan, device)
         if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
