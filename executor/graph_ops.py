@@ -184,6 +184,10 @@ class _PlacedInterpreter(torch.fx.Interpreter):
         with self._set_current_node(n):
             args = torch.fx.node.map_arg(n.args, lambda x: swap.get(x, self.env[x]))
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda x: swap.get(x, self.env[x]))
+            if _is_reshape(n) and isinstance(args[0], DTensor) and not args[0].to_local().is_contiguous():
+                # reshape copies what it cannot view; on a DTensor it views the local tensor (a gathered
+                # transpose: "Cannot view a tensor with shape [8, 64, 4, 32] and strides ..."), so copy first
+                args = (args[0].clone(memory_format=torch.contiguous_format), *args[1:])
             out = getattr(self, n.op)(n.target, args, kwargs)
         if isinstance(out, torch.Tensor):
             tp.check_output(out, placement.output if placement is not None else "R", whole.name,
@@ -193,6 +197,13 @@ class _PlacedInterpreter(torch.fx.Interpreter):
                 # hook does the same for a module call)
                 out = tp._redistribute(out, "P", self.mesh, f"op {whole.name} output")
         return out
+
+
+def _is_reshape(node: torch.fx.Node) -> bool:
+    """`reshape` in either graph: export's `aten.reshape.default`, fx's `x.reshape(...)` / `torch.reshape`."""
+    if node.op == "call_method":
+        return node.target == "reshape"
+    return node.op == "call_function" and node.target in (torch.ops.aten.reshape.default, torch.reshape)
 
 
 def _path(node: torch.fx.Node) -> str:

@@ -228,6 +228,46 @@ def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_p
         assert part in line, (part, line)
 
 
+def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
+    """Attention's output gathered before its `transpose(1, 2).reshape(b, t, c)` (a layout the search proposed on
+    one CPU profile): DTensor views the non-contiguous local tensor and fails ("Cannot view a tensor with shape
+    [2, 16, 4, 8] ..."); the executor copies it first, as reshape does on a plain tensor. The dry run passes and a
+    launch on 2 gloo ranks trains with one process's losses."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from executor.dry_run import dry_run
+    from planner.defaults import megatron_placements
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, Plan
+    from planner.trace import trace_model
+    from shared import SMALL_GPT, reference_losses
+    path = tmp_path / "gpt.py"
+    path.write_text(SMALL_GPT.format(examples=EXAMPLES))
+    graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
+    ops = dict(megatron_placements(graph, 2, False))
+    reshapes = [op.name for op in graph.ops if op.target == "aten.reshape.default" and op.kind == "reshape"
+                and op.module_path.endswith("attn")]
+    assert reshapes
+    for name in reshapes:
+        before = graph.op(name).inputs[0]  # the transpose of the heads
+        ops[before] = dataclasses.replace(ops[before], inputs=("R",), output="R")
+        ops[name] = dataclasses.replace(ops[name], inputs=("R",), output="R")
+    plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
+                ops=ops, parameters=parameter_placements(graph, ops))
+    assert dry_run(plan, str(path)) == []
+    plan.save(str(tmp_path / "plan.json"))
+    out = tmp_path / "measured.json"
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(tmp_path / "plan.json"), str(path),
+                           "--steps", "2", "--warmup", "0", "-o", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    losses = json.loads(out.read_text())["measured"]["losses"]
+    assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
+
+
 def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
     """The plan the dry run refuses fails the same way under torchrun on 2 gloo ranks."""
     import subprocess
