@@ -175,10 +175,10 @@ def _edited_plan(model, tmp_path):
 
 
 def test_an_op_that_is_not_a_module_call_runs_as_placed_or_stops_the_dry_run(const_heads, tmp_path, capsys):
-    """Views, transposes, attention and adds run from the planner's own fx graph with the plan's placements
-    (executor.graph_ops): the planned output of `transpose` (heads, S(1)) edited to S(2) is caught at that op, with
-    its module and model-file line; edited so its input is gathered first (R in, R out) and the attention reads
-    replicated heads, the plan runs (the executor moves the tensors where the plan says)."""
+    """Views, transposes, attention and adds run from the planner's own graph (torch.export's) with the plan's
+    placements (executor.graph_ops): the planned output of `transpose` (heads, S(1)) edited to S(2) is caught at
+    that op, with its module and model-file line; edited so its input is gathered first (R in, R out) and the
+    attention reads replicated heads, the plan runs (the executor moves the tensors where the plan says)."""
     from planner.cli import main
     out = tmp_path / "tp.json"
     assert main(_plan_args(const_heads, out)) == 0
