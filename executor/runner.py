@@ -60,6 +60,20 @@ def plan_graph(plan: Plan) -> str:
     return plan.model.get("graph", "export")
 
 
+def check_example(plan: Plan, example_inputs: Any) -> None:
+    """The micro-batch a tp plan's model is exported with: given, and of the plan's micro-batch size (export fixes
+    the shapes it sees: a `view(b, t, ...)` traced at another batch fails at the first step)."""
+    from torch.utils._pytree import tree_flatten
+    if example_inputs is None:
+        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp; "
+                            "pass example_inputs= (one micro-batch, as the model is called) to apply_plan")
+    sizes = {t.shape[0] for t in tree_flatten(example_inputs)[0] if isinstance(t, torch.Tensor) and t.dim() > 0}
+    if sizes and plan.microbatch_size not in sizes:
+        raise ExecutorError(f"example_inputs holds {min(sizes)} samples, the plan's micro-batch {plan.microbatch_size}"
+                            f": the model is exported with it and keeps its shapes; pass one micro-batch of "
+                            f"{plan.microbatch_size}")
+
+
 def check_runnable(plan: Plan) -> None:
     """Plan properties the executor needs beyond `Plan.validate` (pipeline schedules' micro-batch counts)."""
     pp = plan.mesh.pp
@@ -139,9 +153,8 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     check_plan_matches_model(plan, model)
     check_runnable(plan)
     check_tp_plan(plan, model)  # refuse before any process group starts
-    if plan.mesh.tp > 1 and plan_graph(plan) == "export" and example_inputs is None:
-        raise ExecutorError("the plan's ops name the model's torch.export graph, which the executor runs under tp; "
-                            "pass example_inputs= (one micro-batch, as the model is called) to apply_plan")
+    if plan.mesh.tp > 1 and plan_graph(plan) == "export":
+        check_example(plan, example_inputs)
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,

@@ -380,6 +380,11 @@ def test_apply_plan_asks_for_one_micro_batch_to_export_the_model(const_heads, tm
     assert main(_plan_args(const_heads, out)) == 0
     with pytest.raises(ExecutorError, match=r"pass example_inputs= \(one micro-batch"):
         apply_plan(build(load_model_file(const_heads)), str(out))
+    mbs = json.loads(out.read_text())["microbatch_size"]
+    with pytest.raises(ExecutorError, match=rf"example_inputs holds {mbs + 1} samples, the plan's micro-batch "
+                                            rf"{mbs}: .* pass one micro-batch of {mbs}"):
+        apply_plan(build(load_model_file(const_heads)), str(out),
+                   example_inputs=torch.zeros(mbs + 1, 32, dtype=torch.long))
     assert not dist.is_initialized()
 
 
