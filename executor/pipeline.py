@@ -1,8 +1,8 @@
 """Pipeline stages: cut an ordinary model into the plan's stages and run them with torch.distributed.pipelining.
 
 The model's own forward is traced (torch.export for a plan naming the export graph's ops, the planner's default;
-else torch.fx, or export where fx fails: `split_model`), treating each module a stage holds (`StageSpec.modules`, e.g.
-`wte`, `h.3`, `lm_head`) as a leaf, so the blocks keep their real Python forward (and the attributes the TP step
+else torch.fx, or export where fx fails: `split_model`), treating each module a stage holds (`StageSpec.modules`,
+e.g. `wte`, `h.3`, `lm_head`) as a leaf, so the blocks keep their real Python forward (and the attributes the TP step
 adjusts). Every graph node is assigned a stage: a leaf call goes to the stage holding the module; any other node
 (the `wte(idx) + wpe(arange(s))` glue) goes to the latest stage among its inputs; a `get_attr` goes to its first
 user. Each stage becomes an `fx.GraphModule` built over the original model, so parameter names inside a stage are
@@ -98,11 +98,9 @@ def split_model(model: nn.Module, modules: list[list[str]], example: object = No
             fx_error = e
     if graph is None:
         if example is None:
-            raise ExecutorError("pipeline parallelism cuts this model's torch.export graph"
-                                + (f" (torch.fx failed: {type(fx_error).__name__}: {str(fx_error).splitlines()[0][:120]})"
-                                   if fx_error else "")
-                                + "; pass example_inputs= (one micro-batch) to apply_plan so it can export the "
-                                "model, or use pp = 1")
+            why = f" (torch.fx failed: {_said(fx_error)})" if fx_error is not None else ""
+            raise ExecutorError(f"pipeline parallelism cuts this model's torch.export graph{why}; pass example_inputs= "
+                                "(one micro-batch) to apply_plan so it can export the model, or use pp = 1")
         root, graph = _exported(model, set(owner), example, fx_error)
     stage: dict[fx.Node, int] = {}
     nodes = list(graph.nodes)
@@ -141,6 +139,12 @@ def flat_inputs(inputs: object) -> tuple:
     return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(tree_flatten(tuple(inputs))[0])
 
 
+def _said(e: BaseException) -> str:
+    """`Type: first line of the message` (shortened), for one-line errors."""
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0][:120] if lines else ''}"
+
+
 def export_call(example: object) -> tuple[tuple, dict]:
     """(args, kwargs) for `torch.export.export` from one micro-batch as the model is called: a tensor, a tuple, or a
     dict of keyword arguments."""
@@ -159,10 +163,10 @@ def _exported(model: nn.Module, keep: set[str], example: object,
         ep = torch.export.export(model, args, kwargs, strict=False)
         root = torch.export.unflatten(ep)
     except Exception as e:  # noqa: BLE001 — said in one line below
-        fx_failed = f"torch.fx failed ({type(fx_error).__name__}: {str(fx_error).splitlines()[0][:120]}) and so did " \
-            if fx_error is not None else ""
-        raise ExecutorError(f"pipeline parallelism cannot cut this model: {fx_failed}torch.export failed "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); use pp = 1") from None
+        failed = f"torch.fx failed ({_said(fx_error)}) and so did torch.export" if fx_error is not None \
+            else "torch.export failed"
+        raise ExecutorError(f"pipeline parallelism cannot cut this model: {failed} ({_said(e)}); use pp = 1") \
+            from None
     g = fx.Graph()
 
     def inline(prefix: str, sub: fx.Graph, args: tuple, kwargs: dict) -> object:

@@ -6,9 +6,10 @@
 
 torch.export (non-strict, training IR) yields aten ops (`linear`, `view_3`) whose module path comes from
 `nn_module_stack`: the graph the executor runs under tp (`executor.graph_ops`). fx, the fallback, keeps built-in
-leaf modules (Linear, Embedding, LayerNorm, Conv, ...) as single ops named by their module path (`h_0_attn_q_proj`). The loss
-(`loss_fn(outputs, targets)`) is appended as one op of kind `loss`. Saved activations are counted once per storage
-over the whole graph: a LayerNorm output saved by the q, k and v projections is listed at the first of them.
+leaf modules (Linear, Embedding, LayerNorm, Conv, ...) as single ops named by their module path
+(`h_0_attn_q_proj`). The loss (`loss_fn(outputs, targets)`) is appended as one op of kind `loss`. Saved
+activations are counted once per storage over the whole graph: a LayerNorm output saved by the q, k and v
+projections is listed at the first of them.
 """
 from __future__ import annotations
 
