@@ -262,7 +262,7 @@ def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
     out = tmp_path / "measured.json"
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(tmp_path / "plan.json"), str(path),
                            "--steps", "2", "--warmup", "0", "-o", str(out)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          timeout=600, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     losses = json.loads(out.read_text())["measured"]["losses"]
     assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
@@ -277,7 +277,7 @@ def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
     out = _edited_plan(const_heads, tmp_path)
     problems = dry_run(str(out), const_heads)
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(out), const_heads, "--steps", "1",
-                           "--warmup", "0"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           "--warmup", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 1 and len(problems) == 1, (proc.returncode, problems)
     crash = "op linear (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P"

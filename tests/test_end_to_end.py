@@ -23,7 +23,7 @@ BATCH = 8
 MODEL = SMALL_GPT
 
 
-def _cli(*args, timeout=120):
+def _cli(*args, timeout=600):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)

@@ -40,7 +40,7 @@ SPECS_4 = [
 ]
 
 
-def _torchrun(n, args, timeout=180):
+def _torchrun(n, args, timeout=600):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"] + args
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -171,7 +171,7 @@ def _plan(tmp_path, model_file, **kw):
     return path
 
 
-def _plan_cli(*args, timeout=120):
+def _plan_cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "planner.cli", "measure", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
 

@@ -131,7 +131,7 @@ def measured(model):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(plan), str(model), "--steps", "3",
                            "--warmup", "1", "--trace", str(folder), "--plot", str(png), "-o", str(out)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"dir": folder, "out": json.loads(out.read_text()), "png": png, "stdout": proc.stdout}
 

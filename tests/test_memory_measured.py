@@ -100,7 +100,7 @@ def measured(tmp_path_factory):
     prog.write_text(RANK_PROGRAM.format(examples=os.path.join(ROOT, "examples")))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(prog), str(out)], capture_output=True, text=True, timeout=240, env=env)
+                           str(prog), str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 

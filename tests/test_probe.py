@@ -65,7 +65,7 @@ def test_profile_two_gloo_ranks(tmp_path):
     """One launch: a loadable profile whose all-reduce curve lies within the spread of a repeated measurement."""
     shapes = {"gemms": [(1, 64, 128, 32), (2, 16, 16, 8)], "attentions": [(4, 32, 32, 16, True)]}  # --model
     result = profile_local(nproc=2, backend="gloo", quick=True, repeat_all_reduce=True, progress=False,
-                           timeout_s=240, shapes=shapes)
+                           timeout_s=600, shapes=shapes)
     c = result.cluster
     path = tmp_path / "cluster.yaml"
     save_cluster(c, path, header=result.header)

@@ -86,7 +86,7 @@ def test_sequence_parallel_gathers_are_saved_as_their_shard(tmp_path):
     prog.write_text(KEEP_SHARDS_PROGRAM)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(prog), str(out)], capture_output=True, text=True, timeout=180, env=env)
+                           str(prog), str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["False"]["alive"] and not got["True"]["alive"]
