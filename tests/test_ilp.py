@@ -232,29 +232,69 @@ def test_excluded_pairs_are_never_chosen_and_the_optimum_equals_brute_force(seed
     assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_required_sets_are_met_and_the_optimum_equals_brute_force(seed):
+    """Each required set (at least one of its (op, strategy) pairs, as forced tp requires a sharded Linear) is met
+    by the ILP's answer, which is the cheapest answer that meets them."""
+    rng = np.random.default_rng(200 + seed)
+    problem = random_problem(rng, n_ops=6, budget_frac=[None, 0.6][seed % 2])
+    for _ in range(2):
+        ops = [int(v) for v in rng.choice(6, size=2, replace=False) if len(problem.strategies[int(v)]) > 1]
+        problem.require_any.append([(v, i) for v in ops for i in range(1, len(problem.strategies[v]))])
+    free = brute_force(ILPProblem(**{**problem.__dict__, "require_any": []}))
+    try:
+        ref = brute_force(problem)
+    except ILPError:
+        with pytest.raises(ILPError):
+            solve(problem)
+        return
+    ilp = solve(problem)
+    assert problem.allows(ilp.choice)
+    assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
+    assert ilp.objective >= free.objective - 1e-9
+
+
 def test_a_tied_embedding_and_head_lay_the_weight_out_alike():
-    """Forced to shard the head (`shard_linears`), the ILP may not pick rowwise (S(1)) or colwise (S(0)) against a
-    replicated embedding: the weight is one tensor. The only consistent sharded answer is vocab + colwise, though
-    a rowwise head and a replicated embedding are priced cheaper here."""
+    """Forced to shard a Linear (`shard_a_linear`) in a model whose only Linear is the head, the ILP may not pick
+    rowwise (S(1)) or colwise (S(0)) against a replicated embedding: the weight is one tensor. The only consistent
+    sharded answer is vocab + colwise, though a rowwise head and a replicated embedding are priced cheaper here."""
     from planner.strategies import plan_tp_problems
     from test_search_fakes import RESHARD
-    g = tied_gpt()
+    g = tied_gpt(n_blocks=0)
     cheap = {k: v / 1000 for k, v in RESHARD.items()}
     solver = PlacementSolver(g, FakeCostModel(reshard=cheap, overrides={("head", "colwise"): 5.0,
                                                                         ("emb", "vocab"): 5.0}))
-    res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_linears=True)
+    res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_a_linear=True)
     assert res.ops["head"].strategy == "colwise" and res.ops["emb"].strategy == "vocab"
     assert plan_tp_problems(g, res.ops, 2) == []
     assert plan_tp_problems(g, solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False).ops, 2) == []
 
 
-def test_shard_linears_leaves_no_linear_replicated():
+def test_shard_a_linear_takes_the_cheapest_layout_with_a_sharded_linear_in_every_block():
+    """Layout changes cost seconds, so the free answer shards nothing. Required to shard a Linear in every block,
+    the ILP takes the cheapest such layout: with fc's colwise split priced high, only proj goes rowwise (its input
+    split for free, one all-reduce after it), fc and the head stay replicated. Sharding every Linear would
+    cost more (the test's second half)."""
     g = tiny_gpt(n_blocks=2)
-    solver = PlacementSolver(g, FakeCostModel())  # layout changes cost seconds: the free answer shards nothing
+    dear = {(f"h.{k}_fc", "colwise"): 100.0 for k in range(2)}
+    solver = PlacementSolver(g, FakeCostModel(overrides=dear))
     assert solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False).ops == {}
-    res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_linears=True)
-    linears = [op.name for op in g.ops if op.kind == "linear"]
-    assert all(res.ops[n].strategy in ("colwise", "rowwise") for n in linears)
+    res = solver.solve(tp=2, microbatch_size=1, precision="bf16", sp=False, shard_a_linear=True)
+    for k in range(2):
+        assert res.ops[f"h.{k}_proj"].strategy == "rowwise" and f"h.{k}_fc" not in res.ops
+    assert "head" not in res.ops
+    cm, ctx = solver.cost_model, CostContext(tp=2, microbatch_size=1, precision="bf16")
+    ops = [g.op(n) for n in ("h.1_ln", "h.1_fc", "h.1_act", "h.1_proj", "h.1_add")]
+    cands = solver._candidates(ops, 2, (False, True))
+    problem = build_problem(ops, cands, cm, ctx, producers={o.name: o for o in g.ops}, fixed={},
+                            rewire={"h.0_add": "h.1_add"})
+    chosen = [next(i for i, p in enumerate(cands[o.name]) if p == res.ops.get(o.name, cands[o.name][0]))
+              for o in ops]
+    for i in range(1, len(cands["h.1_fc"])):  # sharding fc too, in any allowed way, costs more than the answer
+        alt = list(chosen)
+        alt[1] = i
+        if problem.allows(alt):
+            assert problem.objective(alt) > problem.objective(chosen)
 
 
 def test_a_colwise_refusal_in_one_block_copy_holds_for_every_copy():

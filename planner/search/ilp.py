@@ -12,13 +12,15 @@ r_e[i, j] = reshard time (forward + backward) from u's output under strategy i t
                 sum_i y[e, i, j] = x[v, j]   for every j
                 sum_v sum_i m[v, i] x[v, i] <= M                (when a budget is set)   add_memory_limit
                 x[u, i] + x[v, j] <= 1       for each excluded pair                    add_exclusions
+                sum_{(v, i) in R} x[v, i] >= 1   for each required set R                add_requirements
 
 c[v, i] is the op's compute time (forward + backward) under strategy i plus the re-sharding cost from
 neighbours outside V whose strategy is already fixed (`add_objective` folds those linear terms in); m[v, i] is
 `alpha * param_bytes + beta * activation_bytes` from the cost model's `op_memory`. Excluded pairs: two holders of
 a tied weight laying it out differently, and an edge whose consumer reads a partial sum (`P`) its producer's
 strategy does not output (DTensor cannot turn a shard or a replica into the partial sums the consumer's other
-inputs are: `partial_mismatch`). The edge constraints are the
+inputs are: `partial_mismatch`). A required set (forced tp, when the free answer shards nothing): at least one
+of its (op, strategy) pairs is chosen, e.g. some Linear of a block sharded. The edge constraints are the
 tight linearisation of y = x_u x_v: with x integral each y[e] is a transportation plan between two unit vectors,
 which forces y[e, i, j] = x[u, i] x[v, j], so y may stay continuous. (The McCormick form y <= x_u, y <= x_v,
 y >= x_u + x_v - 1 is much weaker: a 200-op x 8-strategy instance does not finish in 120 s, while this one
@@ -67,10 +69,14 @@ class ILPProblem:
     exclusions: list[tuple[int, int, int, int]] = field(default_factory=list)
     """(op u, strategy i, op v, strategy j) that may not be chosen together (two holders of one tied weight laying
     it out differently); (u, i, u, i) excludes strategy i of op u on its own."""
+    require_any: list[list[tuple[int, int]]] = field(default_factory=list)
+    """Sets of (op, strategy) of which the assignment must choose at least one each."""
 
     def allows(self, choice: Sequence[int]) -> bool:
-        """Whether the assignment avoids every excluded pair."""
-        return not any(choice[u] == i and choice[v] == j for u, i, v, j in self.exclusions)
+        """Whether the assignment avoids every excluded pair and meets every required set."""
+        if any(choice[u] == i and choice[v] == j for u, i, v, j in self.exclusions):
+            return False
+        return all(any(choice[v] == i for v, i in req) for req in self.require_any)
 
     def objective(self, choice: Sequence[int]) -> float:
         """The objective value of one assignment (strategy index per op)."""
@@ -217,7 +223,7 @@ def solve(problem: ILPProblem, time_limit_s: float = 30.0) -> ILPSolution:
         if problem.budget is not None and problem.memory_of(choice) > problem.budget:
             raise ILPError(f"needs {problem.memory_of(choice):.3g} bytes, budget {problem.budget:.3g}")
         if not problem.allows(choice):
-            raise ILPError("the only candidates lay a tied weight out differently")
+            raise ILPError("the only candidates lay a tied weight out differently or miss a required strategy")
         return ILPSolution(choice, problem.objective(choice), problem.memory_of(choice), "trivial")
     from ortools.linear_solver import pywraplp
     for name in SOLVERS:
@@ -230,6 +236,7 @@ def solve(problem: ILPProblem, time_limit_s: float = 30.0) -> ILPSolution:
     y = add_edge_consistency(solver, problem, x)
     add_memory_limit(solver, problem, x)
     add_exclusions(solver, problem, x)
+    add_requirements(solver, problem, x)
     add_objective(solver, problem, x, y)
     solver.SetTimeLimit(int(time_limit_s * 1000))
     params = pywraplp.MPSolverParameters()
@@ -240,7 +247,8 @@ def solve(problem: ILPProblem, time_limit_s: float = 30.0) -> ILPSolution:
         if status == pywraplp.Solver.INFEASIBLE:
             why = "infeasible under " + " and ".join(
                 w for w, on in (("the memory budget", problem.budget is not None),
-                                ("the excluded pairs (tied weights, partial-sum edges)", bool(problem.exclusions))) if on)
+                                ("the excluded pairs (tied weights, partial-sum edges)", bool(problem.exclusions)),
+                                ("the required strategies", bool(problem.require_any))) if on)
         raise ILPError(f"{name}: {why}")
     choice = tuple(int(np.argmax([xi.solution_value() for xi in xv])) for xv in x)
     return ILPSolution(choice, problem.objective(choice), problem.memory_of(choice), name)
@@ -284,6 +292,12 @@ def add_exclusions(solver: Any, problem: ILPProblem, x: list[list[Any]]) -> None
         solver.Add(x[u][i] + x[v][j] <= 1)
 
 
+def add_requirements(solver: Any, problem: ILPProblem, x: list[list[Any]]) -> None:
+    """sum of x[v, i] over each required set >= 1."""
+    for req in problem.require_any:
+        solver.Add(solver.Sum([x[v][i] for v, i in req]) >= 1)
+
+
 def add_objective(solver: Any, problem: ILPProblem, x: list[list[Any]], y: list[list[list[Any]]]) -> None:
     """Minimise compute (with fixed-neighbour re-sharding folded in) plus edge re-sharding."""
     terms = [float(problem.compute[v][i]) * x[v][i] for v in range(len(x)) for i in range(len(x[v]))]
@@ -308,5 +322,5 @@ def brute_force(problem: ILPProblem, max_assignments: int = 2_000_000) -> ILPSol
         if best is None or obj < best[0] - 1e-15:
             best = (obj, choice)
     if best is None:
-        raise ILPError("no assignment fits the memory budget and the tied weights")
+        raise ILPError("no assignment fits the memory budget, the tied weights and the required strategies")
     return ILPSolution(best[1], best[0], problem.memory_of(best[1]), "brute-force")

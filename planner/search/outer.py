@@ -325,8 +325,8 @@ class OuterSearch:
         - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
         - at tp > 1 it shards no op beyond what sequence parallelism forces (tp ranks would duplicate the work):
           skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
-          every Linear that can be sharded sharded (`PlacementSolver.solve`'s `shard_linears`; the ILP still
-          picks colwise or rowwise and everything between)."""
+          at least one Linear of every block sharded (`PlacementSolver.solve`'s `shard_a_linear`: the cheapest
+          layout in which the tp ranks split some work; the ILP picks which Linears, how, and everything between)."""
         if tp <= 1:
             return self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
         self._refused_note(tp)
@@ -340,10 +340,10 @@ class OuterSearch:
                                              f"this cluster (first seen at {at}); skipped")
                     return None
                 self._note(("forced", tp), f"tp={tp}: the placement ILP found no op worth sharding (first seen at "
-                                           f"{at}), but {forced} is forced: solved again with every Linear that can "
-                                           "be sharded sharded (the ILP still picks colwise or rowwise and the "
-                                           "layout between)")
-                res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_linears=True)
+                                           f"{at}), but {forced} is forced: solved again with at least one Linear "
+                                           "of every block sharded (the cheapest such layout: the ILP picks which "
+                                           "Linears, colwise or rowwise, and the layout between)")
+                res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_a_linear=True)
                 if res is not None and _shards_nothing(res):
                     self._note(("none", tp), f"tp={tp}: no Linear of this model can be sharded over tp={tp}; "
                                              "skipped")

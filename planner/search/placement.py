@@ -66,20 +66,21 @@ class PlacementSolver:
 
     def solve(self, tp: int, microbatch_size: int, precision: str, sp: bool = True,
               budget_scale: float | None = None, alpha: float = 1.0, beta: float = 1.0,
-              shard_linears: bool = False) -> PlacementResult | None:
+              shard_a_linear: bool = False) -> PlacementResult | None:
         """Placements minimising compute + re-sharding; None when a block cannot meet its memory budget.
 
         With `budget_scale` s, each block type must use at most s times the memory (alpha * parameter bytes +
         beta * activation bytes, from `op_memory`) of its unconstrained optimum.
         `sp` is the sequence-parallel switch: on, every norm that can runs sharded on the sequence dim (other ops
         choose freely); off, no op uses the `sequence` strategy.
-        `shard_linears`: every linear op with a sharded candidate must take one (no replicate); the ILP still
-        chooses which (colwise or rowwise) and everything else.
+        `shard_a_linear`: every block type with a Linear that can be sharded shards at least one of them (the
+        rest of the graph one, when no block has such a Linear); the ILP still chooses which, how (colwise or
+        rowwise) and everything else: the cheapest layout in which tp ranks split some work.
         Raises ILPError when the solver fails other than by a memory budget it cannot meet."""
         if tp <= 1:
             return PlacementResult(ops={}, sequence_parallel=False)
         ctx = CostContext(tp, microbatch_size, precision, alpha, beta)
-        choice = (sp, shard_linears)
+        choice = (sp, shard_a_linear)
         chosen: dict[str, OpPlacement] = {}
         block_memory: dict[str, float] = {}
         for bt, insts in self.instances.items():
@@ -95,6 +96,9 @@ class PlacementSolver:
                     op = self.graph.ops[i]
                     if pos < len(per_position):
                         chosen[op.name] = replace(per_position[pos], module=op.module_path)
+        if shard_a_linear and any(p.strategy != "replicate" for name, p in chosen.items()
+                                  if self.graph.op(name).kind == "linear"):
+            choice = (sp, False)  # a block already shards a Linear: the rest is free
         chosen.update(self._solve_rest(ctx, choice, chosen))
         ops = {k: v for k, v in chosen.items() if v.strategy != "replicate"}
         return PlacementResult(ops=ops, sequence_parallel=_uses_sequence(ops), block_memory=block_memory)
@@ -115,12 +119,12 @@ class PlacementSolver:
 
     # ---- pieces ---------------------------------------------------------------------------------------------------
     def _candidates(self, ops: list[OpNode], tp: int, choice: tuple[bool, bool]) -> dict[str, list[OpPlacement]]:
-        """Strategies per op under `choice` = (sp, shard_linears) (see `solve`). A Linear whose colwise output an
+        """Strategies per op under `choice` = (sp, shard_a_linear) (see `solve`). A Linear whose colwise output an
         op would misread (`refused_colwise`) in any copy of its block is not offered colwise, one whose partial sums
         reach attention unreduced (`refused_rowwise`) not rowwise. Sequence parallelism off drops `sequence`; on,
         norms (and the ops of a hand-written norm module, e.g. RMSNorm's pow/rsqrt/mul) must use it where they can
         (Megatron-LM's switch)."""
-        sp, shard_linears = choice
+        sp = choice[0]
         out = {}
         refused = self.refused_colwise(tp)
         partial = self.partial_inputs(tp)
@@ -131,8 +135,6 @@ class PlacementSolver:
                 strats = [p for p in strats if p.strategy != "colwise"]
             if op.kind == "linear" and any(m in self.refused_rowwise for m in copies):
                 strats = [p for p in strats if p.strategy != "rowwise"]
-            if shard_linears and op.kind == "linear" and len(strats) > 1:
-                strats = strats[1:]  # replicate is always first
             seq = [p for p in strats if p.strategy == "sequence"]
             if not sp:
                 strats = [p for p in strats if p.strategy != "sequence"]
@@ -157,6 +159,8 @@ class PlacementSolver:
         problem = build_problem(ops, self._candidates(ops, ctx.tp, choice), self.cost_model, ctx,
                                 producers=_Producers(self.graph), fixed={}, rewire=rewire, budget=budget)
         exclude_split_ties(problem, ops, {})
+        if choice[1]:
+            _require_a_sharded_linear(problem, ops)
         self.solves += 1
         try:
             sol = solve(problem, self.time_limit_s)
@@ -184,11 +188,21 @@ class PlacementSolver:
         rest_names = {op.name for op in ops}
         consumers = [op for op in self.graph.ops if op.name in fixed and any(s in rest_names for s in op.inputs)]
         add_fixed_consumers(problem, ops, consumers, fixed, self.cost_model, ctx)
+        if choice[1]:
+            _require_a_sharded_linear(problem, ops)
         self.solves += 1
         sol = solve(problem, self.time_limit_s)
         answer = {problem.names[v]: problem.strategies[v][i] for v, i in enumerate(sol.choice)}
         self._cache[key] = answer
         return answer
+
+
+def _require_a_sharded_linear(problem: ILPProblem, ops: list[OpNode]) -> None:
+    """Require `problem` to shard at least one Linear of `ops` (none when no Linear can be sharded)."""
+    req = [(v, i) for v, op in enumerate(ops) if op.kind == "linear"
+           for i, p in enumerate(problem.strategies[v]) if p.strategy != "replicate"]
+    if req:
+        problem.require_any.append(req)
 
 
 def exclude_split_ties(problem: ILPProblem, ops: list[OpNode],
