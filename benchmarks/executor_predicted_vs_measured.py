@@ -7,7 +7,10 @@ profile measured first (`plan profile`), and the plan-applied DDP step next to a
 Each plan is written by the planner CLI (`plan MODEL --cluster PROFILE --force ...`: the prediction is what the
 plan carries) and run with `plan measure`, which measures the peak memory with torch's MemTracker. Every run
 prints the load average (os.getloadavg, 1 minute) before and after it: step times are only meaningful when the
-machine is quiet; memory does not depend on load. The DDP comparison runs both loops in one 2-rank job,
+machine is quiet; memory does not depend on load. With a fresh profile, a plain single-process step of the model
+(REFERENCE, two at once) is timed right after the profile and before each run, and each row prints that time over
+the first ('machine': 1.30x means the machine runs the same step 30 % slower than when it was profiled); nothing
+is corrected with it. The DDP comparison runs both loops in one 2-rank job,
 alternating blocks of steps so machine load hits both alike, and prints the median step of each and their ratio.
 With `--trace DIR` each plan is measured under `plan measure --trace DIR/PLAN` (torch.profiler adds time to every
 step) and a second table gives, per plan, the milliseconds of one step on each track (compute, tp / dp / pp comm,
@@ -66,6 +69,36 @@ def run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV)
 
 
+REFERENCE = MODEL + """
+import statistics, time, torch, torch.nn.functional as F
+torch.set_num_threads(1)
+torch.manual_seed(0)
+m = build_model()
+opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+x, y = sample_batch(4)
+ts = []
+for i in range(25):
+    t0 = time.perf_counter()
+    out = m(x)
+    F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    ts.append(time.perf_counter() - t0)
+print(statistics.median(ts[5:]))
+"""
+"""One plain training step of the benchmark's model (batch 4, one thread, no torch.distributed), the median of 20:
+how fast this machine runs the model at a moment. Nothing is corrected with it; it is printed so that a row's error
+can be read against how the machine's speed moved since the profile (a shared VM's does, by tens of percent)."""
+
+
+def reference_ms() -> float:
+    """Milliseconds of REFERENCE, run by two processes at once (both cores busy, as the profile and the 2-rank
+    runs have them); their mean."""
+    procs = [subprocess.Popen([sys.executable, "-c", REFERENCE], stdout=subprocess.PIPE, text=True,
+                              env=dict(ENV, OMP_NUM_THREADS="1")) for _ in range(2)]
+    return statistics.mean(float(p.communicate()[0].split()[-1]) for p in procs) * 1e3
+
+
 def profile(tmp: str, quick: bool) -> str:
     """A fresh CPU profile of 2 gloo ranks; returns its path."""
     out = os.path.join(tmp, "cluster.yaml")
@@ -76,6 +109,10 @@ def profile(tmp: str, quick: bool) -> str:
     print(f"profile: {'quick' if quick else 'full'} in {time.perf_counter() - t0:.0f} s, load {l0:.2f} -> "
           f"{load():.2f}", flush=True)
     return out
+
+
+def speed_line(ref: float) -> str:
+    return f"machine: a plain step of the model (REFERENCE) takes {ref:.1f} ms (two at once)"
 
 
 def track_ms(path: str) -> dict[str, float]:
@@ -94,7 +131,10 @@ def track_ms(path: str) -> dict[str, float]:
     return out
 
 
-def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: str | None = None) -> list[dict]:
+def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: str | None = None,
+           ref0: float | None = None) -> list[dict]:
+    """Plan and measure each row of MATRIX; with `ref0` (REFERENCE's time when the profile was taken) each row also
+    records the machine's speed just before its run relative to then (`speed`: above 1, slower now)."""
     model = os.path.join(tmp, "gpt_small.py")
     with open(model, "w") as f:
         f.write(MODEL)
@@ -109,6 +149,7 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: s
             rows.append({"plan": name, "error": p.stderr.strip().splitlines()[-1]})
             continue
         out = plan.replace(".json", ".measured.json")
+        ref = reference_ms() if ref0 else None
         before = load()
         where = os.path.join(trace, name.replace(" ", "_")) if trace else None
         p = run(PLAN + ["measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", out]
@@ -121,7 +162,8 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: s
         rows.append({"plan": name, "predicted_s": d["predicted"].get("step_time_s"),
                      "measured_s": d["measured"]["step_time_s"], "error": d["error"]["step_time"],
                      "spread_s": d["measured"]["step_time_spread_s"], "memory": d["memory"],
-                     "mem_error": d["error"]["peak_memory"], "load": (before, after)})
+                     "mem_error": d["error"]["peak_memory"], "load": (before, after),
+                     "speed": ref / ref0 if ref0 else None})
         if where:
             rows[-1]["tracks"] = (track_ms(os.path.join(where, "predicted.json")),
                                   track_ms(os.path.join(where, "measured_rank0.json")))
@@ -131,10 +173,12 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: s
 
 def report(rows: list[dict]) -> None:
     print(f"{'plan':15} {'predicted':>9} {'measured':>9} {'error':>6} {'spread':>8} {'mem pred':>9} "
-          f"{'mem meas':>9} {'mem err':>7}  {'load before/after':>17}  memory by category (predicted/measured MiB)")
+          f"{'mem meas':>9} {'mem err':>7}  {'load before/after':>17} {'machine':>7}  memory by category "
+          "(predicted/measured MiB)")
     errs, mem_errs = [], []
     mib = lambda v: "-" if v is None else f"{v / 2**20:.2f}"
     ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
+    speed = lambda v: "-" if v is None else f"{v:.2f}x"
     for r in rows:
         if "predicted_s" not in r:
             print(f"{r['plan']:15} failed: {r['error']}")
@@ -147,7 +191,7 @@ def report(rows: list[dict]) -> None:
         cats = "  ".join(f"{k[:5]} {mib(v['predicted'])}/{mib(v['measured'])}" for k, v in m.items() if k != "peak")
         print(f"{r['plan']:15} {ms(r['predicted_s']):>6} ms {ms(r['measured_s']):>6} ms {pct(r['error']):>6} "
               f"{ms(r['spread_s']):>5} ms {mib(m['peak']['predicted']):>5} MiB {mib(m['peak']['measured']):>5} MiB "
-              f"{pct(r['mem_error']):>7}  {r['load'][0]:8.2f}/{r['load'][1]:<8.2f}  {cats}")
+              f"{pct(r['mem_error']):>7}  {r['load'][0]:8.2f}/{r['load'][1]:<8.2f} {speed(r.get('speed')):>7}  {cats}")
     if errs:
         print(f"median |step-time error| over {len(errs)} plans: {statistics.median(errs) * 100:.0f}%")
     if mem_errs:
@@ -242,9 +286,12 @@ def main() -> None:
     if not args.skip_matrix:
         with tempfile.TemporaryDirectory() as tmp:
             cluster = args.cluster or profile(tmp, args.quick_profile)
+            ref0 = None if args.cluster else reference_ms()  # right after the profile
+            if ref0:
+                print(speed_line(ref0) + "; column 'machine': that time before each run over this one", flush=True)
             if args.trace:
                 os.makedirs(args.trace, exist_ok=True)  # plan measure wants the parent; make it, as the user asked
-            rows = matrix(tmp, cluster, args.steps, args.only, args.trace)
+            rows = matrix(tmp, cluster, args.steps, args.only, args.trace, ref0)
         report(rows)
     if not args.skip_ddp:
         before = load()
