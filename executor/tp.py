@@ -273,10 +273,26 @@ def _redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
         return _ReduceMasked.apply(t)
     if isinstance(want, Partial):
         raise ExecutorError(f"{where}: the plan wants a partial sum but DTensor produced {have}; re-plan")
+    if t.requires_grad:
+        t.register_hook(_consistent_grad)
     out = t.redistribute(placements=[want])
     if isinstance(have, Shard) and have.dim != t.dim() - 1 and isinstance(want, Replicate):
         _note_gather(t, out)  # a sequence (not feature) shard gathered: saved as the shard (`keep_shards`)
     return out
+
+
+def _consistent_grad(g: Any) -> Any:
+    """The gradient DTensor's backward of a redistribution hands on can say strides its gathered (or split) local
+    tensor does not have (a contiguous DTensor over a transposed local); a view of it further back (the
+    `q.view(b, t, h, d)` before a transpose, in backward) then views the local tensor and fails ("Cannot view a
+    tensor with shape ... and strides ..."). Rebuilt contiguous, the DTensor and its local tensor agree."""
+    if not isinstance(g, DTensor):
+        return None
+    local = g.to_local()
+    if local.is_contiguous() and g.is_contiguous():
+        return None
+    return DTensor.from_local(local.contiguous(), g.device_mesh, g.placements, run_check=False, shape=g.shape,
+                              stride=torch.empty(g.shape, device="meta").stride())
 
 
 class _ReduceMasked(torch.autograd.Function):

@@ -288,6 +288,44 @@ def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
     assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
 
 
+def test_heads_split_between_replicated_projections_trains_as_one_process(const_heads, tmp_path):
+    """Attention split by heads alone (q, k, v and the projections replicated; each SDPA input sliced R -> S(1), its
+    output gathered before `transpose(1, 2).contiguous().view(b, t, c)`): a layout the ILP picks where
+    communication is cheap. DTensor's backward of the slice handed its gathered gradient on with the transposed
+    input's strides over a contiguous local tensor, and the backward of `view(b, t, h, d)` then failed ("Cannot view
+    a tensor with shape ... and strides ..."), in the dry run and on real ranks alike (found at batch 4); the
+    executor now rebuilds such gradients contiguous (`executor.tp._consistent_grad`). The dry run passes and 2 gloo
+    ranks train with one process's losses."""
+    import subprocess
+    import sys
+
+    from executor.dry_run import dry_run
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, OpPlacement, Plan
+    from planner.trace import trace_model
+    from shared import reference_losses
+    path = const_heads
+    graph = trace_model(load_model_file(path), batch_size=2, progress=False)
+    ops = {op.name: OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * 3, output="S(1)")
+           for op in graph.ops if op.kind == "attention"}
+    assert len(ops) == 2
+    head = graph.module_op("head")  # column-parallel, as in the ILP's answer (a tp plan places some parameter)
+    ops[head.name] = OpPlacement(strategy="colwise", module="head", inputs=("R",), output="S(2)",
+                                 params=("S(0)",) * len(head.params))
+    plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
+                ops=ops, parameters=parameter_placements(graph, ops))
+    assert dry_run(plan, path) == []
+    plan.save(str(tmp_path / "plan.json"))
+    out = tmp_path / "measured.json"
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(tmp_path / "plan.json"), path,
+                           "--steps", "2", "--warmup", "0", "-o", str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    losses = json.loads(out.read_text())["measured"]["losses"]
+    assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
+
+
 def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
     """The plan the dry run refuses fails the same way under torchrun on 2 gloo ranks."""
     import subprocess
