@@ -273,7 +273,7 @@ def _redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
         return _ReduceMasked.apply(t)
     if isinstance(want, Partial):
         raise ExecutorError(f"{where}: the plan wants a partial sum but DTensor produced {have}; re-plan")
-    if t.requires_grad:
+    if t.requires_grad and not t.is_leaf:  # an activation: its hook goes with it (a leaf's would pile up per step)
         t.register_hook(_consistent_grad)
     out = t.redistribute(placements=[want])
     if isinstance(have, Shard) and have.dim != t.dim() - 1 and isinstance(want, Replicate):
