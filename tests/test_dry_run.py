@@ -254,16 +254,13 @@ def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
     [2, 16, 4, 8] ..."); the executor copies it first, as reshape does on a plain tensor. The dry run passes and a
     launch on 2 gloo ranks trains with one process's losses."""
     import dataclasses
-    import subprocess
-    import sys
 
-    from executor.dry_run import dry_run
     from planner.defaults import megatron_placements
     from planner.layout import parameter_placements
     from planner.model_file import load_model_file
     from planner.plan import Mesh, Plan
     from planner.trace import trace_model
-    from shared import SMALL_GPT, reference_losses
+    from shared import SMALL_GPT
     path = tmp_path / "gpt.py"
     path.write_text(SMALL_GPT.format(examples=EXAMPLES))
     graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
@@ -277,15 +274,7 @@ def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
         ops[name] = dataclasses.replace(ops[name], inputs=("R",), output="R")
     plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
                 ops=ops, parameters=parameter_placements(graph, ops))
-    assert dry_run(plan, str(path)) == []
-    plan.save(str(tmp_path / "plan.json"))
-    out = tmp_path / "measured.json"
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(tmp_path / "plan.json"), str(path),
-                           "--steps", "2", "--warmup", "0", "-o", str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    losses = json.loads(out.read_text())["measured"]["losses"]
-    assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
+    _dry_runs_and_trains_as_one_process(plan, str(path), tmp_path)
 
 
 def test_heads_split_between_replicated_projections_trains_as_one_process(const_heads, tmp_path):
@@ -296,17 +285,11 @@ def test_heads_split_between_replicated_projections_trains_as_one_process(const_
     a tensor with shape ... and strides ..."), in the dry run and on real ranks alike (found at batch 4); the
     executor now rebuilds such gradients contiguous (`executor.tp._consistent_grad`). The dry run passes and 2 gloo
     ranks train with one process's losses."""
-    import subprocess
-    import sys
-
-    from executor.dry_run import dry_run
     from planner.layout import parameter_placements
     from planner.model_file import load_model_file
     from planner.plan import Mesh, OpPlacement, Plan
     from planner.trace import trace_model
-    from shared import reference_losses
-    path = const_heads
-    graph = trace_model(load_model_file(path), batch_size=2, progress=False)
+    graph = trace_model(load_model_file(const_heads), batch_size=2, progress=False)
     ops = {op.name: OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * 3, output="S(1)")
            for op in graph.ops if op.kind == "attention"}
     assert len(ops) == 2
@@ -315,6 +298,16 @@ def test_heads_split_between_replicated_projections_trains_as_one_process(const_
                                  params=("S(0)",) * len(head.params))
     plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
                 ops=ops, parameters=parameter_placements(graph, ops))
+    _dry_runs_and_trains_as_one_process(plan, const_heads, tmp_path)
+
+
+def _dry_runs_and_trains_as_one_process(plan, path: str, tmp_path) -> None:
+    """The plan passes the dry run, and `plan measure` on 2 gloo ranks gives one process's losses (2 steps)."""
+    import subprocess
+    import sys
+
+    from executor.dry_run import dry_run
+    from shared import reference_losses
     assert dry_run(plan, path) == []
     plan.save(str(tmp_path / "plan.json"))
     out = tmp_path / "measured.json"
