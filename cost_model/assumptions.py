@@ -44,8 +44,8 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
           f"{sp.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else "")
         + ("; tied first/last-stage weight gradients all-reduced before the optimizer"
            if sp.tied_all_reduce() else ""),
-        "communication: ring alpha-beta formulas per link level, hierarchical across nodes (NCCL ring "
-        "latency model); measured curves in the profile take precedence",
+        "communication: ring alpha-beta formulas (NCCL ring latency model); across nodes one ring whose members "
+        "share their node's NICs; measured curves in the profile take precedence",
         "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; under "
         f"{plan.precision} autocast norms, softmax and losses run in fp32"
         + ("; a cross-entropy over a column-parallel head runs vocabulary-parallel (no logits all-gather)"

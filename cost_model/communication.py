@@ -1,4 +1,4 @@
-"""Collective communication time: alpha-beta ring formulas per link level, hierarchical across nodes, measured
+"""Collective communication time: alpha-beta ring formulas per link level, one ring across nodes, measured
 curves first.
 
 Formulas (shared/reference/formulas.csv):
@@ -9,10 +9,14 @@ Formulas (shared/reference/formulas.csv):
 - send/recv: S/B + alpha
 S is the whole array (nccl-tests convention), B the per-device unidirectional link bandwidth.
 
-A group spanning k nodes with g members per node (hierarchical_allreduce_traffic): each device moves
-2(g-1)/g*S over the intra-node links and 2(k-1)/k*S/g over its share of the network; NCCL pipelines the two levels
-in one ring, so the bandwidth term is the larger of the two. Latency follows NCCL's ring model
-(nccl_internal_cost_model): base + (steps - inter_steps) * intra_latency + inter_steps * inter_latency.
+A group spanning k nodes with g members per node runs NCCL's ring over all n members (nccl_internal_cost_model:
+algBw = busBw * n / nsteps, n the ranks, not the nodes): each member moves the ring's 2(n-1)/n*S over NVLink, and
+the g members of a node share the network through their g NICs, so the bandwidth term is 2(n-1)/n*S over
+min(B_intra, g * B_inter). Measured: 4 DGX A100 (32 GPUs, 8x 200 Gb per node) reach 192 GB/s all-reduce busbw =
+8 x 24 GB/s, and 4 DGX H100 370 GB/s = min(370, 8 x 48) (nccl_measured_bandwidth.csv NVIDIA_GTC25_reference,
+32-GPU rows); a two-level count, 2(k-1)/k*S/g on the network (hierarchical_allreduce_traffic), would give 247
+and 406 GB/s. Latency follows NCCL's ring model: base + (steps - inter_steps) * intra_latency + inter_steps *
+inter_latency.
 
 A measured curve in the profile for (collective, level, group size) replaces the formula; other group sizes fall
 back to the formula.
@@ -133,10 +137,9 @@ class CommModel:
             return nbytes / (b_inter if k > 1 else b_intra) + self._alpha_terms(1, 1 if k > 1 else 0)
         else:
             raise ValueError(f"unknown collective {collective!r}")
+        ring = factor * (n - 1) / n * nbytes  # bytes each member sends around the ring
         if k == 1:
-            bw_term = factor * (n - 1) / n * nbytes / b_intra
-        else:
-            intra_term = factor * (g - 1) / g * nbytes / b_intra if g > 1 else 0.0
-            inter_term = factor * (k - 1) / k * (nbytes / g) / b_inter
-            bw_term = max(intra_term, inter_term)
+            bw_term = ring / b_intra
+        else:  # the node's g members share the network through their g NICs
+            bw_term = max(ring / b_intra if g > 1 else 0.0, ring / (g * b_inter))
         return bw_term + self._alpha_terms(steps, inter_steps)

@@ -91,8 +91,10 @@ class DeviceWork:
     all-reduce buffers)."""
     logits: float
     """Elements of the loss's input (the logits, this device's share) when the device holds the loss, else 0."""
-    boundary: tuple = ()
-    """Bytes of one micro-batch's activation received (forward) and gradient received (backward) per chunk."""
+    grad_recv: tuple = ()
+    """Per chunk, bytes of the output gradient one micro-batch's backward receives from the next stage (held for
+    that backward: executor.pipeline.RecvOnDemandStage). A received activation is the stage's input, counted with
+    the activations."""
     largest_tensor: float = 0.0
     """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
     foreach: bool = True
@@ -108,7 +110,7 @@ def _phase(**parts: float) -> dict[str, float]:
 
 def peak_memory(w: DeviceWork) -> dict[str, float]:
     """Peak bytes on one device by part — parameters, gradients, optimizer, activations, buffers (persistent:
-    DDP's buckets, pipeline receive buffers) and temporaries — at the worst of three phases, not a sum of maxima:
+    DDP's buckets) and temporaries — at the worst of three phases, not a sum of maxima:
 
     - backward start (forward end): activations of every in-flight micro-batch, plus the fp32 logits' gradient
       and the log-softmax input's gradient (2 x logits x 4 bytes: cross-entropy runs in fp32 under autocast;
@@ -116,8 +118,9 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
       no gradients yet (zero_grad(set_to_none=True)), a later one (gradient accumulation, pipeline steady state)
       has all of them and one micro-batch fewer held under GPipe;
     - each layer's backward, last to first: that layer's full working set (recomputed activations), the earlier
-      layers' activations, the gradients produced so far, and under ZeRO-2/3 its unsharded gradient and the fp32
-      reduce-scatter input (FSDP2 foreach_reduce);
+      layers' activations, the gradients produced so far, the output gradient the stage received for this
+      backward, and under ZeRO-2/3 its unsharded gradient and the fp32 reduce-scatter input (FSDP2
+      foreach_reduce);
     - the optimizer step: gradients and AdamW's temporaries (`_multi_tensor_adam`: `_foreach_sqrt(exp_avg_sqs)`,
       one fp32 copy of every parameter of the group; `_single_tensor_adam`: `exp_avg_sq.sqrt() / bias_correction`
       while the previous tensor's denominator is alive, ~3 x the largest tensor).
@@ -147,7 +150,6 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
     cast_weights = psi * 2.0 if amp and not fsdp else 0.0
     buffers = psi * FP32 if w.ddp and n > 1 and z == 0 else 0.0
-    buffers += w.microbatches * sum(w.boundary)
     # gradients accumulated over micro-batches: whole fp32 (DDP, no dp), unsharded until the last micro-batch
     # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward; FSDP2
     # accumulates them in the fp32 reduce dtype, FSDPParam.to_accumulated_grad_if_needed), or shards
@@ -186,6 +188,7 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
             continue
         others = held - acts_mb[c]
         below = acts_mb[c]
+        recv = w.grad_recv[c] if c < len(w.grad_recv) else 0.0  # the output gradient this backward received
         fresh = 0.0  # gradients held once the layers after this one are done
         # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole
         # gradients (DDP, replicate) or unsharded ones until the last micro-batch
@@ -202,9 +205,9 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
             else:
                 during = after = min(fresh + own, accumulated)
             out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
-                              + cast_weights, temporaries=gather_buffer))
+                              + cast_weights, temporaries=gather_buffer + recv))
             out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
-                              temporaries=gather_buffer + rs_input + (own if per_layer else 0.0)))
+                              temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
             fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
 
@@ -216,11 +219,8 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     chunks = sp.chunks[r]
     n_stages = len(sp.stage_ranges)
     stage = [c * sp.pp + r for c in range(len(chunks))]
-    boundary = []
-    for c, i in enumerate(stage):
-        recv_fwd = sp.chunks[(i - 1) % sp.pp][(i - 1) // sp.pp].layers[-1].out_bytes if i > 0 else 0.0
-        recv_bwd = chunks[c].layers[-1].out_bytes if i < n_stages - 1 else 0.0
-        boundary.append(recv_fwd + recv_bwd)  # torch.distributed.pipelining: one receive buffer per micro-batch
+    # the gradient of the chunk's output, received for each backward (none on the last stage)
+    grad_recv = [chunks[c].layers[-1].out_bytes if i < n_stages - 1 else 0.0 for c, i in enumerate(stage)]
     tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
     tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
     work = DeviceWork(
@@ -230,7 +230,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
-        boundary=tuple(boundary), largest_tensor=max(tensors, default=0.0),
+        grad_recv=tuple(grad_recv), largest_tensor=max(tensors, default=0.0),
         # CPU ranks (gloo over loopback) take AdamW's single-tensor path: torch.optim.optimizer.
         # _default_to_fused_or_foreach picks foreach only for tensors on CUDA-like devices
         foreach=cl.intra_node.kind != "loopback")

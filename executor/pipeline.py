@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage
 
 from executor.errors import ExecutorError
 from executor.parallel import blocks
@@ -284,6 +285,75 @@ def make_schedule(plan: Plan, stages: list, loss_fn):
         return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
     cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
     return cls(stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+
+
+class _Released:
+    """What a released receive buffer was: enough to allocate it again (shape, strides, dtype, requires_grad)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.shape, self.stride, self.dtype, self.requires_grad = t.shape, t.stride(), t.dtype, t.requires_grad
+
+
+class RecvOnDemandStage(PipelineStage):
+    """torch.distributed.pipelining's `PipelineStage` holding each receive buffer only while its micro-batch needs
+    it.
+
+    torch allocates an activation and a gradient receive buffer for every micro-batch when the schedule starts and
+    keeps all of them for the whole step (`PipelineStage._setup_forward_recv_info`, `_create_grad_recv_info`):
+    m x the boundary tensors, tens of GiB at Megatron-sized m (512 micro-batches of 2048 x 25600 bf16 are 2 x 50
+    GiB). Here a buffer is allocated when its receive is posted (`get_fwd_recv_ops`, `get_bwd_recv_ops`) and let
+    go after its micro-batch's backward, as Megatron-LM's p2p_communication allocates its receive tensors: a
+    received activation lives while its micro-batch is in flight (it is the stage's input, saved for backward), a
+    received gradient for one backward. Each allocation is a new tensor, so nothing torch still holds is
+    overwritten; a released slot keeps a 0-element placeholder (torch's step-end `clear_runtime_states` touches
+    every slot)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._released: dict[int, _Released] = {}
+
+    def _release(self, infos) -> None:
+        for info in infos or ():
+            buf = getattr(info, "buffer", None)
+            if isinstance(buf, torch.Tensor) and buf.numel() and not getattr(info, "is_root_arg", False):
+                self._released[id(info)] = _Released(buf)
+                info.buffer = buf.new_empty(0)
+
+    def _allocate(self, infos) -> None:
+        for info in infos or ():
+            r = self._released.pop(id(info), None)
+            if r is not None:
+                info.buffer = torch.empty_strided(r.shape, r.stride, dtype=r.dtype, device=self.device) \
+                    .requires_grad_(r.requires_grad)
+
+    def _release_all(self) -> None:
+        for table in (getattr(self, "args_recv_info", {}), getattr(self, "grad_recv_info", {})):
+            for infos in table.values():
+                self._release(infos)
+
+    def _prepare_forward_infra(self, *args, **kwargs):
+        out = super()._prepare_forward_infra(*args, **kwargs)
+        self._release_all()
+        return out
+
+    def _prepare_backward_infra(self, *args, **kwargs):
+        out = super()._prepare_backward_infra(*args, **kwargs)
+        self._release_all()
+        return out
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int):
+        self._allocate(self.args_recv_info.get(fwd_chunk_id))
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int):
+        self._allocate(getattr(self, "grad_recv_info", {}).get(bwd_chunk_id))
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs):
+        out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self._release(self.args_recv_info.get(bwd_chunk_id))
+        self._release(getattr(self, "grad_recv_info", {}).get(bwd_chunk_id))
+        return out
 
 
 def sum_tied_grads(params: list[nn.Parameter | None], groups: list[dist.ProcessGroup | None]) -> None:

@@ -246,7 +246,6 @@ class Runner:
             self.notes.append(text)
 
     def _build_pipeline(self, model: nn.Module) -> None:
-        from torch.distributed.pipelining import PipelineStage
         plan = self.plan
         # the blocks run as placed graphs: placed before the cut (the stages keep the block modules), or, for a
         # model cut from its torch.export graph, its unflattened blocks after it
@@ -281,7 +280,8 @@ class Runner:
                 part.register_forward_pre_hook(lambda *_: tp.forget_gathered())  # a stage's forward begins
                 part.register_forward_hook(lambda *_: tp.forget_gathered())  # and ends
             self.parts.append(part)
-            stages.append(PipelineStage(part, i, len(graphs), self.device, group=self.mesh["pp"].get_group()))
+            stages.append(pipeline.RecvOnDemandStage(part, i, len(graphs), self.device,
+                                                     group=self.mesh["pp"].get_group()))
             annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
         self.stages = stages
         self.schedule = pipeline.make_schedule(plan, stages, self._loss)

@@ -105,6 +105,15 @@ def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(
     assert StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=4, zero=0)).tied_all_reduce() == 0.0
 
 
+def test_pipeline_memory_does_not_grow_with_micro_batches(gpt):
+    # executor.pipeline.RecvOnDemandStage holds a receive buffer only while its micro-batch needs it (torch's
+    # stage keeps one per micro-batch for the whole step); 1F1B holds min(pp - rank, m) micro-batches
+    cl = cluster(per_node=2)
+    few, many = (CostModel(cl).predict(gpt, _plan(gpt, cl, m, pp=2, schedule="1f1b")) for m in (4, 64))
+    assert few.memory_per_device_bytes == many.memory_per_device_bytes
+    assert few.memory_breakdown["buffers"] == 0
+
+
 def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(gpt):
     cl = cluster(per_node=1)
     cm = CostModel(cl)

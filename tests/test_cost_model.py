@@ -30,14 +30,24 @@ def test_ring_all_reduce_formula():
     assert cm.time("all_reduce", size, Group(1, 1)) == 0.0
 
 
-def test_hierarchical_group_is_limited_by_the_network():
+def test_multi_node_ring_is_limited_by_the_nodes_nics():
     cl = cluster(nodes=4, intra=200e9, inter=20e9)
     cm = CommModel(cl)
     size = 4e9
     t = cm.time("all_reduce", size, Group(32, 4))
-    network = 2 * 3 / 4 * (size / 8) / 20e9  # formulas.csv hierarchical_allreduce_traffic
+    network = 2 * 31 / 32 * size / (8 * 20e9)  # NCCL's ring over all 32 ranks, 8 NICs per node
     assert network < t < network * 1.01
-    assert cm.time("all_reduce", size, Group(4, 4)) > t  # one member per node: all traffic on the network
+    assert cm.time("all_reduce", size, Group(4, 4)) > t  # one member per node: one NIC each
+    assert cm.time("all_gather", size, Group(32, 4)) == pytest.approx(t / 2, rel=0.01)
+
+
+@pytest.mark.parametrize("preset,busbw", [("dgx-a100-80gb", 192e9), ("dgx-h100", 370e9)])
+def test_four_node_all_reduce_meets_nccl_tests(preset, busbw):
+    # nccl-tests all-reduce busbw on 4 nodes, 32 GPUs (NVIDIA GTC25 S72583 slide 12; nccl_measured_bandwidth.csv)
+    from hardware_profiles.load import load_cluster
+    size = 8 * 2**30
+    t = CommModel(load_cluster(preset, nodes=4)).time("all_reduce", size, Group(32, 4))
+    assert 2 * 31 / 32 * size / t == pytest.approx(busbw, rel=0.02)
 
 
 def test_measured_curve_takes_precedence():

@@ -117,6 +117,14 @@ def test_colwise_head_feeds_a_vocabulary_parallel_loss(results):
     assert not results["dp"]["vocab_parallel_loss"]
 
 
+def test_pipeline_stages_hold_no_receive_buffer_between_steps(results):
+    # torch's stage keeps one activation and one gradient buffer per micro-batch for the whole step; ours
+    # allocates each when its receive is posted and lets it go after that micro-batch's backward
+    for name in ("pp_gpipe", "pp_1f1b", "dp_pp", "tp_pp_sp", "pp_interleaved"):
+        assert results[name]["recv_slots"] >= 2 and results[name]["recv_held"] == 0, (name, results[name])
+    assert results["dp"]["recv_slots"] == 0
+
+
 def test_zero12_gather_parameters_once_per_step(results):
     # 2 micro-batches; FSDP2 units = 4 blocks + the root: ZeRO-1/2 keep parameters whole between micro-batches
     # (one all-gather per unit per step); ZeRO-3 (1 micro-batch) gathers every unit, the root included

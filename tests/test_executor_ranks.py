@@ -112,6 +112,12 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     norm = next((m for n, m in mods.items() if n.endswith("ln_1")), None)
     out["norm_is_dtensor"] = norm is not None and isinstance(norm.weight, DTensor)
     import torch.distributed as dist
+    # receive buffers still held between steps, and receive slots (executor.pipeline.RecvOnDemandStage)
+    slots = [i for st in getattr(runner, "stages", []) for table in (st.args_recv_info, st.grad_recv_info)
+             for infos in table.values() for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor)]
+    held = torch.tensor([float(sum(i.buffer.numel() for i in slots)), float(len(slots))])
+    dist.all_reduce(held, op=dist.ReduceOp.MAX)
+    out["recv_held"], out["recv_slots"] = held.tolist()
     flag = torch.tensor([float(runner.vocab_parallel_loss and not runner.gather_logits)])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the loss runs on the last pipeline stage's ranks only
     out["vocab_parallel_loss"] = bool(flag.item())
