@@ -9,6 +9,7 @@ default loss.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,14 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings, as in GPT-2
+        # GPT-2's initialisation, as nanoGPT writes it: N(0, 0.02) weights and embeddings, zero biases, residual
+        # projections N(0, 0.02 / sqrt(2 n_layer)). torch's N(0, 1) embedding tied to the head would give logits
+        # of +-40: a third of the softmax gradient underflows to subnormal floats, which x86 CPUs multiply ~10x
+        # slower (a data-dependent slow path no step-time prediction prices)
+        self.apply(_init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         s = idx.shape[1]
@@ -92,6 +101,13 @@ class GPT(nn.Module):
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
 
 
 CONFIG = GPTConfig()

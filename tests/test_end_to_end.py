@@ -87,7 +87,9 @@ def test_forced_tp_plan_matches_single_process(runs):
     ref = _reference_losses(runs["model"])
     got = runs["tp_sp"]["measured"]["losses"]
     assert max(abs(a - b) for a, b in zip(got, ref)) <= TOL, (got, ref)
-    assert not runs["tp_sp"]["measured"]["notes"]  # the plan's own placements were applied, nothing derived
+    # the plan's own placements were applied, nothing derived (gloo's rare abort in teardown, after the measurement
+    # is complete, is reported as a note of its own: executor.cli)
+    assert not [n for n in runs["tp_sp"]["measured"]["notes"] if "during shutdown" not in n]
 
 
 def test_unrunnable_layout_is_refused_before_launch(runs, tmp_path, capsys):
