@@ -29,7 +29,8 @@ first: read both, write the sum; none after the first under ZeRO-2/3, which redu
 memory-bound kernels on the compute stream.
 
 Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
-the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors).
+the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors);
+each call of such a subtree pays the profile's `dtensor_local_call_*` (its inputs unwrapped, its outputs rewrapped).
 
 Loss: when the plan leaves the logits the loss reads sharded on their last dim (the vocabulary or classes: a
 column-parallel LM head) and the loss reads class indices (cross-entropy), the executor computes it
@@ -220,6 +221,12 @@ class LayerCoster:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
                 if tensors[p.name] == "partial":
                     partial_elems[p.name] = local[p.name]
+        calls = self._local_calls(layer)
+        if calls:  # executor.tp runs each such subtree on plain tensors through hooks that unwrap and rewrap
+            ov = m.cluster.device.op_overhead
+            host_f += calls * ov.dtensor_local_call_forward
+            host_b += calls * ov.dtensor_local_call_backward
+            rec += calls * ov.dtensor_local_call_forward if full else 0.0
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             act = self._block_input_bytes(layer, names)
@@ -229,6 +236,21 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors, partial_elems=partial_elems)
+
+    def _local_calls(self, layer: Layer) -> int:
+        """Calls per micro-batch of modules the plan leaves wholly replicated in this layer (executor.tp
+        `local_modules`): the outermost module of each op's path that runs on plain tensors; none without tp."""
+        if self.tp <= 1:
+            return 0
+        tops = set()
+        for i in layer.ops:
+            path = self.graph.ops[i].module_path
+            if not path or self.on_dtensors(path):
+                continue
+            parts = path.split(".")
+            tops.add(next(p for p in (".".join(parts[:k]) for k in range(1, len(parts) + 1))
+                          if not self.on_dtensors(p)))
+        return len(tops)
 
     def _checkpoint_host(self, kind: str) -> tuple[float, float]:
         """(forward, backward) host seconds checkpointing adds to one op of a checkpointed block beyond its plain

@@ -105,6 +105,8 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
         out["dtensor_optimizer"] = _adam_time(ps, sync, plan)
         out["dtensor_partial_optimizer"] = partial_grad_adam(device, sync, plan, mesh)
         out["dtensor_redistribute"] = redistribute_overhead(device, sync, plan, mesh)
+        out["dtensor_local_call_forward"], out["dtensor_local_call_backward"] = local_call_overhead(device, sync,
+                                                                                                   plan, mesh)
         out.update(fsdp_overheads(device, sync, plan, mesh))
     return out
 
@@ -319,6 +321,50 @@ def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: 
     gather = all_gather_fn()
     alone = _fixed_times(lambda: gather(full, local.reshape(-1), group=group), sync, plan, alone=True, group=group)
     return max(extra - alone, 0.0)
+
+
+LOCAL_CHAIN = 16
+"""Tiny modules chained per timed call for the per-call cost of a module run on local tensors."""
+
+
+def local_call_overhead(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                        mesh: object) -> tuple[float, float]:
+    """(forward, backward) seconds per call of a module that tensor parallelism leaves replicated, called on a
+    replicated DTensor: a forward pre-hook unwraps its DTensor inputs (`to_local`) and a forward hook wraps its
+    outputs back as Replicate DTensors (`DTensor.from_local`), through torch.utils._pytree.tree_map, so that it runs
+    on plain tensors (what a plan's wholly replicated module costs around its own ops). A chain of LOCAL_CHAIN tiny
+    nn.Linear modules so hooked, against the same chain on plain tensors without hooks."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+    from torch.utils._pytree import tree_map
+
+    def pre(module, args):
+        return tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, args)
+
+    def post(module, args, output):
+        return tree_map(lambda t: DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+                        if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) else t, output)
+
+    def chain(hooked: bool):
+        mods = [torch.nn.Linear(2, 2, device=device) for _ in range(LOCAL_CHAIN)]
+        if hooked:
+            for m in mods:
+                m.register_forward_pre_hook(pre)
+                m.register_forward_hook(post)
+            x = distribute_tensor(torch.ones(1, 2, device=device), mesh, [Replicate()]).requires_grad_()
+        else:
+            x = torch.ones(1, 2, device=device, requires_grad=True)
+
+        def fwd():
+            y = x
+            for m in mods:
+                y = m(y)
+            return y
+        g = torch.ones_like(fwd()).detach()
+        f = expected(time_calls(fwd, sync, plan.warmup, plan.repeats, plan.budget_s))
+        fb = expected(time_calls(lambda: fwd().backward(g), sync, plan.warmup, plan.repeats, plan.budget_s))
+        return f, fb - f
+    (pf, pb), (hf, hb) = chain(False), chain(True)
+    return max(hf - pf, 0.0) / LOCAL_CHAIN, max(hb - pb, 0.0) / LOCAL_CHAIN
 
 
 def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object,

@@ -427,7 +427,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
              "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
-             "DTensor all-gather of an activation between matmuls beyond the all-gather alone. checkpoint_* / sac_*: "
+             "DTensor all-gather of an activation between matmuls beyond the all-gather alone; dtensor_local_call_*: "
+             "seconds per call of a tiny module run on local tensors through hooks that unwrap its DTensor input "
+             "and wrap its output (a chain of them, minus the same chain plain). checkpoint_* / sac_*: "
              "seconds per op (elementwise; *_linear_*: F.linear) of a fully / selectively checkpointed chain of "
              "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); mesh_slice: one "
              "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time).",

@@ -82,6 +82,12 @@ class OpOverhead:
     """Seconds per tensor-parallel collective (a DTensor redistribution, forward or backward) beyond the collective
     timed alone after a barrier: issuing and waiting for the functional collective, DTensor's copies and the
     ranks' skew after compute (measured on a chain of matmuls and activation all-gathers)."""
+    dtensor_local_call_forward: float = 0.0
+    """Seconds per call of a module tensor parallelism leaves replicated (it runs on plain tensors): unwrapping its
+    DTensor inputs and wrapping its outputs (forward hooks, `to_local` / `DTensor.from_local`), beyond the module
+    itself; 0 when not measured."""
+    dtensor_local_call_backward: float = 0.0
+    """The backward of that unwrapping and wrapping (their autograd nodes), per call."""
     ddp_call: float = 0.0
     """DDP's own seconds per synchronised forward + backward, beyond the same module unwrapped and its buckets'
     all-reduces timed on their own: its Python forward, the reducer's preparation and finalisation (waiting for

@@ -114,6 +114,25 @@ def test_pipeline_memory_does_not_grow_with_micro_batches(gpt):
     assert few.memory_breakdown["buffers"] == 0
 
 
+def test_modules_left_replicated_under_tp_pay_their_unwrapping(gpt):
+    # executor.tp runs each wholly replicated module on plain tensors through hooks that unwrap its DTensor inputs
+    # and rewrap its outputs: per call, the profile's dtensor_local_call_* (Megatron's layout leaves ln_1 and ln_2
+    # of each block replicated; one call each)
+    base = cluster(per_node=2)
+    ov = dataclasses.replace(base.device.op_overhead, dtensor_local_call_forward=1e-3,
+                             dtensor_local_call_backward=2e-3)
+    priced = dataclasses.replace(base, device=dataclasses.replace(base.device, op_overhead=ov, async_host=False))
+    plain = dataclasses.replace(base, device=dataclasses.replace(base.device, async_host=False))
+    block = next(layer for layer in gpt.layers() if layer.block_type)
+    a, b = (LayerCoster(CostModel(c), gpt, _plan(gpt, c, 1, tp=2), CostModel(c).tp_group(2)).cost(block)
+            for c in (plain, priced))
+    assert b.fwd_compute - a.fwd_compute == pytest.approx(2e-3)
+    assert b.bwd_compute - a.bwd_compute == pytest.approx(4e-3)
+    dp = [LayerCoster(CostModel(c), gpt, _plan(gpt, c, 2, dp=2), CostModel(c).tp_group(1)).cost(block)
+          for c in (plain, priced)]
+    assert dp[0].fwd_compute == dp[1].fwd_compute  # without tp nothing is a DTensor
+
+
 def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(gpt):
     cl = cluster(per_node=1)
     cm = CostModel(cl)
