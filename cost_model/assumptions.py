@@ -42,6 +42,7 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         f"pp={sp.pp}, schedule {plan.schedule}" + (f" with v={sp.v}" if sp.v > 1 else "")
         + f", {sp.m} micro-batches of {plan.microbatch_size}; stage-boundary send/recv "
           f"{sp.p2p_s * 1e6:.1f} us" + (" over the network" if g["pp"].nodes > 1 else "")
+        + (" (1F1B waits for each send: on the sending pass)" if plan.schedule == "1f1b" else "")
         + ("; tied first/last-stage weight gradients all-reduced before the optimizer"
            if sp.tied_all_reduce() else ""),
         "communication: ring alpha-beta formulas (NCCL ring latency model); across nodes one ring whose members "

@@ -22,6 +22,9 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   all-reduce; executor.pipeline.sum_tied_grads).
 - Contention: compute that overlaps a data-parallel collective runs slower by the comm model's
   `overlap_slowdown` (NCCL's CTAs take SMs and HBM bandwidth) for the overlapped time.
+- Pipeline sends under 1F1B: torch's Schedule1F1B waits for each send of its steady state (fused with the next
+  receive) before computing on, so a stage's pass that sends is longer by the transfer on any device (GPipe and
+  the interleaved schedule wait for their sends later, overlapped).
 - Shared cores (`DeviceSpec.comm_shares_compute`: gloo on CPU ranks): a collective's copies, reductions and
   send/receive loop run on the rank's own cores, so nothing overlaps: ZeRO gathers and reduce-scatters add to the
   passes, each gradient all-reduce or reduce-scatter delays the backward still running by its whole time, and a
@@ -152,12 +155,15 @@ class StepPredictor:
             self.chunks[i % self.pp][i // self.pp] = self._chunk(costs[s:e])
         bound = max((costs[e - 1].out_bytes for _, e in self.stage_ranges[:-1]), default=0.0)
         self.p2p_s = cm.comm.time("send_recv", bound, self.groups["pp"]) if self.pp > 1 else 0.0
-        if self.pp > 1 and cm.comm.shares_compute(self.groups["pp"]):
+        if self.pp > 1 and (cm.comm.shares_compute(self.groups["pp"]) or plan.schedule == "1f1b"):
             self._sender_busy()
 
     def _sender_busy(self) -> None:
-        """Shared cores: every pass that sends its output to a neighbouring stage (each forward but the last
-        stage's, each backward but the first stage's) keeps its rank busy for the transfer."""
+        """Every pass that sends its output to a neighbouring stage (each forward but the last stage's, each
+        backward but the first stage's) keeps its rank busy for the transfer: on shared cores the send runs there;
+        under 1F1B the schedule waits for it (torch.distributed.pipelining's Schedule1F1B fires each send of its
+        steady state together with the next receive and waits for both before computing on:
+        `_wait_batch_p2p(_batch_p2p(fwd_sends + bwd_recvs))`; on GPUs NCCL's wait holds the compute stream)."""
         last = self.pp * self.v - 1
         for r in range(self.pp):
             for c, ch in enumerate(self.chunks[r]):

@@ -41,7 +41,8 @@ def test_shared_cores_serialise_every_data_parallel_collective(zero, mbs):
 def test_shared_cores_keep_a_pipeline_sender_busy():
     g = megatron_gpt(layers=4)
     base = cluster(per_node=2, intra=2e9)
-    plan = default_plan(g, base, 4, "bf16", {"dp": 1, "tp": 1, "pp": 2, "mbs": 1}, "m")
+    # GPipe: on GPUs its sends overlap compute (1F1B waits for them everywhere: test_1f1b_waits_for_its_sends)
+    plan = default_plan(g, base, 4, "bf16", {"dp": 1, "tp": 1, "pp": 2, "mbs": 1, "schedule": "gpipe"}, "m")
     p0 = CostModel(base).predict(g, plan)
     p1 = CostModel(_with(base, comm_shares_compute=True)).predict(g, plan)
     m = plan.num_microbatches
@@ -50,6 +51,22 @@ def test_shared_cores_keep_a_pipeline_sender_busy():
     # each stage sends once per micro-batch and pass; the critical path gains at least the last sends
     assert p1.step_time_s > p0.step_time_s
     assert p1.step_time_s <= p0.step_time_s + 2 * m * p2p * (1 + 1e-9)
+
+
+def test_1f1b_waits_for_its_sends():
+    # torch's Schedule1F1B fires each steady-state send with the next receive and waits for both: on GPUs too, a
+    # pass that sends is longer by the transfer; GPipe's sends are waited for at the end, overlapped
+    from cost_model.step import StepPredictor
+    g = megatron_gpt(layers=4)
+    gpu = cluster(per_node=2, intra=2e9)
+    for schedule, busy in (("1f1b", True), ("gpipe", False)):
+        plan = default_plan(g, gpu, 4, "bf16", {"dp": 1, "tp": 1, "pp": 2, "mbs": 1, "schedule": schedule}, "m")
+        sp = StepPredictor(CostModel(gpu), g, plan)
+        first, last = sp.chunks[0][0], sp.chunks[1][0]
+        assert sp.p2p_s > 0
+        compute = [sum(l.fwd_compute + l.tp_fwd for l in ch.layers) for ch in (first, last)]
+        assert first.fwd_s - compute[0] == pytest.approx(sp.p2p_s if busy else 0.0, abs=1e-12)
+        assert last.fwd_s - compute[1] == pytest.approx(0.0, abs=1e-12)  # the last stage sends no activation
 
 
 def test_fields_round_trip_and_validate():
