@@ -226,7 +226,7 @@ class LayerCoster:
             ov = m.cluster.device.op_overhead
             host_f += calls * ov.dtensor_local_call_forward
             host_b += calls * ov.dtensor_local_call_backward
-            rec += calls * ov.dtensor_local_call_forward if full else 0.0
+            rec += (calls * ov.dtensor_local_call_forward) if full else 0.0
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             act = self._block_input_bytes(layer, names)

@@ -115,10 +115,10 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     # unflattened modules of the subtrees that run on plain tensors run their generated code, not fx's Interpreter
     from executor import tp as tp_mod
     local = tp_mod.local_modules(plan, runner.parts[0]) if plan.mesh.tp > 1 and plan.mesh.pp == 1 else []
-    mods = [m for path, m in runner.parts[0].named_modules() if any(path == p or path.startswith(p + ".")
-                                                                     for p in local)]
-    out["local_modules"] = len(mods)
-    out["local_interpreted"] = sum(bool(getattr(m, "_run_with_interpreter", False)) for m in mods)
+    local_mods = [m for path, m in runner.parts[0].named_modules()
+                  if any(path == p or path.startswith(p + ".") for p in local)]
+    out["local_modules"] = len(local_mods)
+    out["local_interpreted"] = sum(bool(getattr(m, "_run_with_interpreter", False)) for m in local_mods)
     # receive buffers still held between steps, and receive slots (executor.pipeline.RecvOnDemandStage)
     slots = [i for st in getattr(runner, "stages", []) for table in (st.args_recv_info, st.grad_recv_info)
              for infos in table.values() for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor)]
