@@ -2,11 +2,11 @@
 machine with one GPU:
 
     python benchmarks/gpu_predicted_vs_measured.py [--out DIR] [--only gpt-124M,llama-1B] [--steps 12]
-                                                  [--no-profile] [--cluster YAML] [--tiny]
+        [--no-profile | --reuse-profiles] [--no-compile] [--cluster YAML] [--deadline S] [--tiny]
 
-1. `plan profile --backend nccl --model MODEL` once per model: this GPU's matmul and memory curves plus the model's
-   own GEMM and attention shapes (the profile each model's plans are made with; DIR/profile-NAME.yaml, with the
-   date and the GPU written in, to ship as a preset update);
+1. `plan profile --backend nccl --model MODEL ...` once: this GPU's matmul and memory curves plus the models' own
+   GEMM and attention shapes (the profile the plans are made with; DIR/profile.yaml, with the date and the GPU
+   written in, to ship as a preset update);
 2. for each model, bf16, one micro-batch, with and without full recompute: `plan --force dp=1,...` writes the plan
    (its prediction) and `plan measure` runs it (CUDA events, `torch.cuda.max_memory_allocated`);
 3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step.
@@ -63,8 +63,17 @@ TINY = {
 }
 
 
-def run(cmd: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+def run(cmd: list[str], log: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run `cmd`, keep its output in `log` (a failure's whole story travels with the results)."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        p = subprocess.CompletedProcess(cmd, 124, e.stdout or "", (e.stderr or "") + f"\ntimed out after {timeout:.0f} s")
+        p.stdout = p.stdout.decode() if isinstance(p.stdout, bytes) else p.stdout
+        p.stderr = p.stderr.decode() if isinstance(p.stderr, bytes) else p.stderr
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n" + p.stdout + "\n" + p.stderr)
+    return p
 
 
 def last_line(p: subprocess.CompletedProcess) -> str:
@@ -92,17 +101,23 @@ def one_device(out: str, cluster: str) -> str:
     return copy
 
 
-def measure(out: str, name: str, model: str, cluster: str, batch: int, recompute: str, steps: int,
-            compile_: bool = False, precision: str = "bf16") -> dict:
-    tag = f"{name} {recompute}" + (" compiled" if compile_ else "")
+def make_plan(out: str, tag: str, model: str, cluster: str, batch: int, recompute: str, precision: str) -> dict:
+    """`plan --force` for one run (CPU work: runs beside the GPU's)."""
     plan = os.path.join(out, tag.replace(" ", "_") + ".plan.json")
     p = run(PLAN + [model, "--cluster", cluster, "--batch-size", str(batch), "--precision", precision, "--force",
-                    f"dp=1,tp=1,pp=1,zero=0,mbs={batch},recompute={recompute}", "-o", plan])
-    if p.returncode:
-        return {"run": tag, "error": "plan: " + last_line(p)}
-    result = plan.replace(".plan.json", ".measured.json")
-    p = run(PLAN + ["measure", plan, model, "--steps", str(steps), "--warmup", "3", "-o", result]
-            + (["--compile"] if compile_ else []))
+                    f"dp=1,tp=1,pp=1,zero=0,mbs={batch},recompute={recompute}", "-o", plan],
+            os.path.join(out, "logs", tag.replace(" ", "_") + ".plan.log"))
+    return {"run": tag, "error": "plan: " + last_line(p)} if p.returncode else {"run": tag, "plan": plan}
+
+
+def measure(out: str, planned: dict, model: str, steps: int, compile_: bool = False) -> dict:
+    """`plan measure` of one planned run (GPU work: one at a time)."""
+    tag = planned["run"]
+    if "error" in planned:
+        return planned
+    result = planned["plan"].replace(".plan.json", ".measured.json")
+    p = run(PLAN + ["measure", planned["plan"], model, "--steps", str(steps), "--warmup", "3", "-o", result]
+            + (["--compile"] if compile_ else []), os.path.join(out, "logs", tag.replace(" ", "_") + ".measure.log"))
     if p.returncode:
         return {"run": tag, "error": "measure: " + last_line(p)}
     with open(result) as f:
@@ -112,17 +127,36 @@ def measure(out: str, name: str, model: str, cluster: str, batch: int, recompute
             "measured_mem": d["memory"]["peak"]["measured"], "mem_error": d["error"]["peak_memory"]}
 
 
+def table(rows: list[dict]) -> str:
+    lines = [f"{'run':24} {'predicted':>10} {'measured':>10} {'error':>7} {'mem pred':>9} {'mem meas':>9} {'error':>7}"]
+    for r in rows:
+        if "predicted_s" not in r:
+            lines.append(f"{r['run']:24} {r.get('error', 'not run')}")
+            continue
+        lines.append(f"{r['run']:24} {r['predicted_s'] * 1e3:8.1f}ms {r['measured_s'] * 1e3:8.1f}ms "
+                     f"{r['step_error']:+7.1%} {r['predicted_mem'] / 2**30:7.2f}G {r['measured_mem'] / 2**30:7.2f}G "
+                     f"{r['mem_error']:+7.1%}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="gpu-results", help="folder for profiles, plans and results.json")
+    ap.add_argument("--out", default="gpu-results", help="folder for profiles, plans, logs and results.json")
     ap.add_argument("--only", help="comma-separated model names (default: all)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--no-profile", action="store_true", help="plan with --cluster instead of profiling")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
     ap.add_argument("--cluster", default="dgx-h100",
                     help="profile used with --no-profile, and whose links a one-GPU profile keeps (default dgx-h100)")
+    ap.add_argument("--deadline", type=float, default=None, metavar="S",
+                    help="start no GPU job after S seconds (the rest are listed as not run); for a time-limited lease")
+    ap.add_argument("--reuse-profiles", action="store_true",
+                    help="keep a DIR/profile.yaml already there (measured earlier on this GPU) instead of profiling")
     ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke test of this script")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    t_start = time.perf_counter()
+    late = lambda: args.deadline is not None and time.perf_counter() - t_start > args.deadline  # noqa: E731
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     models = TINY if args.tiny else MODELS
     names = args.only.split(",") if args.only else list(models)
     import torch
@@ -130,36 +164,56 @@ def main() -> int:
     precision = "bf16" if torch.cuda.is_available() else "fp32"
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {gpu}, torch {torch.__version__}, {precision}",
           flush=True)
-    rows = []
-    for name in names:
-        template, shape, batch = models[name]
-        model = model_file(args.out, name, template, shape)
-        cluster = args.cluster
-        if not args.no_profile:
-            cluster = os.path.join(args.out, f"profile-{name}.yaml")
-            t0 = time.perf_counter()
-            p = run(PLAN + ["profile", "--nproc", "1", "--links-from", args.cluster, "-o", cluster, "--model", model]
-                    + (["--backend", "nccl"] if torch.cuda.is_available() else []) + (["--quick"] if args.tiny else []))
-            if p.returncode:
-                rows.append({"run": name, "error": "profile: " + last_line(p)})
-                continue
-            print(f"  profiled {name} in {time.perf_counter() - t0:.0f} s", flush=True)
+    from concurrent.futures import ThreadPoolExecutor
+    planner = ThreadPoolExecutor(max_workers=4)
+    jobs: list[tuple[str, object, bool]] = []  # (model file, future plan, compiled)
+    rows: list[dict] = []
+
+    def jobs_for(name: str, model: str, cluster: str, batch: int) -> None:
+        """Plan this model's runs in the background (CPU), to be measured later (GPU)."""
         cluster = one_device(args.out, cluster)
-        for recompute in ("none", "full"):
-            rows.append(measure(args.out, name, model, cluster, batch, recompute, args.steps, precision=precision))
-            print(f"  measured {rows[-1]['run']}", flush=True)
-        if name == names[0]:
-            rows.append(measure(args.out, name, model, cluster, batch, "none", args.steps, True, precision))
-            print(f"  measured {rows[-1]['run']}", flush=True)
+        variants = [("none", False), ("full", False)] + ([("none", True)] if name == names[0] and not args.no_compile
+                                                         else [])
+        for recompute, compiled in variants:
+            tag = f"{name} {recompute}" + (" compiled" if compiled else "")
+            jobs.append((model, planner.submit(make_plan, args.out, tag, model, cluster, batch, recompute, precision),
+                         compiled))
+
+    # GPU work one job at a time: the profile first (all the models' shapes in one), planning on the CPU beside
+    # the measurements
+    files = {name: model_file(args.out, name, models[name][0], models[name][1]) for name in names}
+    cluster = args.cluster
+    if not args.no_profile:
+        cluster = os.path.join(args.out, "profile.yaml")
+        t0 = time.perf_counter()
+        if args.reuse_profiles and os.path.exists(cluster):
+            print("  kept the profile measured earlier", flush=True)
+        else:
+            p = run(PLAN + ["profile", "--nproc", "1", "--links-from", args.cluster, "-o", cluster]
+                    + [a for name in names for a in ("--model", files[name])]
+                    + (["--backend", "nccl"] if torch.cuda.is_available() else []) + (["--quick"] if args.tiny else []),
+                    os.path.join(args.out, "logs", "profile.log"))
+            if p.returncode:
+                print(f"profile failed: {last_line(p)}")
+                return 1
+            print(f"  profiled {', '.join(names)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    for name in names:
+        jobs_for(name, files[name], cluster, models[name][2])
+    jobs.sort(key=lambda j: j[2])  # the compiled run last
+    for model, future, compiled in jobs:
+        planned = future.result()
+        if late():
+            rows.append({"run": planned["run"], "error": "not run (deadline)"})
+            continue
+        t0 = time.perf_counter()
+        rows.append(measure(args.out, planned, model, args.steps, compiled))
+        print(f"  measured {rows[-1]['run']} in {time.perf_counter() - t0:.0f} s", flush=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    planner.shutdown()
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, f, indent=1)
-    print(f"{'run':24} {'predicted':>10} {'measured':>10} {'error':>7} {'mem pred':>9} {'mem meas':>9} {'error':>7}")
-    for r in rows:
-        if "error" in r and "predicted_s" not in r:
-            print(f"{r['run']:24} failed: {r['error']}")
-            continue
-        print(f"{r['run']:24} {r['predicted_s'] * 1e3:8.1f}ms {r['measured_s'] * 1e3:8.1f}ms {r['step_error']:+7.1%} "
-              f"{r['predicted_mem'] / 2**30:7.2f}G {r['measured_mem'] / 2**30:7.2f}G {r['mem_error']:+7.1%}")
+    print(table(rows))
     return 0
 
 

@@ -108,6 +108,15 @@ def check_world(plan: Plan) -> tuple[int, int]:
     return rank, world
 
 
+def default_optimizer(params: list) -> torch.optim.Optimizer:
+    """AdamW(lr=1e-3): torch's default implementation on CPU, the fused kernel on CUDA (one pass over each
+    parameter, as torchtitan's default; torch's own default there, foreach, makes about nine passes). `plan profile`
+    times this same optimizer (hardware_profiles.measure_overheads.adamw)."""
+    params = list(params)
+    cuda = bool(params) and params[0].is_cuda
+    return torch.optim.AdamW(params, lr=1e-3, **({"fused": True} if cuda else {}))
+
+
 def init_distributed(rank: int, world: int) -> torch.device:
     """Start the default process group (nccl on GPUs, gloo on CPU) unless already started; returns the device."""
     cuda = torch.cuda.is_available()
@@ -140,8 +149,9 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     places its parameters when tp > 1 (`check_tp_plan`), and the launched world size equals the plan's. Then builds
     the (pp, dp, tp) DeviceMesh, broadcasts rank 0's initial weights
     (`sync_init`), cuts pipeline stages, and applies TP, activation checkpointing and FSDP/DDP in
-    `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3); `loss_fn` to cross-entropy/MSE. `mesh`: a
-    (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside FakeTensorMode); default: built here.
+    `executor.parallel`'s order. `optimizer` defaults to AdamW(lr=1e-3) (`default_optimizer`); `loss_fn` to
+    cross-entropy/MSE. `mesh`: a (pp, dp, tp) DeviceMesh built beforehand (the dry run builds it outside
+    FakeTensorMode); default: built here.
     `example_inputs`: one micro-batch of inputs, as the model is called; needed under tp for a plan whose ops name
     the model's torch.export graph (`plan`'s default): the model is exported with it and runs as that graph, each
     op placed as planned (`executor.graph_ops.exported`); pipeline stages are cut from it too
@@ -157,7 +167,7 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
         check_example(plan, example_inputs)
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
-    return Runner(model, plan, optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-3)), loss_fn or default_loss,
+    return Runner(model, plan, optimizer or default_optimizer, loss_fn or default_loss,
                   device, sync_init, mesh, example_inputs, compile)
 
 
@@ -169,7 +179,7 @@ class Runner:
                  compile: str | None = None):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
         self.compile = compile
-        self.example_inputs = example_inputs
+        self.example_inputs = _to(example_inputs, device)  # exported with the model, on the model's device
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
         # the plan's ops name the torch.export graph's nodes (the planner's default): under tp run that graph, and
@@ -511,11 +521,15 @@ def _slice(x, start: int, n: int):
 
 
 def _to(x, device):
+    """`x`'s tensors (in dicts, lists and tuples) on `device`; anything else as it is."""
     if isinstance(x, torch.Tensor):
         return x.to(device)
     if isinstance(x, dict):
         return {k: _to(v, device) for k, v in x.items()}
-    return type(x)(_to(v, device) for v in x)
+    if isinstance(x, (list, tuple)):
+        moved = [_to(v, device) for v in x]
+        return type(x)(*moved) if hasattr(x, "_fields") else type(x)(moved)
+    return x
 
 
 def _as_args(x) -> tuple:

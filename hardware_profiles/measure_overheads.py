@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hardware_profiles.measure import MeasurePlan, expected, time_calls
+from hardware_profiles.measure import MeasurePlan, device_seconds, expected, time_calls
 from hardware_profiles.measure_collectives import all_gather_fn, reduce_scatter_fn
 
 CHAIN_OPS = 64
@@ -21,6 +21,9 @@ CHAIN_OPS = 64
 KERNEL_ELEMS = 256 * 512
 """Elements of the activation-sized tensor the elementwise kernels are timed on (a GPT MLP activation of 256 tokens
 x 512 features: 512 KiB in fp32, past L1, inside L2)."""
+ADAMW_GPU_ELEMS = 2 ** 26
+"""Elements of the one parameter the per-element AdamW cost is timed on with CUDA: 256 MiB in fp32 (1 GiB with its
+gradient and states), far past the L2, as a model's parameters are."""
 ADAM_TENSORS = 64
 """Tiny parameter tensors one timed AdamW step updates (its per-tensor cost is the time / this)."""
 
@@ -42,11 +45,17 @@ def _chain_times(x0: torch.Tensor, sync: Callable[[], None], plan: MeasurePlan,
     return t_f / CHAIN_OPS, max(t_fb - t_f, 0.0) / CHAIN_OPS
 
 
+def adamw(params: list) -> torch.optim.Optimizer:
+    """The AdamW the executor builds by default (`executor.runner.default_optimizer`): torch's default on CPU
+    (foreach), the fused kernel on CUDA (one pass per parameter tensor, as torchtitan's default)."""
+    return torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if params[0].is_cuda else {}))
+
+
 def _adam_time(params: list, sync: Callable[[], None], plan: MeasurePlan) -> float:
-    """Seconds per parameter tensor of one default torch.optim.AdamW step over `params` (grads set)."""
+    """Seconds per parameter tensor of one step of the executor's default AdamW over `params` (grads set)."""
     for p in params:
         p.grad = torch.ones_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = adamw(params)
     return expected(time_calls(opt.step, sync, plan.warmup, plan.repeats, plan.budget_s)) / len(params)
 
 
@@ -376,7 +385,7 @@ def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: Meas
           for _ in range(tensors)]
     for p in ps:
         p.grad = DTensor.from_local(torch.ones(1, device=device), mesh, [Partial()])
-    opt = torch.optim.AdamW(ps, lr=1e-4)
+    opt = adamw(ps)
     return _fixed_times(opt.step, sync, plan) / tensors
 
 
@@ -385,7 +394,17 @@ def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     """Kernel family -> (forward, backward) seconds per element on an fp32 tensor of `elems` elements: add, gelu
     (tanh approximation, GPT-2's), tanh, softmax (log-softmax over rows of 512) and layer_norm (rows of 128).
     Backward is (forward + backward) - forward; both include one op's dispatch, small at this size. `adamw` is
-    one default AdamW step per parameter element (its second number is 0)."""
+    one step of the executor's default AdamW per parameter element (its second number is 0).
+
+    On CUDA only `adamw`, timed on a tensor of ADAMW_GPU_ELEMS elements (device time, `measure.device_seconds`):
+    elementwise kernels there are memory-bound, priced by bytes over the measured bandwidth, and at this size a
+    kernel's time is its launch (an add on 131k elements "cost" 1.1e-10 s per element on an H200, 25x its bytes'
+    time on a 12M-element activation)."""
+    if device.type == "cuda":
+        p = torch.nn.Parameter(torch.randn(ADAMW_GPU_ELEMS, device=device))
+        p.grad = torch.randn_like(p)
+        opt = adamw([p])
+        return {"adamw": (device_seconds(opt.step, device, plan) / ADAMW_GPU_ELEMS, 0.0)}
     x = torch.randn(elems // 512, 512, device=device)
     xn = torch.randn(elems // 128, 128, device=device)
     w, b = torch.ones(128, device=device), torch.zeros(128, device=device)

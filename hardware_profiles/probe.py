@@ -1,6 +1,6 @@
 """`plan profile`: measure the cluster this runs on and write it as a profile YAML.
 
-    plan profile [--nproc N] [--backend nccl|gloo] [-o cluster.yaml] [--quick] [--model MODEL.py]
+    plan profile [--nproc N] [--backend nccl|gloo] [-o cluster.yaml] [--quick] [--model MODEL.py ...]
 
 Without CUDA it starts N local CPU ranks (gloo, one thread each); with CUDA one rank per GPU (NCCL). Under
 torchrun across nodes (LOCAL_WORLD_SIZE < WORLD_SIZE) it also measures the inter-node level. Each rank measures
@@ -49,10 +49,10 @@ def _parser() -> _Parser:
                    help="where to write the profile (default: cluster.yaml)")
     p.add_argument("--name", default=None, help="profile name written into the YAML (default: from the device)")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats (seconds; for tests)")
-    p.add_argument("--model", default=None, metavar="MODEL.py",
+    p.add_argument("--model", action="append", default=None, metavar="MODEL.py",
                    help="also time this model's own GEMM and attention shapes (traced at batch 1, unsharded; "
                         "the cost model scales them to other micro-batches and tp splits) and write them as "
-                        "matmul_shapes / attention_shapes")
+                        "matmul_shapes / attention_shapes; repeat it for several models (one profile for all)")
     p.add_argument("--links-from", default=None, metavar="PRESET|YAML",
                    help="with one rank (a machine with one GPU) there is no link to measure: keep the links and "
                         "collective curves of this profile (e.g. dgx-h100) and say so in the header")
@@ -415,7 +415,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              f"{raw['world']} ranks ({raw['backend']}, {nodes} node(s) x {raw['local_world']}), torch "
              f"{torch.__version__}, {elapsed:.1f} s.",
              "peak_flops and memory_bandwidth are the best rates measured here (expected time over repeats, median over "
-             "ranks), not datasheet peaks;",
+             "ranks; on GPUs device time of calls queued back to back, the host ahead, as a step runs them), not "
+             "datasheet peaks;",
              "matmul_efficiency / memory_efficiency are the measured rates by size divided by them (square "
              "matmuls; tensor copies, bytes read + written).",
              "op_overhead: seconds per op of a chain of 64 one-element adds (forward; backward per autograd node), "
@@ -423,7 +424,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "matmul_*: a chain of tiny 2-D matmuls y @ w; dtensor_*: the same on replicated DTensors over a "
              "1-D mesh of all ranks (the elementwise chain multiplies, so each backward node dispatches one op). "
              "kernel_costs: [forward, backward] seconds per element "
-             "of fp32 kernels on a 256 x 512 tensor. fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
+             "of fp32 kernels on a 256 x 512 tensor (GPUs: only adamw, the executor's default AdamW on a 2^26-element "
+             "parameter; elementwise kernels are priced by their bytes). fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
              "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
              "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
@@ -437,8 +439,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs, timed with the weights out of "
              "cache and the input in, as a step finds them.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
-             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events on "
-             "GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "
+             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events "
+             "around calls queued back to back on GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "
              "one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
@@ -483,7 +485,10 @@ def main(argv: Sequence[str] | None = None,
     if args.model is not None:
         if shapes_for is None:
             raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
-        shapes = shapes_for(args.model, args.quick)
+        shapes = {"gemms": [], "attentions": []}
+        for path in args.model:  # one table for all the models, each shape once
+            for key, rows in shapes_for(path, args.quick).items():
+                shapes[key] += [r for r in rows if r not in shapes[key]]
     out = Path(args.output)
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "

@@ -4,8 +4,9 @@ The shapes come from the caller (the planner traces the model; this package impo
 (batch, M, N, K) runs as torch.matmul of contiguous [batch, M, K] x [batch, K, N] operands (plain mm at batch 1);
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
 tensors, forward alone and forward + backward (backward = the difference). On CUDA the kernels are timed with CUDA
-events (device time, after warm-up, expected time over repeats (measure.expected)); on CPU with the wall clock,
-minus the measured per-op host overhead (the cost model charges that separately), as `measure.linear_rates` does.
+events around calls queued back to back (device time with the host ahead, as a step runs: `measure.device_seconds`);
+on CPU with the wall clock, minus the measured per-op host overhead (the cost model charges that separately), as
+`measure.linear_rates` does.
 """
 from __future__ import annotations
 
@@ -14,29 +15,16 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from hardware_profiles.measure import DTYPES, MeasurePlan, expected, time_calls
+from hardware_profiles.measure import DTYPES, MeasurePlan, seconds_per_call
 
 FLOOR_CHAIN = 64
 """Tiny back-to-back kernels timed for the per-kernel floor."""
 
 
 def _expected_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
-                    plan: MeasurePlan) -> float:
-    """Expected seconds of one call of `fn`: CUDA-event device time on GPUs, wall clock on CPUs."""
-    if device.type != "cuda":
-        return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s))
-    for _ in range(plan.warmup):
-        fn()
-    torch.cuda.synchronize(device)
-    samples = []
-    for _ in range(plan.repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return expected(samples)
+                      plan: MeasurePlan) -> float:
+    """Expected seconds of one call of `fn`: device time with the host ahead on GPUs, wall clock on CPUs."""
+    return seconds_per_call(fn, device, sync, plan)
 
 
 def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, device: torch.device,
