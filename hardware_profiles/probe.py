@@ -475,6 +475,16 @@ def _summary(result: ProbeResult, path: str) -> str:
             f"{c.device.memory_bandwidth / 1e9:.1f} GB/s")
 
 
+def merged_shapes(paths: Sequence[str], quick: bool, shapes_for: Callable[[str, bool], dict[str, list]]
+                  ) -> dict[str, list]:
+    """The GEMM and attention shapes of several model files in one table (`--model` repeated), each shape once."""
+    shapes: dict[str, list] = {"gemms": [], "attentions": []}
+    for path in paths:
+        for key, rows in shapes_for(path, quick).items():
+            shapes[key] += [r for r in rows if r not in shapes[key]]
+    return shapes
+
+
 def main(argv: Sequence[str] | None = None,
          shapes_for: Callable[[str, bool], dict[str, list]] | None = None) -> int:
     """Run `plan profile` with `argv` (the arguments after `profile`); returns the exit status. `shapes_for(path,
@@ -485,10 +495,7 @@ def main(argv: Sequence[str] | None = None,
     if args.model is not None:
         if shapes_for is None:
             raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
-        shapes = {"gemms": [], "attentions": []}
-        for path in args.model:  # one table for all the models, each shape once
-            for key, rows in shapes_for(path, args.quick).items():
-                shapes[key] += [r for r in rows if r not in shapes[key]]
+        shapes = merged_shapes(args.model, args.quick, shapes_for)
     out = Path(args.output)
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "

@@ -162,3 +162,14 @@ def test_collective_curve_never_falls_with_size():
     curve = expected_curve({4096: [1.0] * 10, 16384: [3.0] * 10, 65536: [1.0] * 30, 262144: [4.0] * 10})
     assert curve == [(4096, 1.0), (16384, 1.5), (65536, 1.5), (262144, 4.0)]
     assert expected_curve({1: [1.0], 2: [2.0]}) == [(1, 1.0), (2, 2.0)]
+
+
+def test_several_models_profile_into_one_shape_table():
+    from hardware_profiles.probe import merged_shapes
+    tables = {"a.py": {"gemms": [(1, 64, 128, 32), (1, 32, 32, 32)], "attentions": [(4, 32, 32, 16, True)]},
+              "b.py": {"gemms": [(1, 32, 32, 32), (2, 16, 16, 8)], "attentions": [(4, 32, 32, 16, True)]}}
+    seen = []
+    merged = merged_shapes(["a.py", "b.py"], True, lambda path, quick: seen.append((path, quick)) or tables[path])
+    assert seen == [("a.py", True), ("b.py", True)]
+    assert merged == {"gemms": [(1, 64, 128, 32), (1, 32, 32, 32), (2, 16, 16, 8)],
+                      "attentions": [(4, 32, 32, 16, True)]}

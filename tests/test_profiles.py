@@ -153,3 +153,9 @@ def test_cli_plan_unknown_cluster_lists_presets(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "nosuch" in err and all(p in err for p in PRESETS)
+
+
+def test_h200_preset_carries_the_figures_measured_on_an_h200():
+    d = load_cluster("hgx-h200").device  # plan profile --backend nccl, one H200 SXM, 2026-11-26
+    assert d.matmul.best_efficiency == 0.807 and max(e for _, e in d.matmul_efficiency) == 0.807
+    assert d.kernel_floor == 1.12e-6 and d.kernel_costs == {"adamw": (8.3e-12, 0.0)}
