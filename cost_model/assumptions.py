@@ -80,7 +80,9 @@ def _compute_assumption(dev, precision: str, peak: float) -> str:
     parts = [f"compute: per op at {precision} (peak {rate}, {dev.memory_bandwidth / 1e9:.0f} GB/s)"]
     if dev.matmul is not None and dev.sms:
         parts.append(f"GEMMs by (M, N, K) after sharding: tile and wave quantization on {dev.sms} SMs x "
-                     f"{dev.matmul.best_efficiency:.1%} best efficiency")
+                     f"{dev.matmul.best_efficiency:.1%} best efficiency"
+                     + (f" ({dev.matmul.unaligned_efficiency:.0%} with a dimension not a multiple of 16 bytes)"
+                        if dev.matmul.unaligned_efficiency is not None else ""))
     else:
         parts.append("GEMMs by the profile's efficiency curves by size")
     if dev.matmul_shapes or dev.attention_shapes:

@@ -10,7 +10,8 @@ of which b x M x N outputs are useful:
     t = max(2*b*M*N*K / (peak * best_efficiency * quantization),  bytes(A, B, C) / memory roofline,  floor)
 
 `best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes; the bytes term
-makes skinny GEMMs (small M, N or K) memory-bound. Profiles without a `matmul` block price a GEMM by its FLOPs on
+makes skinny GEMMs (small M, N or K) memory-bound. A GEMM with a dimension that is not a multiple of 16 bytes runs
+at the profile's measured `unaligned_efficiency` instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on
 the `matmul_efficiency` curve (CPU ranks).
 
 Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d
@@ -85,13 +86,28 @@ def quantization(batch: int, m: int, n: int, tile: tuple[int, int], sms: int) ->
     return batch * m * n / (waves * sms * tm * tn)
 
 
-def gemm_efficiency(device: DeviceSpec, g: Gemm) -> float:
-    """Achieved fraction of peak of one GEMM by shape (the best of the profile's tiles, either orientation)."""
+ALIGN_BYTES = 16
+"""A GEMM dimension is aligned when its rows start on 16-byte boundaries (8 bf16/fp16 elements, 4 fp32): what
+cuBLAS's Tensor Core kernels need (NVIDIA, "Matrix Multiplication Background User's Guide", Tensor Core
+requirements)."""
+
+
+def aligned(g: Gemm, precision: str) -> bool:
+    """Whether M, N and K are all multiples of ALIGN_BYTES worth of elements."""
+    step = max(1, ALIGN_BYTES // int(PRECISION_BYTES.get(precision, 2)))
+    return all(d % step == 0 for d in g[1:])
+
+
+def gemm_efficiency(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> float:
+    """Achieved fraction of peak of one GEMM by shape (the best of the profile's tiles, either orientation; a
+    GEMM with an unaligned dimension at the profile's measured `unaligned_efficiency`, where it has one)."""
     b, m, n, _ = g
     mm = device.matmul
     if mm is None:
         return interp_log(device.matmul_efficiency, 2.0 * b * m * n * g[3])
     best = max(quantization(b, m, n, t, device.sms) for tile in mm.tiles for t in (tile, tile[::-1]))
+    if mm.unaligned_efficiency is not None and not aligned(g, precision):
+        return mm.unaligned_efficiency * best
     return mm.best_efficiency * best
 
 
@@ -101,7 +117,7 @@ def gemm_time(device: DeviceSpec, g: Gemm, precision: str) -> float:
     flops = 2.0 * b * m * n * k
     if flops <= 0:
         return 0.0
-    compute = flops / (peak_flops(device, precision) * gemm_efficiency(device, g))
+    compute = flops / (peak_flops(device, precision) * gemm_efficiency(device, g, precision))
     nbytes = b * (m * k + k * n + m * n) * PRECISION_BYTES[precision]
     return max(compute, memory_time(device, nbytes), device.kernel_floor)
 

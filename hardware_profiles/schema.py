@@ -132,6 +132,10 @@ class MatmulModel:
     """Output tile sizes [rows, columns] the GEMM library chooses among, e.g. [[256, 128], [128, 128]]."""
     best_efficiency: float
     """Achieved fraction of peak at large, tile-aligned shapes (a measured maximum achievable matmul)."""
+    unaligned_efficiency: float | None = None
+    """Achieved fraction of peak of a GEMM with a dimension that is not a multiple of 16 bytes (GPT-2's vocabulary
+    of 50257): cuBLAS then cannot use its aligned Tensor Core kernels (NVIDIA, "Matrix Multiplication Background
+    User's Guide", Tensor Core requirements); measured, else None (no penalty)."""
 
 
 UNFUSED_ATTENTION = "unfused"

@@ -347,3 +347,17 @@ def test_conv_is_an_implicit_gemm_and_addmm_weights_skip_the_bias():
     assert op_work(conv, None, 1, 1.0, "bf16").gemms == ((1, 2 * 64, 16, 27),)  # M positions, N out, K = 3*3*3
     addmm = next(o for o in g.ops if o.kind == "linear")
     assert op_work(addmm, None, 1, 1.0, "bf16").gemms == ((1, 128, 8, 16),)
+
+
+def test_unaligned_gemms_run_at_the_measured_unaligned_efficiency():
+    from cost_model import kernels
+    h100 = load_cluster("dgx-h100").device  # unaligned_efficiency 0.13, measured on an H200 (same die)
+    aligned, odd = (1, 1024, 50304, 768), (1, 1024, 50257, 768)  # nanoGPT's padded vocabulary vs GPT-2's
+    assert kernels.aligned(aligned, "bf16") and not kernels.aligned(odd, "bf16")
+    assert kernels.gemm_efficiency(h100, odd, "bf16") == pytest.approx(
+        0.13 / 0.803 * kernels.gemm_efficiency(h100, aligned, "bf16"), rel=0.01)
+    assert kernels.gemm_time(h100, odd, "bf16") > 5 * kernels.gemm_time(h100, aligned, "bf16")
+    assert kernels.aligned((1, 1024, 50260, 768), "fp32") and not kernels.aligned((1, 1024, 50260, 768), "bf16")
+    a100 = load_cluster("dgx-a100-80gb").device  # no measurement: no penalty
+    assert kernels.gemm_efficiency(a100, odd, "bf16") == pytest.approx(kernels.gemm_efficiency(a100, aligned, "bf16"),
+                                                                     rel=0.01)
