@@ -97,8 +97,9 @@ class DeviceWork:
     the activations."""
     largest_tensor: float = 0.0
     """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
-    foreach: bool = True
-    """Whether AdamW takes torch's foreach path (default on GPUs; CPU tensors take the single-tensor path)."""
+    fused: bool = True
+    """Whether AdamW runs torch's fused kernel (the executor's default on GPUs, `executor.runner.default_optimizer`);
+    CPU tensors take torch's single-tensor path."""
 
 
 def _phase(**parts: float) -> dict[str, float]:
@@ -121,9 +122,9 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
       layers' activations, the gradients produced so far, the output gradient the stage received for this
       backward, and under ZeRO-2/3 its unsharded gradient and the fp32 reduce-scatter input (FSDP2
       foreach_reduce);
-    - the optimizer step: gradients and AdamW's temporaries (`_multi_tensor_adam`: `_foreach_sqrt(exp_avg_sqs)`,
-      one fp32 copy of every parameter of the group; `_single_tensor_adam`: `exp_avg_sq.sqrt() / bias_correction`
-      while the previous tensor's denominator is alive, ~3 x the largest tensor).
+    - the optimizer step: gradients and AdamW's temporaries (the fused kernel on GPUs: none;
+      `_single_tensor_adam` on CPU: `exp_avg_sq.sqrt() / bias_correction` while the previous tensor's denominator
+      is alive, ~3 x the largest tensor).
 
     Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
@@ -170,7 +171,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         phases.append(_phase(**static, gradients=accumulated, activations=later + cast_weights,
                              temporaries=loss_tmp + gather_buffer))
     phases += _backward_phases(w, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
-    opt_tmp = psi / (n if fsdp else 1) * FP32 if w.foreach else 3 * w.largest_tensor * FP32
+    opt_tmp = 0.0 if w.fused else 3 * w.largest_tensor * FP32
     phases.append(_phase(parameters=resident, optimizer=opt, buffers=buffers, gradients=grads_step,
                          temporaries=opt_tmp))
     return max(phases, key=lambda p: p["total"])
@@ -231,9 +232,10 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
         grad_recv=tuple(grad_recv), largest_tensor=max(tensors, default=0.0),
-        # CPU ranks (gloo over loopback) take AdamW's single-tensor path: torch.optim.optimizer.
-        # _default_to_fused_or_foreach picks foreach only for tensors on CUDA-like devices
-        foreach=cl.intra_node.kind != "loopback")
+        # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
+        # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
+        # devices)
+        fused=cl.intra_node.kind != "loopback")
     out = peak_memory(work)
     out["headroom"] = cl.device.memory_bytes - cl.device.usable_memory_bytes
     return out
