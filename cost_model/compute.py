@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from cost_model import kernels
 from cost_model.kernels import PRECISION_BYTES, Attn, Gemm, interp_log, peak_flops  # noqa: F401 (re-exported)
@@ -267,19 +268,24 @@ def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
     return (b, m, k, n), (b, k, n, m)
 
 
-def graph_shapes(graph, limit: int = 32) -> tuple[list[Gemm], list[Attn]]:
-    """The distinct forward and backward GEMMs and the fused-attention calls of a graph at its traced batch on one
-    device (no tp split), largest work first, at most `limit` GEMMs: what `plan profile --model` times."""
-    work: dict[Gemm, float] = {}
+def graph_shapes(graph, limit: int = 32, scales: Sequence[float] = (1.0,)) -> tuple[list[Gemm], list[Attn]]:
+    """The distinct forward and backward GEMMs and the fused-attention calls of a graph on one device (no tp
+    split) at each of `scales` x its traced batch, largest work first, at most `limit` GEMMs per scale: what
+    `plan profile --model` times. Several scales give the cost model a measured row near a plan's micro-batch, so
+    that it scales a measured time by the shape model over a short step (`ComputeModel.gemm_time`): a GEMM of
+    1024 tokens runs at a fraction of the rate of the same GEMM on 16384."""
+    gemms: list[Gemm] = []
     attns: dict[Attn, None] = {}
-    for op in graph.ops:
-        w = op_work(op, None, 1, 1.0, "fp32")
-        for g in w.gemms:
-            for x in (g, *backward_gemms(g)):
-                work[x] = work.get(x, 0.0) + 2.0 * math.prod(x)
-        if w.attn is not None and op.kind == "attention":
-            attns[w.attn] = None
-    gemms = sorted(work, key=lambda x: -work[x])[:limit]
+    for s in scales:
+        work: dict[Gemm, float] = {}
+        for op in graph.ops:
+            w = op_work(op, None, 1, s, "fp32")
+            for g in w.gemms:
+                for x in (g, *backward_gemms(g)):
+                    work[x] = work.get(x, 0.0) + 2.0 * math.prod(x)
+            if w.attn is not None and op.kind == "attention":
+                attns[w.attn] = None
+        gemms += [g for g in sorted(work, key=lambda x: -work[x])[:limit] if g not in gemms]
     return gemms, list(attns)
 
 

@@ -361,3 +361,21 @@ def test_unaligned_gemms_run_at_the_measured_unaligned_efficiency():
     a100 = load_cluster("dgx-a100-80gb").device  # no measurement: no penalty
     assert kernels.gemm_efficiency(a100, odd, "bf16") == pytest.approx(kernels.gemm_efficiency(a100, aligned, "bf16"),
                                                                      rel=0.01)
+
+
+def test_profile_shapes_cover_larger_micro_batches():
+    from cost_model.compute import graph_shapes
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    graph = trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), 1)
+    one, one_att = graph_shapes(graph, limit=4)
+    many, many_att = graph_shapes(graph, limit=4, scales=(1, 4, 16))
+    assert many[:len(one)] == one and len(many) == 3 * len(one)
+    t = one_att[0][1]  # tokens of one sample: the M of forward GEMMs, the K of weight gradients
+    for s in (4, 16):
+        assert any(g[1] == s * t for g in many) and any(g[3] == s * t for g in many)
+        assert (one_att[0][0] * s, *one_att[0][1:]) in many_att  # attention: batch x heads
+    # a plan at 16 samples finds its GEMMs measured as they are, not scaled from one sample
+    from cost_model import kernels
+    fwd16 = next(g for g in many if g[1] == 16 * t)
+    assert kernels.nearest_row([(*g, "fp32", 1.0) for g in many], (*fwd16, "fp32"), free=(0, 1, 2, 3))[:4] == fwd16
