@@ -81,6 +81,7 @@ def _compute_assumption(dev, precision: str, peak: float) -> str:
     if dev.matmul is not None and dev.sms:
         parts.append(f"GEMMs by (M, N, K) after sharding: tile and wave quantization on {dev.sms} SMs x "
                      f"{dev.matmul.best_efficiency:.1%} best efficiency"
+                     + (f" x K/(K + {dev.matmul.k_overhead:.0f})" if dev.matmul.k_overhead else "")
                      + (f" ({dev.matmul.unaligned_efficiency:.0%} with a dimension not a multiple of 16 bytes)"
                         if dev.matmul.unaligned_efficiency is not None else ""))
     else:

@@ -7,9 +7,12 @@ of which b x M x N outputs are useful:
 
     quantization = b*M*N / (ceil(b*tiles / sms) * sms * tm * tn)        (best tile of the profile's list; an edge
                                                                          longer than M or N shrinks to it)
-    t = max(2*b*M*N*K / (peak * best_efficiency * quantization),  bytes(A, B, C) / memory roofline,  floor)
+    t = max(2*b*M*N*K / (peak * best_efficiency * quantization * K/(K + k_overhead)),
+            bytes(A, B, C) / memory roofline,  floor)
 
-`best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes; the bytes term
+`best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes (a deep K);
+`k_overhead` (measured, else 0) the K-elements' worth of time each tile spends filling its pipeline and writing
+its output, which a shallow K does not amortise; the bytes term
 makes skinny GEMMs (small M, N or K) memory-bound. A GEMM with a dimension that is not a multiple of 16 bytes runs
 at the profile's measured `unaligned_efficiency` instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on
 the `matmul_efficiency` curve (CPU ranks).
@@ -106,9 +109,10 @@ def gemm_efficiency(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> flo
     if mm is None:
         return interp_log(device.matmul_efficiency, 2.0 * b * m * n * g[3])
     best = max(quantization(b, m, n, t, device.sms) for tile in mm.tiles for t in (tile, tile[::-1]))
+    depth = g[3] / (g[3] + mm.k_overhead)
     if mm.unaligned_efficiency is not None and not aligned(g, precision):
-        return mm.unaligned_efficiency * best
-    return mm.best_efficiency * best
+        return mm.unaligned_efficiency * best * depth
+    return mm.best_efficiency * best * depth
 
 
 def gemm_time(device: DeviceSpec, g: Gemm, precision: str) -> float:

@@ -147,13 +147,14 @@ _ATTN_EFFS = ("forward_efficiency", "backward_efficiency")
 
 
 def _matmul(d: Any, where: str) -> MatmulModel:
-    d = _keys(d, where, ("tiles", "best_efficiency"), ("unaligned_efficiency",))
+    d = _keys(d, where, ("tiles", "best_efficiency"), ("k_overhead", "unaligned_efficiency"))
     tiles = d["tiles"]
     if not isinstance(tiles, list) or not tiles or any(not isinstance(t, list) or len(t) != 2 for t in tiles):
         raise ProfileError(f"{where}.tiles: expected a list of [rows, columns] pairs, e.g. [[256, 128]]")
     return MatmulModel(tiles=tuple((int(_pos(a, f"{where}.tiles", integer=True)),
                                     int(_pos(b, f"{where}.tiles", integer=True))) for a, b in tiles),
                        best_efficiency=_fraction(d["best_efficiency"], f"{where}.best_efficiency"),
+                       k_overhead=float(_pos(d["k_overhead"], f"{where}.k_overhead")) if "k_overhead" in d else 0.0,
                        unaligned_efficiency=_fraction(d["unaligned_efficiency"], f"{where}.unaligned_efficiency")
                        if "unaligned_efficiency" in d else None)
 
@@ -264,6 +265,7 @@ def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
         out["sms"] = dev.sms
     if dev.matmul is not None:
         out["matmul"] = {"tiles": [list(t) for t in dev.matmul.tiles], "best_efficiency": dev.matmul.best_efficiency,
+                         **({"k_overhead": dev.matmul.k_overhead} if dev.matmul.k_overhead else {}),
                          **({"unaligned_efficiency": dev.matmul.unaligned_efficiency}
                             if dev.matmul.unaligned_efficiency is not None else {})}
     if dev.attention is not None:

@@ -132,6 +132,9 @@ class MatmulModel:
     """Output tile sizes [rows, columns] the GEMM library chooses among, e.g. [[256, 128], [128, 128]]."""
     best_efficiency: float
     """Achieved fraction of peak at large, tile-aligned shapes (a measured maximum achievable matmul)."""
+    k_overhead: float = 0.0
+    """Elements of K each output tile's pipeline fill and epilogue cost on top of its K loop: a GEMM runs at
+    K / (K + k_overhead) of the efficiency of a very deep one (measured; 0: none)."""
     unaligned_efficiency: float | None = None
     """Achieved fraction of peak of a GEMM with a dimension that is not a multiple of 16 bytes (GPT-2's vocabulary
     of 50257): cuBLAS then cannot use its aligned Tensor Core kernels (NVIDIA, "Matrix Multiplication Background

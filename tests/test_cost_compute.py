@@ -379,3 +379,15 @@ def test_profile_shapes_cover_larger_micro_batches():
     from cost_model import kernels
     fwd16 = next(g for g in many if g[1] == 16 * t)
     assert kernels.nearest_row([(*g, "fp32", 1.0) for g in many], (*fwd16, "fp32"), free=(0, 1, 2, 3))[:4] == fwd16
+
+
+def test_shallow_gemms_pay_their_tiles_pipeline_fill():
+    from cost_model import kernels
+    h100 = load_cluster("dgx-h100").device  # k_overhead 192, measured on an H200 (same die)
+    deep, shallow = (1, 8192, 8192, 16384), (1, 8192, 8192, 1024)
+    e_deep, e_shallow = (kernels.gemm_efficiency(h100, g, "bf16") for g in (deep, shallow))
+    assert e_shallow / e_deep == pytest.approx((1024 / (1024 + 192)) / (16384 / (16384 + 192)))
+    plain = dataclasses.replace(h100, matmul=dataclasses.replace(h100.matmul, k_overhead=0.0))
+    one_wave = (1, 12 * 256, 11 * 128, 1024)  # 132 tiles of 256 x 128 on 132 SMs: no quantization loss
+    assert kernels.gemm_efficiency(plain, one_wave, "bf16") == pytest.approx(0.803)
+    assert kernels.gemm_efficiency(h100, one_wave, "bf16") == pytest.approx(0.803 * 1024 / (1024 + 192))
