@@ -2,14 +2,15 @@
 machine with one GPU:
 
     python benchmarks/gpu_predicted_vs_measured.py [--out DIR] [--only gpt-124M,llama-1B] [--steps 12]
-        [--no-profile | --reuse-profiles] [--no-compile] [--cluster YAML] [--deadline S] [--tiny]
+        [--no-profile | --reuse-profiles] [--no-compile] [--cluster YAML] [--deadline S] [--trace-run RUN] [--tiny]
 
 1. `plan profile --backend nccl --model MODEL ...` once: this GPU's matmul and memory curves plus the models' own
    GEMM and attention shapes (the profile the plans are made with; DIR/profile.yaml, with the date and the GPU
    written in, to ship as a preset update);
 2. for each model, bf16, one micro-batch, with and without full recompute: `plan --force dp=1,...` writes the plan
    (its prediction) and `plan measure` runs it (CUDA events, `torch.cuda.max_memory_allocated`);
-3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step.
+3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step;
+4. with `--trace-run RUN`, that run once more under `plan measure --trace`, and its device time by kernel family.
 
 Prints one table (predicted, measured, error for step time and peak memory) and writes DIR/results.json. The
 models are the bundled GPT (examples/gpt.py) at GPT-2's 124M, 350M and 1.5B shapes (Radford et al. 2019, Table 2)
@@ -152,6 +153,9 @@ def main() -> int:
                     help="start no GPU job after S seconds (the rest are listed as not run); for a time-limited lease")
     ap.add_argument("--reuse-profiles", action="store_true",
                     help="keep a DIR/profile.yaml already there (measured earlier on this GPU) instead of profiling")
+    ap.add_argument("--trace-run", metavar="RUN",
+                    help="afterwards, trace this measured run (e.g. 'llama-1B none') and print where its device time "
+                         "went by kernel (benchmarks/kernel_summary.py)")
     ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke test of this script")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -167,11 +171,12 @@ def main() -> int:
     from concurrent.futures import ThreadPoolExecutor
     planner = ThreadPoolExecutor(max_workers=4)
     jobs: list[tuple[str, object, bool]] = []  # (model file, future plan, compiled)
+    clusters: dict[str, str] = {}  # model name -> the one-device profile its plans were made with
     rows: list[dict] = []
 
     def jobs_for(name: str, model: str, cluster: str, batch: int) -> None:
         """Plan this model's runs in the background (CPU), to be measured later (GPU)."""
-        cluster = one_device(args.out, cluster)
+        cluster = clusters[name] = one_device(args.out, cluster)
         variants = [("none", False), ("full", False)] + ([("none", True)] if name == names[0] and not args.no_compile
                                                          else [])
         for recompute, compiled in variants:
@@ -214,7 +219,31 @@ def main() -> int:
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, f, indent=1)
     print(table(rows))
+    if args.trace_run and not late():
+        print(trace_run(args.out, args.trace_run, files, clusters, rows))
     return 0
+
+
+def trace_run(out: str, run_name: str, files: dict[str, str], clusters: dict[str, str], rows: list[dict]) -> str:
+    """`plan measure --trace` of one measured run (2 profiled steps after 3 warm-up), then where its device time
+    went by kernel (`kernel_summary`), also written to DIR/kernels-RUN.txt."""
+    from kernel_summary import report
+    tag = run_name.replace(" ", "_")
+    plan = os.path.join(out, tag + ".plan.json")
+    if not any(r["run"] == run_name and "measured_s" in r for r in rows) or not os.path.exists(plan):
+        return f"--trace-run {run_name}: no such measured run"
+    folder = os.path.join(out, "trace-" + tag)
+    name = run_name.split()[0]
+    p = run(PLAN + ["measure", plan, files[name], "--steps", "5", "--warmup", "3", "--trace", folder,
+                    "--cluster", clusters[name]],
+            os.path.join(out, "logs", tag + ".trace.log"))
+    if p.returncode:
+        return f"--trace-run {run_name}: {last_line(p)}"
+    with open(os.path.join(folder, "profiler_rank0.json")) as f:
+        text = f"{run_name}, plan measure --trace:\n" + report(json.load(f), steps=2)
+    with open(os.path.join(out, f"kernels-{tag}.txt"), "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 if __name__ == "__main__":
