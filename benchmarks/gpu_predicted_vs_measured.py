@@ -68,10 +68,9 @@ def run(cmd: list[str], log: str, timeout: float = 900) -> subprocess.CompletedP
     """Run `cmd`, keep its output in `log` (a failure's whole story travels with the results)."""
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        p = subprocess.CompletedProcess(cmd, 124, e.stdout or "", (e.stderr or "") + f"\ntimed out after {timeout:.0f} s")
-        p.stdout = p.stdout.decode() if isinstance(p.stdout, bytes) else p.stdout
-        p.stderr = p.stderr.decode() if isinstance(p.stderr, bytes) else p.stderr
+    except subprocess.TimeoutExpired as e:  # its output is bytes even with text=True
+        text = [x.decode() if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
+        p = subprocess.CompletedProcess(cmd, 124, text[0], text[1] + f"\ntimed out after {timeout:.0f} s")
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n" + p.stdout + "\n" + p.stderr)
     return p

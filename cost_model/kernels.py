@@ -12,10 +12,10 @@ of which b x M x N outputs are useful:
 
 `best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes (a deep K);
 `k_overhead` (measured, else 0) the K-elements' worth of time each tile spends filling its pipeline and writing
-its output, which a shallow K does not amortise; the bytes term
-makes skinny GEMMs (small M, N or K) memory-bound. A GEMM with a dimension that is not a multiple of 16 bytes runs
-at the profile's measured `unaligned_efficiency` instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on
-the `matmul_efficiency` curve (CPU ranks).
+its output, which a shallow K does not amortise; the bytes term makes skinny GEMMs (small M, N or K) memory-bound.
+A GEMM with a dimension that is not a multiple of 16 bytes runs at the profile's measured `unaligned_efficiency`
+instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on the `matmul_efficiency`
+curve (CPU ranks).
 
 Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d
 forward, 2.5x that backward, the count of Dao 2023, "FlashAttention-2", Sec. 4.1), times the fraction of score

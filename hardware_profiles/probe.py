@@ -424,9 +424,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "matmul_*: a chain of tiny 2-D matmuls y @ w; dtensor_*: the same on replicated DTensors over a "
              "1-D mesh of all ranks (the elementwise chain multiplies, so each backward node dispatches one op). "
              "kernel_costs: [forward, backward] seconds per element "
-             "of fp32 kernels on a 256 x 512 tensor (GPUs: only adamw, the executor's default AdamW on a 2^26-element "
-             "parameter; elementwise kernels are priced by their bytes). fsdp_*: FSDP2's seconds per fully_shard'ed module and per "
-             "parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
+             "of fp32 kernels on a 256 x 512 tensor (GPUs: only adamw, the executor's default AdamW on a "
+             "2^26-element parameter; elementwise kernels are priced by their bytes). fsdp_*: FSDP2's seconds per "
+             "fully_shard'ed module and per parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
              "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
              "DTensor all-gather of an activation between matmuls beyond the all-gather alone; dtensor_local_call_*: "
@@ -440,8 +440,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "cache and the input in, as a step finds them.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events "
-             "around calls queued back to back on GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): device seconds per kernel of 64 "
-             "one-element adds replayed as a CUDA graph.",
+             "around calls queued back to back on GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): "
+             "device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "

@@ -21,12 +21,6 @@ FLOOR_CHAIN = 64
 """Tiny back-to-back kernels timed for the per-kernel floor."""
 
 
-def _expected_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
-                      plan: MeasurePlan) -> float:
-    """Expected seconds of one call of `fn`: device time with the host ahead on GPUs, wall clock on CPUs."""
-    return seconds_per_call(fn, device, sync, plan)
-
-
 def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, device: torch.device,
                  sync: Callable[[], None], plan: MeasurePlan, host_s: float = 0.0) -> list[tuple]:
     """[(batch, M, N, K, precision, seconds)] for each GEMM shape; `host_s` (CPU: the per-op overhead) is taken
@@ -36,7 +30,7 @@ def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, de
         a = torch.randn(b, m, k, device=device).to(DTYPES[precision])
         w = torch.randn(b, k, n, device=device).to(DTYPES[precision])
         fn = (lambda: torch.mm(a[0], w[0])) if b == 1 else (lambda: torch.bmm(a, w))
-        t = _expected_seconds(fn, device, sync, plan)
+        t = seconds_per_call(fn, device, sync, plan)
         out.append((b, m, n, k, precision, max(t - host_s, 0.05 * t)))
     return out
 
@@ -58,9 +52,9 @@ def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precisi
         def fwd():
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        t_f = _expected_seconds(fwd, device, sync, plan)
+        t_f = seconds_per_call(fwd, device, sync, plan)
         # autograd.grad, not backward(): no gradient accumulation kernels into q/k/v.grad
-        t_fb = _expected_seconds(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
+        t_fb = seconds_per_call(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
         t_b = max(t_fb - t_f, 0.0)
         out.append((bh, s_q, s_k, d, causal, precision, max(t_f - host_s[0], 0.05 * t_f),
                     max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
@@ -93,4 +87,4 @@ def kernel_floor(device: torch.device, plan: MeasurePlan) -> float:
         fn = graph.replay
     except RuntimeError:
         pass
-    return _expected_seconds(fn, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN
+    return seconds_per_call(fn, device, lambda: torch.cuda.synchronize(device), plan) / FLOOR_CHAIN
