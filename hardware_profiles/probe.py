@@ -491,12 +491,7 @@ def main(argv: Sequence[str] | None = None,
     quick)` gives a model file's GEMM and attention shapes for `--model` (the planner passes it in)."""
     import torch
     args = _parser().parse_args(list(argv or []))
-    shapes = None
-    if args.model is not None:
-        if shapes_for is None:
-            raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
-        shapes = merged_shapes(args.model, args.quick, shapes_for)
-    out = Path(args.output)
+    out = Path(args.output)  # flags first: tracing several --model files takes a while
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
                            "another path")
@@ -504,6 +499,11 @@ def main(argv: Sequence[str] | None = None,
     backend = args.backend or ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise ProfileError("--backend nccl needs CUDA GPUs and none are visible; use --backend gloo for CPU ranks")
+    shapes = None
+    if args.model is not None:
+        if shapes_for is None:
+            raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
+        shapes = merged_shapes(args.model, args.quick, shapes_for)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         result = profile_torchrun(args.quick, backend, args.name, progress=True, shapes=shapes)
         if result is None:
