@@ -2,8 +2,11 @@
 configurations of Narayanan et al. SC21 Table 1 (model shapes, t, p, number of GPUs, global batch; s = 2048,
 V = 51200); plus the time one `CostModel.predict` of the 1T / 3072-GPU configuration takes.
 
-Only the configurations come from the paper; no figure is tuned to its published throughputs. Micro-batch size 1,
-1F1B schedule, full activation recomputation (the paper's setting), ZeRO-0, bf16 (same peak as the paper's fp16).
+Only the configurations come from the paper and its run script (micro-batch size, interleaved stages) and
+Megatron-LM's defaults (dropout 0.1 on the attention probabilities and residual branches); full activation
+recomputation (the paper's setting), ZeRO-0, bf16 (same peak as the paper's fp16). No figure is tuned to the
+published throughputs; the last column is the step time those imply (Table 1's achieved TFLOP/s per GPU, which count
+the recomputed forward, through the paper's FLOP formula, eq. 3), for reference.
 The attention kernel is the preset's (FlashAttention-2); `--attention unfused` prices SDPA as the separate kernels
 Megatron-LM ran in 2021, before FlashAttention (batched GEMMs over the dense scores and a fused softmax).
 
@@ -31,25 +34,31 @@ from planner.defaults import default_plan  # noqa: E402
 from planner.model_file import ModelFile, default_loss  # noqa: E402
 from planner.trace import trace_model  # noqa: E402
 
-# name: (heads, hidden, layers, t, p, GPUs, global batch) -- Narayanan et al. SC21 Table 1 (configurations only)
+# name: (heads, hidden, layers, t, p, GPUs, global batch, micro-batch, virtual stages) -- Narayanan et al. SC21
+# Table 1 (configurations only); micro-batch sizes and interleaving from the paper's run script, Megatron-LM
+# examples/sc21/run_table_1.sh (MBS, --num-layers-per-virtual-pipeline-stage: layers / p / that = virtual stages)
 CONFIGS = {
-    "1.7B": (24, 2304, 24, 1, 1, 32, 512),
-    "3.6B": (32, 3072, 30, 2, 1, 64, 512),
-    "7.5B": (32, 4096, 36, 4, 1, 128, 512),
-    "18B": (48, 6144, 40, 8, 1, 256, 1024),
-    "39B": (64, 8192, 48, 8, 2, 512, 1536),
-    "76B": (80, 10240, 60, 8, 4, 1024, 1792),
-    "145B": (96, 12288, 80, 8, 8, 1536, 2304),
-    "310B": (128, 16384, 96, 8, 16, 1920, 2160),
-    "530B": (128, 20480, 105, 8, 35, 2520, 2520),
-    "1T": (160, 25600, 128, 8, 64, 3072, 3072),
+    "1.7B": (24, 2304, 24, 1, 1, 32, 512, 16, 1),
+    "3.6B": (32, 3072, 30, 2, 1, 64, 512, 16, 1),
+    "7.5B": (32, 4096, 36, 4, 1, 128, 512, 16, 1),
+    "18B": (48, 6144, 40, 8, 1, 256, 1024, 8, 1),
+    "39B": (64, 8192, 48, 8, 2, 512, 1536, 4, 1),
+    "76B": (80, 10240, 60, 8, 4, 1024, 1792, 2, 3),
+    "145B": (96, 12288, 80, 8, 8, 1536, 2304, 2, 2),
+    "310B": (128, 16384, 96, 8, 16, 1920, 2160, 1, 2),
+    "530B": (128, 20480, 105, 8, 35, 2520, 2520, 1, 3),
+    "1T": (160, 25600, 128, 8, 64, 3072, 3072, 1, 1),
 }
+PUBLISHED_TFLOPS = {"1.7B": 137, "3.6B": 138, "7.5B": 142, "18B": 135, "39B": 138, "76B": 140, "145B": 148,
+                    "310B": 155, "530B": 163, "1T": 163}
+"""SC21 Table 1, achieved teraFLOP/s per GPU."""
 SEQ, VOCAB = 2048, 51200
+DROPOUT = 0.1  # Megatron-LM's defaults, hidden_dropout and attention_dropout (megatron/training/arguments.py)
 
 
 def model_file(heads: int, hidden: int, layers: int) -> ModelFile:
     """A ModelFile for examples/gpt.py's GPT with this shape (built on the meta device by the tracer)."""
-    cfg = GPTConfig(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=VOCAB, block_size=SEQ)
+    cfg = GPTConfig(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=VOCAB, block_size=SEQ, dropout=DROPOUT)
     return ModelFile(path=os.path.join(ROOT, "examples", "gpt.py"), build_model=lambda: GPT(cfg),
                      sample_batch=lambda b: sample_batch(b, cfg), loss_fn=default_loss)
 
@@ -58,6 +67,23 @@ def _cluster(nodes: int, attention: str | None) -> Cluster:
     """dgx-a100-80gb with `nodes` nodes, its attention kernel replaced by `attention` when given."""
     cluster = load_cluster("dgx-a100-80gb", nodes=nodes)
     return cluster.with_attention_kernel(attention) if attention else cluster
+
+
+def _plan(name: str, graph, cluster: Cluster):
+    """The run's plan: its t, p, d, micro-batch and interleaving, full recompute, ZeRO-0, no sequence parallelism."""
+    _, _, _, t, p, gpus, batch, mbs, vp = CONFIGS[name]
+    forced = {"dp": gpus // (t * p), "tp": t, "pp": p, "zero": 0, "mbs": mbs, "recompute": "full", "sp": 0,
+              "schedule": "interleaved" if vp > 1 else "1f1b"}
+    if vp > 1:
+        forced["vp"] = vp
+    return default_plan(graph, cluster, batch, "bf16", forced, "examples/gpt.py")
+
+
+def published_step_s(name: str) -> float:
+    """Step seconds implied by SC21 Table 1: eq. 3's FLOPs (with the recomputed forward) over GPUs x TFLOP/s."""
+    _, h, l, _, _, gpus, batch, _, _ = CONFIGS[name]
+    flops = 96 * batch * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * l * h))
+    return flops / (gpus * PUBLISHED_TFLOPS[name] * 1e12)
 
 
 def main() -> int:
@@ -70,32 +96,27 @@ def main() -> int:
     torch.set_num_threads(1)
     names = args.only.split(",") if args.only else list(CONFIGS)
     print(f"{'model':>6} {'t':>2} {'p':>3} {'d':>3} {'GPUs':>5} {'batch':>5} {'params':>8} {'trace s':>7} "
-          f"{'step s':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8} {'fits':>5}  breakdown (compute/comm/bubble/opt s)")
+          f"{'step s':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8} {'fits':>5}  {'breakdown (compute/comm/bubble/opt s)':<38}"
+          f"{'published s':>11}")
     graphs = {}
     for name in names:
-        heads, hidden, layers, t, p, gpus, batch = CONFIGS[name]
+        heads, hidden, layers, t, p, gpus, batch, mbs, vp = CONFIGS[name]
         t0 = time.perf_counter()
         graph = trace_model(model_file(heads, hidden, layers), batch_size=1, progress=False)
         trace_s = time.perf_counter() - t0
         graphs[name] = graph
         cluster = _cluster(gpus // 8, args.attention)
-        d = gpus // (t * p)
-        forced = {"dp": d, "tp": t, "pp": p, "zero": 0, "mbs": 1, "recompute": "full", "schedule": "1f1b",
-                  "sp": 0}
-        plan = default_plan(graph, cluster, batch, "bf16", forced, "examples/gpt.py")
-        pred = CostModel(cluster).predict(graph, plan)
+        pred = CostModel(cluster).predict(graph, _plan(name, graph, cluster))
         b = pred.breakdown
-        print(f"{name:>6} {t:>2} {p:>3} {d:>3} {gpus:>5} {batch:>5} {graph.num_parameters / 1e9:>7.1f}B "
+        parts = f"{b['compute_s']:.2f}/{b['exposed_comm_s']:.2f}/{b['bubble_s']:.2f}/{b['optimizer_s']:.3f}"
+        print(f"{name:>6} {t:>2} {p:>3} {gpus // (t * p):>3} {gpus:>5} {batch:>5} {graph.num_parameters / 1e9:>7.1f}B "
               f"{trace_s:>7.1f} {pred.step_time_s:>8.2f} {pred.tflops_per_device:>8.1f} {pred.mfu:>6.1%} "
-              f"{pred.peak_memory_bytes / 2**30:>8.1f} {str(pred.fits):>5}  "
-              f"{b['compute_s']:.2f}/{b['exposed_comm_s']:.2f}/{b['bubble_s']:.2f}/{b['optimizer_s']:.3f}",
+              f"{pred.peak_memory_bytes / 2**30:>8.1f} {str(pred.fits):>5}  {parts:<38}{published_step_s(name):>11.2f}",
               flush=True)
     if "1T" in graphs:
-        heads, hidden, layers, t, p, gpus, batch = CONFIGS["1T"]
+        gpus = CONFIGS["1T"][5]
         cluster = _cluster(gpus // 8, args.attention)
-        forced = {"dp": gpus // (t * p), "tp": t, "pp": p, "zero": 0, "mbs": 1, "recompute": "full",
-                  "schedule": "1f1b", "sp": 0}
-        plan = default_plan(graphs["1T"], cluster, batch, "bf16", forced, "examples/gpt.py")
+        plan = _plan("1T", graphs["1T"], cluster)
         times = []
         for _ in range(args.repeat):
             cm = CostModel(cluster)  # fresh model: no cached layer costs carried over

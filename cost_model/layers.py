@@ -146,7 +146,9 @@ class LayerCoster:
         """The cost of one layer (cached per block type and placement pattern)."""
         ops = self.plan.ops
         pattern = tuple(_pattern(ops.get(self.graph.ops[i].name)) for i in layer.ops)
-        key = (layer.block_type, pattern) if layer.block_type else None
+        # the block's edges from outside it depend on where those tensors live: the first block reads the
+        # embedding's output (a vocabulary-parallel partial sum, say), later ones the previous block's
+        key = (layer.block_type, pattern, self._inputs_from_outside(layer)) if layer.block_type else None
         if key is not None and key in self._cache:
             return self._cache[key]
         c = self._compute(layer)
@@ -236,6 +238,18 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors, partial_elems=partial_elems)
+
+    def _inputs_from_outside(self, layer: Layer) -> tuple[str, ...]:
+        """The output placement of each tensor an op of `layer` reads from an op outside it, in read order."""
+        g, ops = self.graph, self.plan.ops
+        names = {g.ops[i].name for i in layer.ops}
+        out = []
+        for i in layer.ops:
+            for src in g.ops[i].inputs:
+                if src in g.index and src not in names:
+                    pl = ops.get(src)
+                    out.append(pl.output if pl is not None else "R")
+        return tuple(out)
 
     def _local_calls(self, layer: Layer) -> int:
         """Calls per micro-batch of modules the plan leaves wholly replicated in this layer (executor.tp

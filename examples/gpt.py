@@ -31,12 +31,15 @@ class GPTConfig:
     """Vocabulary V."""
     block_size: int = 64
     """Sequence length s (and learned positions)."""
+    dropout: float = 0.0
+    """Dropout probability on the embeddings, the attention probabilities and each residual branch, as nanoGPT and
+    Megatron-LM place it (0: no dropout ops in the graph)."""
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.n_head = cfg.n_head
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
         self.head_dim = cfg.n_embd // cfg.n_head
         self.q_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.k_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
@@ -48,19 +51,24 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(x).view(b, s, self.n_head, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_head, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_head, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.dropout:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                               is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).reshape(b, s, self.n_head * self.head_dim)
-        return self.c_proj(y)
+        return _dropout(self.c_proj(y), self.dropout, self.training)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        self.dropout = cfg.dropout
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return _dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -97,10 +105,15 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         s = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(s, device=idx.device))
+        x = _dropout(self.wte(idx) + self.wpe(torch.arange(s, device=idx.device)), self.cfg.dropout, self.training)
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout when the configuration has dropout; otherwise x itself (no op in the traced graph)."""
+    return F.dropout(x, p, training) if p else x
 
 
 def _init_weights(module: nn.Module) -> None:

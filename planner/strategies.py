@@ -5,7 +5,7 @@ Where a candidate comes from, and who has the last word:
 1. The hand registry proposes: a rule registered per `OpNode.kind` with `@register(kind)` (autoparallel's
    `@register_rule` idiom) returns the `OpPlacement`s an op may take over a tensor-parallel axis of size `tp`.
 2. For the kinds where DTensor runs more layouts than the registry names (`ENUMERATED_KINDS`: elementwise, dropout,
-   views/transposes/splits, matmul, softmax), every combination of input placements (R, or S(d) on a non-batch dim
+   views/transposes/splits, matmul, softmax; and reductions such as `mean`), every combination of input placements (R, or S(d) on a non-batch dim
    tp divides) is proposed as well.
 3. DTensor decides (`planner.dtensor_rules.propagate`: DTensor's own sharding propagation run on meta DTensors):
    a candidate is kept only if DTensor computes the op on those placements without a redistribution that
@@ -36,7 +36,7 @@ Registry rules by kind (each filtered by divisibility of the sharded size by tp)
 - reshape (view, transpose, permute, contiguous): replicate; shard, following the input's sharded dim through the
   shape change where that dim maps onto one output dim.
 
-Enumerated candidates are named `sequence` (elementwise/dropout with output S(1) on a tensor of rank >= 3, as the
+Enumerated candidates are named `sequence` (elementwise/dropout/reduction with output S(1) on a tensor of rank >= 3, as the
 registry names them), `heads` (attention with output S(1)), `partial` (an elementwise or reshape op reading a
 partial sum its producer can output, `partial_inputs`, with output P: DTensor runs only ops linear in it so) or
 `shard`.
@@ -50,7 +50,7 @@ from typing import Callable, Mapping, Sequence
 from planner import dtensor_rules
 from planner.graph import OpNode
 from planner.plan import OpPlacement
-from planner.shard_flow import split_problems
+from planner.shard_flow import REDUCES, callee, split_problems
 
 Rule = Callable[[OpNode, int], list[OpPlacement]]
 """A strategy rule: (op, tp degree) -> the placements it may take (replicate included)."""
@@ -147,7 +147,7 @@ def _checked(op: OpNode, tp: int, partial: frozenset[int] = frozenset()) -> list
         if _layout(q) not in seen:
             seen.add(_layout(q))
             out.append(q)
-    if op.kind in ENUMERATED_KINDS and not op.params:
+    if _enumerated(op):
         combos = _joint_combinations(op, tp) if op.kind == "attention" else _input_combinations(op, tp, partial)
         for inputs in combos:
             r = dtensor_rules.propagate(op, inputs, (), tp)
@@ -156,7 +156,7 @@ def _checked(op: OpNode, tp: int, partial: frozenset[int] = frozenset()) -> list
                     not _keeps(op, r.output, "P" if reads_partial else None, tp) or \
                     (reads_partial and r.output != "P"):
                 continue  # (partial inputs: only an op linear in them, whose output is a partial sum)
-            name = "sequence" if op.kind in ("elementwise", "dropout") and r.output == "S(1)" and \
+            name = "sequence" if op.kind in ("elementwise", "dropout", "other") and r.output == "S(1)" and \
                 out_rank(op) >= 3 else "heads" if op.kind == "attention" and r.output == "S(1)" else \
                 "partial" if reads_partial else "shard"
             q = OpPlacement(strategy=name, module=op.module_path, inputs=inputs, output=r.output)
@@ -181,6 +181,12 @@ def _keeps(op: OpNode, output: str | None, proposed: str | None, tp: int) -> boo
     if output.startswith("S("):
         return _divisible(op, int(output[2:-1]), tp) and output != "S(0)"
     return True
+
+
+def _enumerated(op: OpNode) -> bool:
+    """Whether `op`'s input placements are enumerated: an `ENUMERATED_KINDS` op, or a reduction left as `other`
+    (a hand-written RMSNorm's `mean` over the hidden dim runs on a sequence shard), reading no parameters."""
+    return not op.params and (op.kind in ENUMERATED_KINDS or (op.kind == "other" and callee(op.target) in REDUCES))
 
 
 def _input_combinations(op: OpNode, tp: int, partial: frozenset[int] = frozenset()) -> list[tuple[str, ...]]:

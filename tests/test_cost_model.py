@@ -184,3 +184,24 @@ def test_memory_never_grows_with_zero_stage(cfg):
         pred, _ = _predict(GRAPH, cl, 16, dict(forced, zero=z))
         mems.append(pred.peak_memory_bytes)
     assert all(b <= a for a, b in zip(mems, mems[1:])), mems
+
+
+def test_repeated_blocks_reuse_a_cost_only_where_their_inputs_arrive_alike(monkeypatch):
+    """Blocks share one priced cost, but the first block reads the vocabulary-parallel embedding's partial sum (a
+    reduce-scatter into the sequence shard under sequence parallelism) where later blocks read the previous block's
+    shard (nothing to move): the cached prediction must equal pricing every layer afresh."""
+    import os
+
+    from cost_model.layers import LayerCoster
+    from hardware_profiles.load import load_cluster
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    graph = trace_model(load_model_file(os.path.join(root, "examples", "llama.py")), batch_size=2, progress=False)
+    cl = load_cluster("dgx-h100")
+    plan = default_plan(graph, cl, 8, "bf16", {"dp": 4, "tp": 2, "pp": 1, "sp": 1, "mbs": 2}, "llama.py")
+    cached = CostModel(cl).predict(graph, plan)
+    monkeypatch.setattr(LayerCoster, "cost", lambda self, layer: self._compute(layer))
+    fresh = CostModel(cl).predict(graph, plan)
+    assert cached.breakdown["tp_comm_s"] == pytest.approx(fresh.breakdown["tp_comm_s"])
+    assert cached.step_time_s == pytest.approx(fresh.step_time_s)

@@ -195,6 +195,24 @@ def test_elementwise_enumeration_adds_only_what_runs_without_moving_inputs():
                    ("S(2)", "S(2)"): ("shard", "S(2)")}
 
 
+def test_a_reduction_over_the_hidden_dim_runs_on_sequence_shards(llama_graph):
+    """A hand-written RMSNorm's `mean(-1, keepdim=True)` keeps a sequence shard (no all-gather of its fp32 input
+    before it, and none back to the shard after), and never reads a shard of the dim it reduces."""
+    mean = next(op for op in llama_graph.ops if op.target == "aten.mean.dim")
+    got = {(p.strategy, p.inputs, p.output) for p in strategies_for(mean, 2)}
+    assert ("sequence", ("S(1)",), "S(1)") in got
+    assert all(p.inputs != ("S(2)",) for p in strategies_for(mean, 2))
+
+
+def test_the_sequence_parallel_layout_keeps_every_norm_on_sequence_shards(llama_graph):
+    """Megatron's layout with sequence parallelism (`plan --force tp=..,sp=1` without a search) places the RMSNorm's
+    mean on the sequence shard like the rest of the norm, so nothing in a norm gathers."""
+    from planner.defaults import megatron_placements
+    ops = megatron_placements(llama_graph, 2, sequence_parallel=True)
+    means = [op.name for op in llama_graph.ops if op.target == "aten.mean.dim"]
+    assert means and all(ops[m].inputs == ("S(1)",) and ops[m].output == "S(1)" for m in means)
+
+
 def test_results_are_cached_per_signature():
     other = _with(FC, name="fc2", module_path="h.1.fc")
     strategies_for(FC, 2)

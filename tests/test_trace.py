@@ -126,6 +126,26 @@ def test_gpt_blocks_layers_and_tied_weights():
     assert {op.kind for op in graph.ops} >= {"embedding", "norm", "linear", "attention", "reshape", "loss"}
 
 
+def test_gpt_dropout_as_megatron_places_it():
+    """GPTConfig(dropout=p) adds dropout on the embeddings and both residual branches and passes it to SDPA (the
+    unfused attention's dropout pass); dropout 0 adds no op."""
+    import sys
+    sys.path.insert(0, EXAMPLES)
+    from cost_model.compute import attention_dropout
+    from gpt import GPT, GPTConfig, sample_batch
+    from planner.model_file import ModelFile, default_loss
+
+    def traced(p):
+        cfg = GPTConfig(n_layer=2, dropout=p)
+        return trace_model(ModelFile(path="gpt.py", build_model=lambda: GPT(cfg),
+                                     sample_batch=lambda b: sample_batch(b, cfg), loss_fn=default_loss),
+                           batch_size=2, progress=False)
+    with_dropout, without = traced(0.1), traced(0.0)
+    assert sum("dropout" in op.target for op in with_dropout.ops) == 1 + 2 * 2
+    assert all(attention_dropout(op) for op in with_dropout.ops if op.kind == "attention")
+    assert not any("dropout" in op.target or attention_dropout(op) for op in without.ops)
+
+
 def test_llama_blocks_and_kinds():
     graph = _graph("llama")
     assert graph.block_types["layers.*"] == tuple(f"layers.{i}" for i in range(4))
