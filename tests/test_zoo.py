@@ -351,3 +351,18 @@ def test_zoo_hand_megatron_layout_trains_its_own_function(zoo, name):
     assert any(".attention.wq." in p or ".q." in p for p in sharded), sharded
     ref = _reference(name)
     assert _close(out["losses"], ref), (out["losses"], ref)
+
+
+def test_llama_sequence_parallel_norms_stay_on_their_shards_and_train(tmp_path):
+    """`plan --force tp=2,sp=1` on the Llama keeps its hand-written RMSNorm (`pow`, `mean`, `rsqrt`, `mul`) on
+    sequence shards, and the executor trains that layout with one process's losses."""
+    from planner.plan import Plan
+    plan = str(tmp_path / "llama_sp.plan.json")
+    code, line = _plan(MODELS["llama"], "cpu-local", "dp=1,tp=2,pp=1,sp=1", plan)
+    assert code == 0, line
+    loaded = Plan.load(plan)
+    means = {name: p for name, p in loaded.ops.items() if name.startswith("mean")}
+    assert means and all(p.inputs == ("S(1)",) and p.output == "S(1)" for p in means.values()), means
+    out = _train_all([{"name": "llama_sp", "model": MODELS["llama"], "plan": plan}], 2, str(tmp_path))["llama_sp"]
+    assert "error" not in out, f"{out['error']} ({out['where']})"
+    assert _close(out["losses"], _reference("llama", 1, loaded.num_microbatches)), out["losses"]
