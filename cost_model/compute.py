@@ -89,6 +89,9 @@ class OpWork:
     """A `reshape`-kind op that copies (`OpNode.copies`): memory-bound, not a free view."""
     dropout: bool = False
     """An attention call with a dropout probability above 0 (its unfused form runs a dropout pass)."""
+    cast_bytes: tuple[float, ...] = ()
+    """Bytes (read + written) of each cast autocast runs before the op (an fp32 input of a linear, a bf16 input of
+    a norm: cost_model.dtypes), one kernel each, forward and backward alike."""
 
 
 def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
@@ -222,7 +225,8 @@ def splits_work(placement) -> bool:
         any(x.startswith("S") for x in (*placement.inputs, placement.output, *placement.params))
 
 
-def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtensor: bool | None = None) -> OpWork:
+def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtensor: bool | None = None,
+            dtypes=None) -> OpWork:
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
     `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with a sharded
@@ -230,7 +234,10 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     it is sharded.
     `dtensor` says whether the op runs on DTensors (`cost_model.layers.runs_on_dtensors`); None: where tp > 1 and
     the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
+    `dtypes` (a `cost_model.dtypes.OpDtypes`): each tensor's precision under autocast, instead of `precision` for
+    all, and the casts autocast runs first.
     """
+    at = (lambda i: dtypes.inputs[i]) if dtypes is not None else (lambda i: precision)  # noqa: E731
     acts, par = split_inputs(op)
     sharded = splits_work(placement) and tp > 1
     in_pl = list(placement.inputs) if placement is not None else []
@@ -238,13 +245,20 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     act_bytes = 0.0
     for j, i in enumerate(acts):
         pl = in_pl[j] if j < len(in_pl) else (in_pl[-1] if in_pl else "R")
-        act_bytes += tensor_bytes(op.input_meta[i], precision) * scale / _divisor(pl, tp)
+        act_bytes += tensor_bytes(op.input_meta[i], at(i)) * scale / _divisor(pl, tp)
     par_bytes = 0.0
     for j, i in enumerate(par):
         pl = p_pl[j] if j < len(p_pl) else "R"
-        par_bytes += tensor_bytes(op.input_meta[i], precision) / _divisor(pl, tp)
+        par_bytes += tensor_bytes(op.input_meta[i], at(i)) / _divisor(pl, tp)
     out_pl = placement.output if placement is not None else "R"
-    out_bytes = sum(tensor_bytes(m, precision) for m in op.output_meta) * scale / _divisor(out_pl, tp)
+    out_prec = dtypes.output if dtypes is not None else precision
+    out_bytes = sum(tensor_bytes(m, out_prec) for m in op.output_meta) * scale / _divisor(out_pl, tp)
+    casts = []
+    for i in (dtypes.casts if dtypes is not None else ()):
+        j = acts.index(i)
+        pl = in_pl[j] if j < len(in_pl) else (in_pl[-1] if in_pl else "R")
+        numel = op.input_meta[i].numel * scale / _divisor(pl, tp)
+        casts.append(numel * (PRECISION_BYTES[at(i)] + PRECISION_BYTES["fp32" if at(i) != "fp32" else precision]))
     if op.kind == "embedding":
         # a gather touches only the rows it reads (the output), not the whole table
         par_bytes = 0.0
@@ -259,7 +273,8 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
                   fwd_bytes=fwd_bytes, bwd_bytes=(1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes,
                   elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
                   dtensor=dtensor, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
-                  attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op))
+                  attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),
+                  cast_bytes=tuple(casts))
 
 
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
@@ -402,10 +417,15 @@ class ComputeModel:
         return max(kernel, host) if self.device.async_host else kernel + host
 
     def op_parts(self, kind: str, work: OpWork, precision: str) -> tuple[float, float, float, float]:
-        """(forward kernel, backward kernel, forward host, backward host) seconds of one op."""
+        """(forward kernel, backward kernel, forward host, backward host) seconds of one op (with autocast's
+        casts before it, each a memory-bound kernel both ways)."""
         f, b = self._kernel_times(kind, work, precision)
         of, ob = self.overhead(kind, work)
-        return f, b, of, ob
+        casts = sum(self._floor(self.memory_time(c)) for c in work.cast_bytes)
+        if work.cast_bytes:  # a cast is one more op in forward and one more autograd node in backward
+            ov = self.device.op_overhead
+            of, ob = of + len(work.cast_bytes) * ov.forward, ob + len(work.cast_bytes) * ov.backward
+        return f + casts, b + casts, of, ob
 
     def op_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
         """(forward, backward) seconds of one op on its own: kernels and host combined (`combine`)."""

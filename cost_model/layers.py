@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cost_model.compute import FREE_KINDS, tensor_bytes
+from cost_model.dtypes import autocast_dtypes
 from cost_model.ops import logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
@@ -140,6 +141,10 @@ class LayerCoster:
         self.tp = plan.mesh.tp
         self.mbs, self.prec = plan.microbatch_size, plan.precision
         self.on_dtensors = runs_on_dtensors(plan)
+        # FSDP2 gathers parameters in the autocast dtype (MixedPrecisionPolicy); otherwise autocast keeps them fp32
+        fsdp = plan.mesh.dp > 1 and plan.zero_stage >= 1
+        self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if fsdp else "fp32")
+        self.extra_reads = extra_reads(graph)
         self._cache: dict = {}
 
     def cost(self, layer: Layer) -> LayerCost:
@@ -148,7 +153,9 @@ class LayerCoster:
         pattern = tuple(_pattern(ops.get(self.graph.ops[i].name)) for i in layer.ops)
         # the block's edges from outside it depend on where those tensors live: the first block reads the
         # embedding's output (a vocabulary-parallel partial sum, say), later ones the previous block's
-        key = (layer.block_type, pattern, self._inputs_from_outside(layer)) if layer.block_type else None
+        # (and the last block's output, read once, sums no gradients where the others' do)
+        reads = tuple(self.extra_reads.get(self.graph.ops[i].name, 0) for i in layer.ops)
+        key = (layer.block_type, pattern, self._inputs_from_outside(layer), reads) if layer.block_type else None
         if key is not None and key in self._cache:
             return self._cache[key]
         c = self._compute(layer)
@@ -185,9 +192,11 @@ class LayerCoster:
                 pl = vocab_loss
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
             dt = self.on_dtensors(op.module_path)
-            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt)
+            kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt,
+                                        dtypes=self.dtypes.get(op.name))
             cf, cb = self._autocast_copies(op, pl)
-            kf, kb = kf + cf, kb + cb
+            af, ah = self._gradient_sums(op, pl)
+            kf, kb, hb = kf + cf, kb + cb + af, hb + ah
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
             f = m.compute.combine(kf, hf)
             ck_f, ck_b = self._checkpoint_host(op.kind) if full or selective else (0.0, 0.0)
@@ -213,7 +222,7 @@ class LayerCoster:
                     rec_tp += ef
                     regathered.add(src)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
-                               input_sources=tuple(sources), keep_shards=keep)
+                               input_sources=tuple(sources), keep_shards=keep, dtypes=self.dtypes.get(op.name))
             act_full += a
             act += a
             params.update(_local_params(op, pl, tp))
@@ -300,7 +309,8 @@ class LayerCoster:
             if src == logits:
                 ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
             else:
-                ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, self.prec,
+                moved = self._dtype(src)  # a tensor moves in the dtype autocast gave it
+                ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, moved,
                                                  consumer_partial_grad=partial, traced_batch_size=g.batch_size)
             edges.append((src, s_pl, d_pl, ef, eb))
         return sources, edges
@@ -319,6 +329,18 @@ class LayerCoster:
         grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
         mem = self.model.compute.memory_time
         return mem(elems * cast), mem(elems * grad)
+
+    def _gradient_sums(self, op, pl) -> tuple[float, float]:
+        """(kernel, host) backward seconds autograd spends summing the gradients of `op`'s output, read by
+        `extra_reads` more ops than one: one add per extra reader (read two gradients, write one, in the output's
+        dtype), dispatched by the autograd engine."""
+        n = self.extra_reads.get(op.name, 0)
+        if not n or not op.output_meta:
+            return 0.0, 0.0
+        div = self.tp if pl is not None and pl.output.startswith("S") and self.tp > 1 else 1
+        size = tensor_bytes(op.output_meta[0], self._dtype(op.name)) * self.mbs / self.graph.batch_size / div
+        compute = self.model.compute
+        return n * compute._floor(compute.memory_time(3 * size)), n * self.model.cluster.device.op_overhead.backward
 
     def _vocab_parallel_loss(self, op) -> OpPlacement | None:
         """For a cross-entropy loss (class-index targets) whose logits the plan leaves sharded on their last dim
@@ -358,7 +380,7 @@ class LayerCoster:
             if op.output_meta:
                 pl = plan.ops.get(op.name)
                 div = tp if pl is not None and pl.output.startswith("S") else 1
-                keep += tensor_bytes(op.output_meta[0], self.prec) * per_sample / div
+                keep += tensor_bytes(op.output_meta[0], self._dtype(op.name)) * per_sample / div
         return keep + self._scattered_bytes(layer)
 
     def _scattered_bytes(self, layer: Layer) -> float:
@@ -374,7 +396,7 @@ class LayerCoster:
                 if src in g.index and src_pl is not None and src_pl.output == "P" and d_pl.startswith("S") \
                         and src not in scattered and g.op(src).output_meta:
                     scattered.add(src)
-                    keep += tensor_bytes(g.op(src).output_meta[0], self.prec) * self.mbs / g.batch_size / tp
+                    keep += tensor_bytes(g.op(src).output_meta[0], self._dtype(src)) * self.mbs / g.batch_size / tp
         return keep
 
     def _block_input_bytes(self, layer: Layer, names: set[str], sharded: bool = False) -> float:
@@ -388,7 +410,7 @@ class LayerCoster:
                     meta = g.op(src).output_meta[0]
                     pl = self.plan.ops.get(src)
                     div = self.tp if sharded or (pl is not None and pl.output.startswith("S")) else 1
-                    return tensor_bytes(meta, self.prec) * self.mbs / g.batch_size / div
+                    return tensor_bytes(meta, self._dtype(src)) * self.mbs / g.batch_size / div
         return 0.0
 
     def _output_bytes(self, layer: Layer) -> float:
@@ -397,7 +419,37 @@ class LayerCoster:
             return 0.0
         pl = self.plan.ops.get(last.name)
         div = self.tp if pl is not None and pl.output.startswith("S") else 1
-        return tensor_bytes(last.output_meta[0], self.prec) * self.mbs / self.graph.batch_size / div
+        return tensor_bytes(last.output_meta[0], self._dtype(last.name)) * self.mbs / self.graph.batch_size / div
+
+    def _dtype(self, name: str) -> str:
+        """The precision op `name` writes its output in under autocast (`cost_model.dtypes`)."""
+        d = self.dtypes.get(name)
+        return d.output if d is not None else self.prec
+
+
+MULTI_OUTPUT = frozenset({"split", "split_with_sizes", "chunk", "unbind"})
+"""Ops whose readers each take a different piece (getitem): their backward joins the pieces, it sums nothing."""
+
+
+def extra_reads(graph: OpGraph) -> dict[str, int]:
+    """Per op name, how many more times than once the graph's ops read its output, for floating outputs that
+    need a gradient (downstream of a parameter): autograd sums that many gradients into it in backward."""
+    from cost_model.dtypes import FLOATS, _callee
+    grad: set[str] = set()
+    reads: dict[str, int] = {}
+    for op in graph.ops:
+        if op.params or any(src in grad for src in op.inputs):
+            grad.add(op.name)
+        for src in op.inputs:
+            if src in grad:
+                reads[src] = reads.get(src, 0) + 1
+    out = {}
+    for name, n in reads.items():
+        op = graph.op(name)
+        if n > 1 and op.output_meta and op.output_meta[0].dtype.removeprefix("torch.") in FLOATS \
+                and _callee(op.target) not in MULTI_OUTPUT:
+            out[name] = n - 1
+    return out
 
 
 def recompute_stop(graph: OpGraph, layer: Layer) -> int:

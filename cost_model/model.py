@@ -71,12 +71,13 @@ class CostModel:
         return recompute_stop(graph, layer)
 
     def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                 *, traced_batch_size: int = 1, dtensor: bool | None = None
+                 *, traced_batch_size: int = 1, dtensor: bool | None = None, dtypes=None
                  ) -> tuple[float, float, float, float]:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
-        `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums)."""
+        `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums). `dtypes`: the op's
+        `cost_model.dtypes.OpDtypes` (each tensor's precision under autocast, and its casts)."""
         precision = op_precision(op.kind, precision)
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor)
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes)
         return self.compute.op_parts(op.kind, work, precision)
 
     def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,
@@ -112,7 +113,7 @@ class CostModel:
 
     def op_memory(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
                   *, traced_batch_size: int = 1, input_sources: tuple[str, ...] | None = None,
-                  keep_shards: bool = False) -> tuple[float, float]:
+                  keep_shards: bool = False, dtypes=None) -> tuple[float, float]:
         """(parameter bytes, saved activation bytes) of one op on one tp rank for one micro-batch.
 
         Parameter bytes are the weights alone at the training precision (model states with gradients and Adam
@@ -121,7 +122,8 @@ class CostModel:
         blocks: `executor.tp.keep_shards`, Megatron-LM's way), an input gathered whole from a sequence shard
         (`input_sources`: the placement each input arrives in), which is saved as that shard and gathered again in
         backward; when it is the output and the output is S(d); otherwise (masks, internals) when the op itself
-        is split."""
+        is split. `dtypes` (`cost_model.dtypes.OpDtypes`): a saved input or output at its own precision under
+        autocast (an fp32 residual stream saves 4 bytes an element), else the op's."""
         bytes_per = 4 if precision == "fp32" else 2
         pls = list(placement.params) if placement is not None else []
         par = 0.0
@@ -136,16 +138,19 @@ class CostModel:
         total = 0.0
         for t in op.saved:
             k = next((k for k, m in enumerate(metas) if m.shape == t.shape), None)
+            at = saved_at
             if k is not None:
+                at = dtypes.inputs[acts[k]] if dtypes is not None else saved_at
                 d = placement.inputs[k] if placement is not None and k < len(placement.inputs) else "R"
                 sharded = d.startswith("S") or (keep_shards and d == "R" and input_sources is not None
                                                 and k < len(input_sources)
                                                 and sequence_shard(input_sources[k], len(t.shape)))
             elif op.output_meta and t.shape == op.output_meta[0].shape:
+                at = dtypes.output if dtypes is not None else saved_at
                 sharded = placement is not None and placement.output.startswith("S")
             else:
                 sharded = split
-            total += tensor_bytes(t, saved_at) * scale / (tp if sharded and tp > 1 else 1)
+            total += tensor_bytes(t, at) * scale / (tp if sharded and tp > 1 else 1)
         if op.kind == "attention" and self.compute.unfused_attention and len(metas) >= 2:
             # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
             # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither

@@ -143,8 +143,9 @@ def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(g
         plan = _plan(gpt, cl, 1, recompute=rc)
         costs[rc] = LayerCoster(cm, gpt, plan, cm.tp_group(1)).cost(block)
     coster = LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1))
-    fwd = [cm.op_time(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
-           + coster._autocast_copies(op, None)[0] for op in ops]
+    parts = [cm.op_parts(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size, dtypes=coster.dtypes.get(op.name))
+             for op in ops]  # each op at its dtypes under autocast, with its casts
+    fwd = [cm.compute.combine(p[0], p[2]) + coster._autocast_copies(op, None)[0] for op, p in zip(ops, parts)]
     linears = [op.name for op in ops if op.kind == "linear"]
     assert len(linears) == 6 and any(op.kind == "attention" for op in ops)
     # the replay stops once the MLP's output projection has its input (gelu's output): the 6th linear and the
@@ -266,7 +267,8 @@ def test_selective_recompute_repeats_one_sequence_gather_and_no_reduce_scatter(g
     block = next(l for l in gpt.layers() if l.block_type)
     cost = LayerCoster(cm, gpt, plan, cm.tp_group(2)).cost(block)
     ln1 = next(gpt.ops[i] for i in block.ops if gpt.ops[i].kind == "norm")
-    gather = cm.reshard_time(ln1.output_meta[0], "S(1)", "R", 2, 1, "bf16", traced_batch_size=gpt.batch_size)[0]
+    # autocast writes the LayerNorm's output in fp32 (layer_norm is on its fp32 list): the gather moves fp32
+    gather = cm.reshard_time(ln1.output_meta[0], "S(1)", "R", 2, 1, "fp32", traced_batch_size=gpt.batch_size)[0]
     assert gather > 0 and cost.recompute_tp == pytest.approx(gather)
 
 

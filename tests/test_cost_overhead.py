@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from cost_model.compute import kernel_family
-from cost_model.layers import LayerCoster, recompute_stop, runs_on_dtensors
+from cost_model.dtypes import autocast_dtypes
+from cost_model.layers import LayerCoster, extra_reads, recompute_stop, runs_on_dtensors
 from cost_model.model import CostModel
 from hardware_profiles.load import cluster_from_dict, cluster_to_dict, load_cluster
 from hardware_profiles.schema import OpOverhead, ProfileError
@@ -34,7 +35,9 @@ def test_overhead_adds_exactly_per_op_and_per_backward_node():
     plan = default_plan(g, base, 1, "bf16", {"dp": 1, "tp": 1, "pp": 1, "mbs": 1}, "m")
     p0, p1 = a.predict(g, plan), b.predict(g, plan)
     n_params = sum(len(op.params) for op in g.ops)
-    want = len(g.ops) * (FWD + BWD) + n_params * BWD
+    # plus autocast's casts (an op and an autograd node each) and autograd's sums of gradients read several times
+    n_casts = sum(len(d.casts) for d in autocast_dtypes(g, "bf16", "fp32").values())
+    want = len(g.ops) * (FWD + BWD) + n_params * BWD + n_casts * (FWD + BWD) + sum(extra_reads(g).values()) * BWD
     assert p1.breakdown["compute_s"] - p0.breakdown["compute_s"] == pytest.approx(want)
     tensors = len({p.name for op in g.ops for p in op.params})
     assert p1.breakdown["optimizer_s"] - p0.breakdown["optimizer_s"] == pytest.approx(tensors * OPT)
@@ -74,7 +77,8 @@ def test_only_wholly_replicated_modules_run_on_plain_tensors():
     n_dt = sum(1 for op in g.ops if on(op.module_path))
     d = CostModel(over).predict(g, plan).breakdown["compute_s"] - CostModel(base).predict(g, plan).breakdown[
         "compute_s"]
-    assert d == pytest.approx((n_dt * 7 * FWD + (len(g.ops) - n_dt) * FWD) * plan.num_microbatches)
+    n_casts = sum(len(d.casts) for d in autocast_dtypes(g, "bf16", "fp32").values())  # plain ops each
+    assert d == pytest.approx((n_dt * 7 * FWD + (len(g.ops) - n_dt + n_casts) * FWD) * plan.num_microbatches)
     assert not runs_on_dtensors(default_plan(g, base, 2, "bf16", {"tp": 1, "dp": 2}, "m"))("")
 
 

@@ -1,0 +1,97 @@
+"""The dtype of every tensor an op reads and writes under the executor's autocast, and the casts autocast adds.
+
+At bf16/fp16 the executor trains under `torch.autocast` (executor.runner), whose rules (torch.amp docs, "Autocast
+Op Reference", CUDA op lists) decide each op's dtype:
+
+- lower-precision ops (linear, matmul/bmm/baddbmm/addmm, conv, scaled_dot_product_attention) cast every floating
+  input to the autocast dtype and write it: an fp32 activation costs a cast kernel (read 4 bytes, write 2) per op
+  and per micro-batch, in backward too (the cast's gradient is cast back); autocast caches only the casts of
+  parameters (priced per linear in cost_model.layers);
+- fp32 ops (norms, softmax, losses, and `pow`, `rsqrt`, `exp`, `log`, `sum`, `cumsum`, `reciprocal`, ...) cast a
+  lower-precision input up to fp32 and write fp32;
+- everything else (elementwise ops, views, `mean`, dropout) runs in the widest floating dtype of its inputs: an
+  fp32 tensor meeting a bf16 one gives fp32.
+
+Tensors from outside the graph (buffers such as RoPE tables) are fp32; parameters are fp32 (autocast keeps them)
+except under FSDP2, whose `MixedPrecisionPolicy(param_dtype)` gathers them in the autocast dtype. So a model whose
+embedding table is fp32 carries an fp32 residual stream, a LayerNorm's output is fp32, and a hand-written RMSNorm
+runs in fp32: each reads and writes twice the bytes of a bf16 tensor, and each linear after it casts its input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.graph import OpGraph, OpNode
+
+LOWER_KINDS = frozenset({"linear", "matmul", "conv", "attention"})
+"""Op kinds on autocast's lower-precision list (CUDA: linear, matmul, mm, bmm, baddbmm, addmm, conv*,
+scaled_dot_product_attention)."""
+FP32_KINDS = frozenset({"norm", "softmax", "loss"})
+"""Op kinds on autocast's fp32 list (layer_norm, group_norm, norm, softmax, log_softmax, cross_entropy, nll_loss,
+mse_loss and the other losses)."""
+FP32_CALLEES = frozenset({"pow", "rsqrt", "exp", "expm1", "log", "log1p", "log2", "log10", "reciprocal", "softplus",
+                          "sum", "prod", "cumsum", "cumprod", "logsumexp", "norm", "normalize", "acos", "asin",
+                          "cosh", "sinh", "tan", "erfinv", "dist", "cdist", "pdist", "renorm"})
+"""Functions on autocast's fp32 list that the graph classes as elementwise or other kinds."""
+FLOATS = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class OpDtypes:
+    """The precision ("fp32" or the autocast one) of each of an op's `input_meta` tensors as its kernel reads them
+    (after autocast's casts; non-floating tensors keep their own size whatever is written here), of its output,
+    and which `input_meta` indices autocast casts first."""
+
+    inputs: tuple[str, ...]
+    output: str
+    casts: tuple[int, ...] = ()
+
+
+def _callee(target: str) -> str:
+    parts = target.split(".")
+    name = parts[1] if parts[0] == "aten" and len(parts) > 1 else parts[-1]
+    return name.strip("_") or name
+
+
+def _floating(meta) -> bool:
+    return meta.dtype.removeprefix("torch.") in FLOATS
+
+
+def runs_in_fp32(op: OpNode) -> bool:
+    """Whether autocast runs `op` in fp32 whatever its inputs."""
+    return op.kind in FP32_KINDS or _callee(op.target) in FP32_CALLEES
+
+
+def autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> dict[str, OpDtypes]:
+    """Per op name, its tensors' precisions under autocast at `precision` with parameters held at
+    `param_precision` (see the module docstring); empty at fp32, where every tensor is fp32."""
+    if precision not in ("bf16", "fp16"):
+        return {}
+    from cost_model.compute import split_inputs
+    out: dict[str, OpDtypes] = {}
+    produced: dict[str, str] = {}
+    for op in graph.ops:
+        acts, par = split_inputs(op)
+        have = ["fp32"] * len(op.input_meta)
+        for j, i in enumerate(acts):
+            src = op.inputs[j] if j < len(op.inputs) else None
+            have[i] = produced.get(src, "fp32")
+        for i in par:
+            have[i] = param_precision
+        floating = [i for i, m in enumerate(op.input_meta) if _floating(m)]
+        if op.kind in LOWER_KINDS:
+            reads = tuple(precision if i in floating else have[i] for i in range(len(have)))
+            casts = tuple(i for i in acts if i in floating and have[i] != precision)
+            d = OpDtypes(reads, precision, casts)
+        elif runs_in_fp32(op):
+            reads = tuple("fp32" if i in floating else have[i] for i in range(len(have)))
+            casts = tuple(i for i in acts if i in floating and have[i] != "fp32")
+            d = OpDtypes(reads, "fp32", casts)
+        elif op.kind == "embedding":
+            d = OpDtypes(tuple(have), param_precision)
+        else:
+            wide = any(have[i] == "fp32" for i in floating)
+            d = OpDtypes(tuple(have), "fp32" if wide or not floating else precision)
+        out[op.name] = d
+        produced[op.name] = d.output
+    return out
