@@ -43,8 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from cost_model.compute import FREE_KINDS, tensor_bytes
-from cost_model.dtypes import autocast_dtypes
+from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
+from cost_model.dtypes import LOWER_KINDS, autocast_dtypes
 from cost_model.ops import logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
@@ -184,6 +184,7 @@ class LayerCoster:
         keep = plan.sequence_parallel and tp > 1 and not (full or selective)
         backward_gathers: set[str] = set()
         shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
+        cast_done: set[str] = set()  # producers whose autocast cast the tp executor shares among their readers
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
             pl = plan.ops.get(op.name)
@@ -193,7 +194,7 @@ class LayerCoster:
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
             dt = self.on_dtensors(op.module_path)
             kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt,
-                                        dtypes=self.dtypes.get(op.name))
+                                        dtypes=self._shared_casts(op, pl, cast_done))
             cf, cb = self._autocast_copies(op, pl)
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hb = kf + cf, kb + cb + af, hb + ah
@@ -309,7 +310,8 @@ class LayerCoster:
             if src == logits:
                 ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
             else:
-                moved = self._dtype(src)  # a tensor moves in the dtype autocast gave it
+                # a tensor moves in the dtype autocast gave it; one a linear reads, cast first (executor.tp)
+                moved = self.prec if op.kind in LOWER_KINDS else self._dtype(src)
                 ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, moved,
                                                  consumer_partial_grad=partial, traced_batch_size=g.batch_size)
             edges.append((src, s_pl, d_pl, ef, eb))
@@ -329,6 +331,20 @@ class LayerCoster:
         grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
         mem = self.model.compute.memory_time
         return mem(elems * cast), mem(elems * grad)
+
+    def _shared_casts(self, op, pl, done: set[str]):
+        """`op`'s autocast dtypes, without the casts the tp executor already made for an earlier reader of the same
+        tensor: a placed linear's fp32 input is cast once, before its redistribution, for all its consecutive
+        readers (executor.tp.autocast_dtype); `done` collects the producers cast so far in this layer."""
+        d = self.dtypes.get(op.name)
+        if d is None or not d.casts or self.tp <= 1 or pl is None or pl.strategy == "replicate" \
+                or op.kind not in LOWER_KINDS:
+            return d
+        acts, _ = split_inputs(op)
+        srcs = {i: op.inputs[acts.index(i)] for i in d.casts if acts.index(i) < len(op.inputs)}
+        keep = tuple(i for i in d.casts if srcs.get(i) not in done)
+        done.update(srcs.values())
+        return replace(d, casts=keep)
 
     def _gradient_sums(self, op, pl) -> tuple[float, float]:
         """(kernel, host) backward seconds autograd spends summing the gradients of `op`'s output, read by

@@ -178,8 +178,9 @@ class _PlacedInterpreter(torch.fx.Interpreter):
                 if isinstance(value, DTensor) and not value.placements[0].is_replicate():
                     swap[p_in] = tp._shared_redistribute(value, "R", self.mesh, f"op {whole.name} input {k}")
             elif k < len(placement.inputs):
+                lower = _callee(n) in tp.LOWER_PRECISION_OPS
                 swap[p_in] = tp._shared_redistribute(value, placement.inputs[k], self.mesh,
-                                                     f"op {whole.name} input {k}")
+                                                     f"op {whole.name} input {k}", tp.autocast_dtype(value, lower))
             k += 1
         with self._set_current_node(n):
             args = torch.fx.node.map_arg(n.args, lambda x: swap.get(x, self.env[x]))
@@ -204,6 +205,14 @@ def _is_reshape(node: torch.fx.Node) -> bool:
     if node.op == "call_method":
         return node.target == "reshape"
     return node.op == "call_function" and node.target in (torch.ops.aten.reshape.default, torch.reshape)
+
+
+def _callee(node: torch.fx.Node) -> str:
+    """The bare name of what a node calls: `aten.linear.default` / `F.linear` / `x.matmul` -> linear / matmul."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1].strip("_")
+    return str(getattr(target, "__name__", target)).strip("_")
 
 
 def _path(node: torch.fx.Node) -> str:

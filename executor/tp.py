@@ -420,7 +420,27 @@ def keep_shards():
         _KEEPING = was
 
 
-def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
+LOWER_PRECISION_OPS = frozenset({"linear", "mm", "addmm", "matmul", "bmm", "baddbmm", "conv1d", "conv2d", "conv3d",
+                                 "convolution", "scaled_dot_product_attention"})
+"""Ops on torch.autocast's lower-precision list (torch.amp docs, CUDA op reference): they cast every floating input
+to the autocast dtype before computing."""
+
+
+def autocast_dtype(t: Any, lower: bool) -> torch.dtype | None:
+    """The dtype an input `t` of an op enters the op in under autocast when the op is on the lower-precision list
+    (`lower`): the autocast dtype for an fp32 tensor, else None (no cast). The executor casts such an input before
+    redistributing it, once for all the op's consecutive readers (q, k and v): the op would cast it anyway, and
+    the collective then moves, and its gradient comes back in, half the bytes, as Megatron-LM's bf16 activations
+    do."""
+    if not lower or not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        return None
+    device = t.device.type
+    if not torch.is_autocast_enabled(device):
+        return None
+    return torch.get_autocast_dtype(device)
+
+
+def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str, dtype: torch.dtype | None = None) -> Any:
     """`_redistribute`, shared by consecutive readers of one tensor in one placement: q, k and v read one norm
     output and gather it once, as Megatron's f does (their gradients then meet before one reduce-scatter). Only the
     latest result is kept, until another redistribution or the forward's end (`forget_gathered`): which
@@ -428,25 +448,30 @@ def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any
     its shard (`keep_shards`) is freed once its readers are done. A recomputation inside a backward keys its own
     entries, so it issues exactly the forward's collectives."""
     global _LAST
-    if not isinstance(t, DTensor):
+    if not isinstance(t, DTensor) and dtype is None:
         return _redistribute(t, text, mesh, where)
-    key = (text, t._version, torch._C._current_graph_task_id())
+    key = (text, t._version, torch._C._current_graph_task_id(), dtype)
     if _LAST is not None and _LAST[0] is t and _LAST[1] == key:
         return _LAST[2]
-    out = _redistribute(t, text, mesh, where)
+    cast = t.to(dtype) if dtype is not None else t
+    out = _redistribute(cast, text, mesh, where)
     if out is not t:
-        _LAST = (t, key, out)
+        # the cast is held with it: a gathered tensor is saved as that shard (`keep_shards`), found through a
+        # weak reference while the readers run
+        _LAST = (t, key, out, cast)
     return out
 
 
 def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh, op: str) -> None:
     """Hooks that give the module call the plan's input placements, assert that DTensor propagated the plan's
     output placement (`check_output`), and hand the output on as the plan says."""
+    lower = isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd))
+
     def pre(module, args):
         out, k = [], 0
         for a in args:
             if isinstance(a, torch.Tensor) and k < len(placement.inputs):
-                a = _shared_redistribute(a, placement.inputs[k], mesh, f"{path} input {k}")
+                a = _shared_redistribute(a, placement.inputs[k], mesh, f"{path} input {k}", autocast_dtype(a, lower))
                 k += 1
             out.append(a)
         return tuple(out)

@@ -92,3 +92,23 @@ def test_sequence_parallel_gathers_are_saved_as_their_shard(tmp_path):
     assert got["False"]["alive"] and not got["True"]["alive"]
     for key in ("dx", "dw"):
         assert torch.allclose(torch.tensor(got["True"][key]), torch.tensor(got["False"][key]), atol=1e-6), key
+
+
+def test_an_fp32_input_of_a_linear_is_cast_once_before_it_moves(mesh):
+    """Under autocast an fp32 activation read by linears (q, k, v) is cast to bf16 before its redistribution, once
+    for the consecutive readers: the collective moves bf16, as the linear would have cast it anyway; ops autocast
+    does not cast, and fp32 runs, keep fp32."""
+    tp.forget_gathered()
+    t = DTensor.from_local(torch.randn(4, 4, requires_grad=True), mesh, [Shard(0)])
+    t.retain_grad()
+    assert tp.autocast_dtype(t, lower=True) is None  # autocast off
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert tp.autocast_dtype(t, lower=False) is None
+        dtype = tp.autocast_dtype(t, lower=True)
+        assert dtype == torch.bfloat16
+        a = tp._shared_redistribute(t, "R", mesh, "q input", dtype)
+        b = tp._shared_redistribute(t, "R", mesh, "k input", dtype)
+    assert a is b and a.dtype == torch.bfloat16 and a.placements == (Replicate(),)
+    a.to_local().float().sum().backward()
+    assert t.grad is not None and t.grad.dtype == torch.float32  # the gradient comes back through the cast
+    tp.forget_gathered()
