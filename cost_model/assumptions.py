@@ -57,7 +57,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
          if "adamw" in cl.device.kernel_costs else
          f"optimizer: Adam over the local shard, memory-bound ({adam_bytes:.0f} "
          "bytes per parameter)"),
-        f"activations: the traced graph's saved tensors at {plan.precision} (masks 1 byte), recompute "
+        f"activations: the traced graph's saved tensors at {plan.precision}"
+        + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
+        + " (masks 1 byte), recompute "
         f"{plan.recompute}, sequence parallel "
         + ("on (outside checkpointed blocks gathered inputs are saved as their shard, gathered again in "
            "backward)" if plan.sequence_parallel else "off") + "; in-flight "
