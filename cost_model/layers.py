@@ -141,9 +141,8 @@ class LayerCoster:
         self.tp = plan.mesh.tp
         self.mbs, self.prec = plan.microbatch_size, plan.precision
         self.on_dtensors = runs_on_dtensors(plan)
-        # FSDP2 gathers parameters in the autocast dtype (MixedPrecisionPolicy); otherwise autocast keeps them fp32
-        fsdp = plan.mesh.dp > 1 and plan.zero_stage >= 1
-        self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if fsdp else "fp32")
+        self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if mixed_precision_parameters(plan)
+                                      else "fp32")
         self.extra_reads = extra_reads(graph)
         self._cache: dict = {}
 
@@ -326,7 +325,7 @@ class LayerCoster:
         elems = sum(_local_params(op, pl, self.tp).values())
         m, mesh = plan.num_microbatches, plan.mesh
         fsdp = mesh.dp > 1 and plan.zero_stage >= 1
-        cast = 0.0 if fsdp else 6.0 / (m if mesh.pp > 1 else 1)
+        cast = 0.0 if mixed_precision_parameters(plan) else 6.0 / (m if mesh.pp > 1 else 1)
         per_mb_reduce = fsdp and plan.zero_stage >= 2 and mesh.pp == 1
         grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
         mem = self.model.compute.memory_time
@@ -441,6 +440,14 @@ class LayerCoster:
         """The precision op `name` writes its output in under autocast (`cost_model.dtypes`)."""
         d = self.dtypes.get(name)
         return d.output if d is not None else self.prec
+
+
+def mixed_precision_parameters(plan: Plan) -> bool:
+    """Whether the executor computes with parameters cast to the plan's precision by FSDP2's MixedPrecisionPolicy
+    (executor.parallel: `fully_shard` under ZeRO >= 1, `replicate` for ZeRO-0 with tp or pp, both with dp > 1);
+    otherwise (DDP, no dp) autocast computes with fp32 parameters."""
+    mesh = plan.mesh
+    return plan.precision != "fp32" and mesh.dp > 1 and (plan.zero_stage >= 1 or mesh.tp > 1 or mesh.pp > 1)
 
 
 MULTI_OUTPUT = frozenset({"split", "split_with_sizes", "chunk", "unbind"})

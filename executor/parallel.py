@@ -140,19 +140,25 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
-              block_paths: list[str] | None = None) -> nn.Module:
+              block_paths: list[str] | None = None, mp_dtype: torch.dtype | None = None) -> nn.Module:
     """Plain data parallelism: DDP, or FSDP2 `replicate` when parameters are DTensors (DDP cannot hold them) or the
     module is a pipeline stage (DDP's reducer does not survive the stage's shape-inference backward). `replicate`
     wraps each repeated block, then the whole module, so each block's gradients are all-reduced as soon as its
     backward ends (overlapping the rest of the backward, as DDP's buckets do). FakeTensor parameters (the dry run)
     get `replicate` too, since DDP's C++ reducer needs real storage, marked `stands_for_ddp` so the dry run can
-    check what DDP alone requires (every parameter gets a gradient)."""
+    check what DDP alone requires (every parameter gets a gradient). With `mp_dtype` (bf16 training), `replicate`
+    computes with parameters cast to it once per unshard and reduces gradients in fp32, as `apply_fsdp` does (the
+    activations then stay in the compute dtype; autocast alone would keep fp32 weights and an fp32 residual
+    stream); DDP keeps fp32 parameters under autocast."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
+        mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
+            MixedPrecisionPolicy()
         for block in _present(model, block_paths or []):
-            replicate(block, mesh=dp_mesh)
-        return replicate(model, mesh=dp_mesh)
+            replicate(block, mesh=dp_mesh, mp_policy=mp)
+        return replicate(model, mesh=dp_mesh, mp_policy=mp)
     if any(isinstance(p, FakeTensor) for p in model.parameters()):
         model = replicate(model, mesh=dp_mesh)
         model.stands_for_ddp = True

@@ -241,7 +241,8 @@ class Runner:
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
             return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
         if plan.mesh.dp > 1:
-            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths)
+            return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths,
+                                      mp_dtype=self.amp)
         return module
 
     def _place_ops(self, model: nn.Module, root: bool, root_specs: dict | None = None) -> str | None:
