@@ -21,19 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_model.compute import FLOAT_DTYPES, split_inputs
+from planner.autocast import AUTOCAST_FP32_CALLEES, AUTOCAST_FP32_KINDS, AUTOCAST_LOWER_KINDS
 from planner.graph import OpGraph, OpNode
-
-LOWER_KINDS = frozenset({"linear", "matmul", "conv", "attention"})
-"""Op kinds on autocast's lower-precision list (CUDA: linear, matmul, mm, bmm, baddbmm, addmm, conv*,
-scaled_dot_product_attention)."""
-FP32_KINDS = frozenset({"norm", "softmax", "loss"})
-"""Op kinds on autocast's fp32 list (layer_norm, group_norm, norm, softmax, log_softmax, cross_entropy, nll_loss,
-mse_loss and the other losses)."""
-FP32_CALLEES = frozenset({"pow", "rsqrt", "exp", "expm1", "log", "log1p", "log2", "log10", "reciprocal", "softplus",
-                          "sum", "prod", "cumsum", "cumprod", "logsumexp", "norm", "normalize", "acos", "asin",
-                          "cosh", "sinh", "tan", "erfinv", "dist", "cdist", "pdist", "renorm"})
-"""Functions on autocast's fp32 list that the graph classes as elementwise or other kinds."""
-FLOATS = frozenset({"float64", "float32", "float16", "bfloat16"})
+from planner.shard_flow import callee
 
 
 @dataclass(frozen=True)
@@ -47,27 +38,30 @@ class OpDtypes:
     casts: tuple[int, ...] = ()
 
 
-def _callee(target: str) -> str:
-    parts = target.split(".")
-    name = parts[1] if parts[0] == "aten" and len(parts) > 1 else parts[-1]
-    return name.strip("_") or name
-
-
-def _floating(meta) -> bool:
-    return meta.dtype.removeprefix("torch.") in FLOATS
+def floating(meta) -> bool:
+    """Whether a tensor is floating point (what autocast casts; ids and masks keep their dtype)."""
+    return meta.dtype.removeprefix("torch.") in FLOAT_DTYPES
 
 
 def runs_in_fp32(op: OpNode) -> bool:
     """Whether autocast runs `op` in fp32 whatever its inputs."""
-    return op.kind in FP32_KINDS or _callee(op.target) in FP32_CALLEES
+    return op.kind in AUTOCAST_FP32_KINDS or callee(op.target) in AUTOCAST_FP32_CALLEES
 
 
 def autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> dict[str, OpDtypes]:
     """Per op name, its tensors' precisions under autocast at `precision` with parameters held at
-    `param_precision` (see the module docstring); empty at fp32, where every tensor is fp32."""
+    `param_precision` (see the module docstring); empty at fp32, where every tensor is fp32. Kept on the graph like
+    its cached properties: the search prices many plans of one graph."""
     if precision not in ("bf16", "fp16"):
         return {}
-    from cost_model.compute import split_inputs
+    key = f"_shardwise_autocast_{precision}_{param_precision}"
+    out = graph.__dict__.get(key)
+    if out is None:
+        out = graph.__dict__[key] = _autocast_dtypes(graph, precision, param_precision)
+    return out
+
+
+def _autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> dict[str, OpDtypes]:
     out: dict[str, OpDtypes] = {}
     produced: dict[str, str] = {}
     for op in graph.ops:
@@ -78,20 +72,20 @@ def autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> dic
             have[i] = produced.get(src, "fp32")
         for i in par:
             have[i] = param_precision
-        floating = [i for i, m in enumerate(op.input_meta) if _floating(m)]
-        if op.kind in LOWER_KINDS:
-            reads = tuple(precision if i in floating else have[i] for i in range(len(have)))
-            casts = tuple(i for i in acts if i in floating and have[i] != precision)
+        floats = {i for i, m in enumerate(op.input_meta) if floating(m)}
+        if op.kind in AUTOCAST_LOWER_KINDS:
+            reads = tuple(precision if i in floats else have[i] for i in range(len(have)))
+            casts = tuple(i for i in acts if i in floats and have[i] != precision)
             d = OpDtypes(reads, precision, casts)
         elif runs_in_fp32(op):
-            reads = tuple("fp32" if i in floating else have[i] for i in range(len(have)))
-            casts = tuple(i for i in acts if i in floating and have[i] != "fp32")
+            reads = tuple("fp32" if i in floats else have[i] for i in range(len(have)))
+            casts = tuple(i for i in acts if i in floats and have[i] != "fp32")
             d = OpDtypes(reads, "fp32", casts)
         elif op.kind == "embedding":
             d = OpDtypes(tuple(have), param_precision)
         else:
-            wide = any(have[i] == "fp32" for i in floating)
-            d = OpDtypes(tuple(have), "fp32" if wide or not floating else precision)
+            wide = any(have[i] == "fp32" for i in floats)
+            d = OpDtypes(tuple(have), "fp32" if wide or not floats else precision)
         out[op.name] = d
         produced[op.name] = d.output
     return out

@@ -44,10 +44,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
-from cost_model.dtypes import LOWER_KINDS, autocast_dtypes
+from cost_model.dtypes import autocast_dtypes, floating
 from cost_model.ops import logits_producer, sac_kept, sequence_shard, shards_last_dim
+from planner.autocast import AUTOCAST_LOWER_KINDS
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
+from planner.shard_flow import callee
 
 LOSS_PARALLEL_ALL_REDUCES = 3
 """All-reduces of one fp32 value per logits row in a vocabulary-parallel cross-entropy's forward: the row max
@@ -310,7 +312,7 @@ class LayerCoster:
                 ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
             else:
                 # a tensor moves in the dtype autocast gave it; one a linear reads, cast first (executor.tp)
-                moved = self.prec if op.kind in LOWER_KINDS else self._dtype(src)
+                moved = self.prec if op.kind in AUTOCAST_LOWER_KINDS else self._dtype(src)
                 ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, moved,
                                                  consumer_partial_grad=partial, traced_batch_size=g.batch_size)
             edges.append((src, s_pl, d_pl, ef, eb))
@@ -337,7 +339,7 @@ class LayerCoster:
         readers (executor.tp.autocast_dtype); `done` collects the producers cast so far in this layer."""
         d = self.dtypes.get(op.name)
         if d is None or not d.casts or self.tp <= 1 or pl is None or pl.strategy == "replicate" \
-                or op.kind not in LOWER_KINDS:
+                or op.kind not in AUTOCAST_LOWER_KINDS:
             return d
         acts, _ = split_inputs(op)
         srcs = {i: op.inputs[acts.index(i)] for i in d.casts if acts.index(i) < len(op.inputs)}
@@ -456,8 +458,11 @@ MULTI_OUTPUT = frozenset({"split", "split_with_sizes", "chunk", "unbind"})
 
 def extra_reads(graph: OpGraph) -> dict[str, int]:
     """Per op name, how many more times than once the graph's ops read its output, for floating outputs that
-    need a gradient (downstream of a parameter): autograd sums that many gradients into it in backward."""
-    from cost_model.dtypes import FLOATS, _callee
+    need a gradient (downstream of a parameter): autograd sums that many gradients into it in backward. Kept on
+    the graph like its cached properties."""
+    out = graph.__dict__.get("_shardwise_extra_reads")
+    if out is not None:
+        return out
     grad: set[str] = set()
     reads: dict[str, int] = {}
     for op in graph.ops:
@@ -469,9 +474,9 @@ def extra_reads(graph: OpGraph) -> dict[str, int]:
     out = {}
     for name, n in reads.items():
         op = graph.op(name)
-        if n > 1 and op.output_meta and op.output_meta[0].dtype.removeprefix("torch.") in FLOATS \
-                and _callee(op.target) not in MULTI_OUTPUT:
+        if n > 1 and op.output_meta and floating(op.output_meta[0]) and callee(op.target) not in MULTI_OUTPUT:
             out[name] = n - 1
+    graph.__dict__["_shardwise_extra_reads"] = out
     return out
 
 

@@ -18,14 +18,8 @@ from cost_model.compute import (ComputeModel, attention_dropout, kernel_elems, o
 from cost_model.ops import sequence_shard
 from cost_model.prediction import Prediction
 from planner.graph import OpGraph, OpNode, TensorMeta
+from planner.autocast import AUTOCAST_FP32_KINDS
 from planner.plan import OpPlacement, Plan
-
-
-AUTOCAST_FP32_KINDS = frozenset({"norm", "softmax", "loss"})
-"""Op kinds that run in fp32 under bf16/fp16 autocast, whatever their inputs: layer_norm, group_norm, norm,
-softmax, log_softmax, cross_entropy, nll_loss, mse_loss and the other losses are on PyTorch's "CUDA Ops that can
-autocast to float32" list (torch.amp docs, Autocast Op Reference); matmuls and linears run in the autocast dtype.
-The executor trains under autocast at the plan's precision, so these ops read and write 4-byte elements."""
 
 
 def op_precision(kind: str, precision: str) -> str:

@@ -32,6 +32,8 @@ from torch.distributed.tensor import DTensor
 
 from executor import tp
 from executor.errors import ExecutorError
+from planner.autocast import AUTOCAST_LOWER_KINDS
+from planner.op_kinds import callee_name, function_kind
 from planner.plan import Plan
 
 _CALLS = ("call_function", "call_method", "call_module")
@@ -178,7 +180,8 @@ class _PlacedInterpreter(torch.fx.Interpreter):
                 if isinstance(value, DTensor) and not value.placements[0].is_replicate():
                     swap[p_in] = tp._shared_redistribute(value, "R", self.mesh, f"op {whole.name} input {k}")
             elif k < len(placement.inputs):
-                lower = _callee(n) in tp.LOWER_PRECISION_OPS
+                lower = n.op in ("call_function", "call_method") and \
+                    function_kind(callee_name(n.op, n.target), False) in AUTOCAST_LOWER_KINDS
                 swap[p_in] = tp._shared_redistribute(value, placement.inputs[k], self.mesh,
                                                      f"op {whole.name} input {k}", tp.autocast_dtype(value, lower))
             k += 1
@@ -205,14 +208,6 @@ def _is_reshape(node: torch.fx.Node) -> bool:
     if node.op == "call_method":
         return node.target == "reshape"
     return node.op == "call_function" and node.target in (torch.ops.aten.reshape.default, torch.reshape)
-
-
-def _callee(node: torch.fx.Node) -> str:
-    """The bare name of what a node calls: `aten.linear.default` / `F.linear` / `x.matmul` -> linear / matmul."""
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1].strip("_")
-    return str(getattr(target, "__name__", target)).strip("_")
 
 
 def _path(node: torch.fx.Node) -> str:

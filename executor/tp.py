@@ -39,6 +39,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.utils._pytree import tree_map
 
 from executor.errors import ExecutorError
+from planner.autocast import AUTOCAST_LOWER_KINDS
+from planner.op_kinds import module_kind
 from planner.plan import OpPlacement, Plan
 
 _SHARD = re.compile(r"^S\((-?\d+)\)$")
@@ -420,12 +422,6 @@ def keep_shards():
         _KEEPING = was
 
 
-LOWER_PRECISION_OPS = frozenset({"linear", "mm", "addmm", "matmul", "bmm", "baddbmm", "conv1d", "conv2d", "conv3d",
-                                 "convolution", "scaled_dot_product_attention"})
-"""Ops on torch.autocast's lower-precision list (torch.amp docs, CUDA op reference): they cast every floating input
-to the autocast dtype before computing."""
-
-
 def autocast_dtype(t: Any, lower: bool) -> torch.dtype | None:
     """The dtype an input `t` of an op enters the op in under autocast when the op is on the lower-precision list
     (`lower`): the autocast dtype for an fp32 tensor, else None (no cast). The executor casts such an input before
@@ -465,7 +461,7 @@ def _shared_redistribute(t: Any, text: str, mesh: DeviceMesh, where: str, dtype:
 def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceMesh, op: str) -> None:
     """Hooks that give the module call the plan's input placements, assert that DTensor propagated the plan's
     output placement (`check_output`), and hand the output on as the plan says."""
-    lower = isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd))
+    lower = module_kind(mod) in AUTOCAST_LOWER_KINDS
 
     def pre(module, args):
         out, k = [], 0

@@ -5,8 +5,8 @@ Where a candidate comes from, and who has the last word:
 1. The hand registry proposes: a rule registered per `OpNode.kind` with `@register(kind)` (autoparallel's
    `@register_rule` idiom) returns the `OpPlacement`s an op may take over a tensor-parallel axis of size `tp`.
 2. For the kinds where DTensor runs more layouts than the registry names (`ENUMERATED_KINDS`: elementwise, dropout,
-   views/transposes/splits, matmul, softmax; and reductions such as `mean`), every combination of input placements (R, or S(d) on a non-batch dim
-   tp divides) is proposed as well.
+   views/transposes/splits, matmul, softmax; and reductions such as `mean`), every combination of input placements
+   (R, or S(d) on a non-batch dim tp divides) is proposed as well.
 3. DTensor decides (`planner.dtensor_rules.propagate`: DTensor's own sharding propagation run on meta DTensors):
    a candidate is kept only if DTensor computes the op on those placements without a redistribution that
    communicates; its output placement is DTensor's (a registry candidate whose stated output differs is corrected
@@ -36,9 +36,9 @@ Registry rules by kind (each filtered by divisibility of the sharded size by tp)
 - reshape (view, transpose, permute, contiguous): replicate; shard, following the input's sharded dim through the
   shape change where that dim maps onto one output dim.
 
-Enumerated candidates are named `sequence` (elementwise/dropout/reduction with output S(1) on a tensor of rank >= 3, as the
-registry names them), `heads` (attention with output S(1)), `partial` (an elementwise or reshape op reading a
-partial sum its producer can output, `partial_inputs`, with output P: DTensor runs only ops linear in it so) or
+Enumerated candidates are named `sequence` (elementwise/dropout/reduction with output S(1) on a tensor of rank >= 3,
+as the registry names them), `heads` (attention with output S(1)), `partial` (an elementwise or reshape op reading
+a partial sum its producer can output, `partial_inputs`, with output P: DTensor runs only ops linear in it so) or
 `shard`.
 """
 from __future__ import annotations
