@@ -29,7 +29,7 @@ from gpt import GPT, GPTConfig, sample_batch  # noqa: E402
 
 from cost_model.model import CostModel  # noqa: E402
 from hardware_profiles.load import load_cluster  # noqa: E402
-from hardware_profiles.schema import Cluster  # noqa: E402
+from hardware_profiles.schema import Cluster, ProfileError  # noqa: E402
 from planner.defaults import default_plan  # noqa: E402
 from planner.model_file import ModelFile, default_loss  # noqa: E402
 from planner.trace import trace_model  # noqa: E402
@@ -95,6 +95,13 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     names = args.only.split(",") if args.only else list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        ap.error(f"--only {','.join(unknown)}: not a Table 1 model; pick from {','.join(CONFIGS)}")
+    try:
+        _cluster(1, args.attention)
+    except ProfileError as e:
+        ap.error(str(e))
     print(f"{'model':>6} {'t':>2} {'p':>3} {'d':>3} {'GPUs':>5} {'batch':>5} {'params':>8} {'trace s':>7} "
           f"{'step s':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8} {'fits':>5}  {'breakdown (compute/comm/bubble/opt s)':<38}"
           f"{'published s':>11}")
