@@ -19,7 +19,9 @@ Checkpointing's own host cost: torch's checkpoint packs and unpacks every saved 
 selective checkpointing runs every op of the forward and of the re-run through a Python dispatch mode that asks
 the policy; each op of a checkpointed block pays the profile's measured per-op figure (`checkpoint_*` / `sac_*`,
 a linear its `*_linear_*` one) in forward, and again in backward if the re-run reaches it (kept ops included:
-the mode still intercepts them to hand back the saved output).
+the mode still intercepts them to hand back the saved output). The re-run's kernels and host time join the
+backward's before they are combined (`ComputeModel.combine`): on GPUs the host runs ahead, so a re-run costs its
+kernels until its host work (re-dispatch plus checkpointing's hooks) outgrows them.
 
 Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
 per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
@@ -170,7 +172,7 @@ class LayerCoster:
         g, plan, tp, m = self.graph, self.plan, self.tp, self.model
         traced = g.batch_size
         names = {g.ops[i].name for i in layer.ops}
-        fwd = bwd = host_f = host_b = tp_fwd = tp_bwd = rec = rec_tp = act = act_full = 0.0
+        fwd = bwd = host_f = host_b = tp_fwd = tp_bwd = rec_k = rec_h = rec_tp = act = act_full = 0.0
         params: dict[str, float] = {}
         tensors: dict[str, bool] = {}
         partial_elems: dict[str, float] = {}
@@ -200,12 +202,13 @@ class LayerCoster:
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hb = kf + cf, kb + cb + af, hb + ah
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
-            f = m.compute.combine(kf, hf)
             ck_f, ck_b = self._checkpoint_host(op.kind) if full or selective else (0.0, 0.0)
             host_f += ck_f
             # views launch nothing, so re-running them costs nothing either
             rerun = pos <= stop and (full or (i not in kept and op.kind not in FREE_KINDS))
-            rec += (f if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
+            # the re-run's kernels and host dispatch (its own and checkpointing's) join the backward's
+            rec_k += kf if rerun else 0.0
+            rec_h += (hf if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
             for src, s_pl, d_pl, ef, eb in edges:
                 # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
@@ -239,7 +242,10 @@ class LayerCoster:
             ov = m.cluster.device.op_overhead
             host_f += calls * ov.dtensor_local_call_forward
             host_b += calls * ov.dtensor_local_call_backward
-            rec += (calls * ov.dtensor_local_call_forward) if full else 0.0
+            rec_h += (calls * ov.dtensor_local_call_forward) if full else 0.0
+        # recomputation: what re-running adds to the backward, host and kernels combined over the whole backward
+        # (on GPUs a backward whose re-run makes it host-bound costs its host time)
+        rec = m.compute.combine(bwd + rec_k, host_b + rec_h) - m.compute.combine(bwd, host_b)
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             act = self._block_input_bytes(layer, names)

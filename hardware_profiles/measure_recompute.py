@@ -4,7 +4,7 @@ and the runner's per-step sub-mesh lookup.
 torch's non-reentrant `checkpoint` packs and unpacks every tensor the checkpointed forward saves through Python
 saved-tensor hooks and re-runs the forward in backward from a recorded frame; selective checkpointing
 (`create_selective_checkpoint_contexts`, torchtitan's op-level SAC) also runs every op of the forward and of the
-re-run through a Python TorchDispatchMode that asks the policy. On CPU ranks both are a fixed host cost per op, on
+re-run through a Python TorchDispatchMode that asks the policy. Both are a fixed host cost per op, on
 top of the ops' own dispatch, that no kernel measurement sees. Measured here on chains of tiny ops (kernel time
 nil), per op of the checkpointed region, split by kind as the cost model prices dispatch: elementwise ops and
 `F.linear` calls. Timed in the thread's CPU time: pure host work, which other processes on a shared machine would

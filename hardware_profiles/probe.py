@@ -127,9 +127,9 @@ def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> 
     from hardware_profiles import measure_overheads as O
     from hardware_profiles.measure_recompute import checkpoint_overheads, mesh_slice_seconds
     mesh = init_device_mesh(device.type, (world,))
-    # checkpointing's host cost only on CPU ranks: on GPUs the host runs ahead of the kernels, and the cost model
-    # adds these figures to the re-run as they are
-    ckpt = checkpoint_overheads(device, sync, plan) if device.type == "cpu" else {}
+    # checkpointing's host cost (CPU time, so the same work on any device; on GPUs the cost model sets it against
+    # the backward's kernels)
+    ckpt = checkpoint_overheads(device, sync, plan)
     local = ({**O.op_overheads(device, sync, plan, mesh), **O.ddp_overheads(device, sync, plan), **ckpt,
               "mesh_slice": mesh_slice_seconds(device, sync, plan)}, O.kernel_costs(device, sync, plan))
     everyone: list[Any] = [None] * world

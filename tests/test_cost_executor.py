@@ -162,6 +162,41 @@ def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(g
     assert costs["none"].recompute == 0.0
 
 
+def test_a_recomputed_blocks_host_work_joins_its_backward_on_gpus(gpt):
+    # on GPUs (async host) the re-run's kernels and host work (its dispatches, checkpointing's hooks) are set
+    # against the backward's as a whole: hidden while the kernels outlast the host, all of it once the host is
+    # the bottleneck; on CPU ranks (one thread) everything adds up
+    from cost_model.layers import recompute_stop
+    block = next(l for l in gpt.layers() if l.block_type)
+    ops = [gpt.ops[i] for i in block.ops]
+    stop = recompute_stop(gpt, block)
+
+    def costs(cl):
+        cm = CostModel(cl)
+        coster = LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1))
+        parts = [cm.op_parts(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size,
+                             dtypes=coster.dtypes.get(op.name)) for op in ops[:stop + 1]]
+        kernels = sum(p[0] + coster._autocast_copies(op, None)[0] for op, p in zip(ops, parts))
+        host = sum(p[2] for p in parts)
+        full = LayerCoster(cm, gpt, _plan(gpt, cl, 1, recompute="full"), cm.tp_group(1)).cost(block)
+        return full.recompute, kernels, host
+
+    def device(slow: float, hook: float, gpu: bool = True):
+        base = cluster(per_node=1, flops=100e12 / slow, mem_bw=2e12 / slow)
+        ov = dataclasses.replace(base.device.op_overhead, forward=8e-6, backward=8e-6, checkpoint_backward=hook,
+                                 checkpoint_linear_backward=hook)
+        return dataclasses.replace(base, device=dataclasses.replace(base.device, op_overhead=ov, async_host=gpu))
+    # kernels far slower than the host: the re-run costs its kernels, its host work hidden
+    rec, kernels, host = costs(device(1e4, 1e-5))
+    assert rec == pytest.approx(kernels) and kernels > 10 * (host + (stop + 1) * 1e-5)
+    # checkpointing's hooks far above every kernel: the host sets the pace, and the re-run adds all its host work
+    rec, kernels, host = costs(device(1.0, 1.0))
+    assert rec == pytest.approx((stop + 1) * 1.0, rel=1e-3)
+    # CPU ranks: kernels, dispatch and hooks add up
+    rec, kernels, host = costs(device(1.0, 1e-4, gpu=False))
+    assert rec == pytest.approx(kernels + host + (stop + 1) * 1e-4)
+
+
 def test_executor_selective_policy_recomputes_no_attention_and_half_the_matmuls():
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from gpt import Block, GPTConfig
