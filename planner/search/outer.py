@@ -103,8 +103,9 @@ class _Layers:
     act: np.ndarray
     """Saved activation bytes (`op_memory`)."""
     refwd: np.ndarray
-    """Forward compute (`op_time`) of what full recomputation runs again in a block layer's backward (its forward
-    up to the cost model's `recompute_stop`: torch checkpoint's early stop), 0 elsewhere."""
+    """What full recomputation adds to a block layer's backward: its forward up to the cost model's
+    `recompute_stop` (torch checkpoint's early stop) run again, kernels and host set against the backward's as
+    `predict` does; 0 elsewhere."""
     bound: np.ndarray
     """What `placed_bound` sums: like `time`, but a block's re-sharding into its first op is the smaller of its
     first and second copy's (the first copy's inputs come from the ops before the blocks, the others' from the
@@ -427,10 +428,12 @@ class OuterSearch:
             pb, ab = self.cm.op_memory(op, pl, *args)
             p, a = p + pb, a + ab
             r += self._reshard_in(op, pl, placement, args)
-        f = self.cm.compute.combine(parts[0], parts[2])
-        c = f + self.cm.compute.combine(parts[1], parts[3])
-        # predict sums the re-run per op; combining the sums is never more (max is subadditive): a sound bound
-        return c + r, p, a, c, r, self.cm.compute.combine(rerun[0], rerun[2])
+        combine = self.cm.compute.combine
+        f = combine(parts[0], parts[2])
+        c = f + combine(parts[1], parts[3])
+        # predict sets the re-run against the backward (kernels and host over both, combined); the same here, so
+        # that bound + re-run is combine(backward + re-run), which only grows with each part: a sound bound
+        return c + r, p, a, c, r, combine(parts[1] + rerun[0], parts[3] + rerun[2]) - combine(parts[1], parts[3])
 
     def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
         total = 0.0
