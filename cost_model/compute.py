@@ -416,6 +416,11 @@ class ComputeModel:
         where the host runs ahead of the device (`async_host`), else their sum."""
         return max(kernel, host) if self.device.async_host else kernel + host
 
+    def added(self, kernel: float, host: float, more_kernel: float, more_host: float) -> float:
+        """Seconds that `more_kernel` of kernels and `more_host` of dispatch add to a pass of `kernel` and `host`
+        when they run inside it (a recomputation inside a backward): `combine` of the sums minus that of the pass."""
+        return self.combine(kernel + more_kernel, host + more_host) - self.combine(kernel, host)
+
     def op_parts(self, kind: str, work: OpWork, precision: str) -> tuple[float, float, float, float]:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op (with autocast's
         casts before it, each a memory-bound kernel both ways)."""

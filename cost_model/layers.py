@@ -245,7 +245,7 @@ class LayerCoster:
             rec_h += (calls * ov.dtensor_local_call_forward) if full else 0.0
         # recomputation: what re-running adds to the backward, host and kernels combined over the whole backward
         # (on GPUs a backward whose re-run makes it host-bound costs its host time)
-        rec = m.compute.combine(bwd + rec_k, host_b + rec_h) - m.compute.combine(bwd, host_b)
+        rec = m.compute.added(bwd, host_b, rec_k, rec_h)
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         if full:
             act = self._block_input_bytes(layer, names)

@@ -431,8 +431,9 @@ class OuterSearch:
         combine = self.cm.compute.combine
         f = combine(parts[0], parts[2])
         c = f + combine(parts[1], parts[3])
-        # predict sets the re-run against the backward (kernels and host over both, combined); the same here, so
-        # that bound + re-run is combine(backward + re-run), which only grows with each part: a sound bound
+        # predict sets the re-run against the backward (cost_model's `ComputeModel.added`, written here with the
+        # `combine` this search is passed); bound + re-run is then combine(backward + re-run), which only grows with
+        # each part: a sound bound
         return c + r, p, a, c, r, combine(parts[1] + rerun[0], parts[3] + rerun[2]) - combine(parts[1], parts[3])
 
     def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
