@@ -7,7 +7,9 @@
 - Attention (SDPA) uses the profile's fused-attention efficiency on the work the kernel does (causal: about half
   the dense FLOPs); explicit-matmul attention is priced by its parts (batched GEMMs, memory-bound softmax, masking
   and dropout over the s x s scores).
-- Memory-bound kinds (norm, softmax, elementwise, embedding as a gather, loss, pool, other) use the bytes term.
+- Memory-bound kinds (norm, softmax, elementwise, embedding as a gather, loss, pool, other) use the bytes term;
+  an elementwise op's backward counts the kernels each input's gradient takes (`elementwise_backward_bytes`),
+  others move twice their forward bytes. Autocast's widening casts cost at least the profile's `widen` rate.
   `reshape`-kind ops that copy (`OpNode.copies`: cat, repeat, contiguous of a transposed tensor) read and write
   their bytes; views launch no kernel.
 - Every kernel costs at least `DeviceSpec.kernel_floor`.
@@ -49,14 +51,33 @@ FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 """Dtypes re-priced at the plan's activation precision (integer ids and bool masks keep their size)."""
 BWD_BYTES_FACTOR = 2.0
 """Backward of a memory-bound op reads the output gradient and the saved input and writes the input gradient:
-about twice the forward's traffic (first-principles byte count: 3 tensors vs forward's 2, plus parameter grads)."""
+about twice the forward's traffic (first-principles byte count: 3 tensors vs forward's 2, plus parameter grads).
+Elementwise ops are counted per input gradient instead (`elementwise_backward_bytes`)."""
+PASS_THROUGH = frozenset({"add", "iadd", "sub", "isub"})
+"""Elementwise calls whose input gradient is the output gradient itself (autograd passes it on, no kernel; `sub`'s
+second operand negates it)."""
+PRODUCTS = frozenset({"mul", "imul", "multiply", "div", "idiv", "truediv", "itruediv", "true_divide", "divide"})
+"""Elementwise calls whose gradient for one operand is the output gradient times (or over) the other operand."""
+UNARY_PASSES = {"neg": 2, "pow": 7, "rsqrt": 7, "sqrt": 3, "reciprocal": 7}
+"""Tensor passes (one read or write of the input's size each) of a one-tensor elementwise op's backward, from
+PyTorch's derivative formulas (tools/autograd/derivatives.yaml): neg negates the gradient (read, write); pow and
+rsqrt run three kernels, `exponent * self.pow(exponent - 1)` or `result.pow(3)` (read, write), a scalar multiply
+(read, write) and the product with the gradient (read two, write); four kernels per pow in the H100 trace of Llama
+1B (2026-11-26: a copy, a scalar multiply, a product, and the gradient sum into the shared input). Other
+one-tensor ops (silu, gelu, tanh, exp, dropout, ...) read the gradient and one saved tensor and write the input's
+gradient: 3 passes."""
+
+
+def elem_bytes(meta: TensorMeta, precision: str) -> float:
+    """Bytes per element of a tensor at the plan's precision (floats re-priced; ints and bools unchanged)."""
+    if meta.dtype.removeprefix("torch.") in FLOAT_DTYPES:
+        return PRECISION_BYTES[precision]
+    return dtype_bytes(meta.dtype)
 
 
 def tensor_bytes(meta: TensorMeta, precision: str) -> float:
     """Bytes of a tensor at the plan's precision (floats re-priced; ints and bools unchanged)."""
-    if meta.dtype.removeprefix("torch.") in FLOAT_DTYPES:
-        return meta.numel * PRECISION_BYTES[precision]
-    return meta.numel * dtype_bytes(meta.dtype)
+    return meta.numel * elem_bytes(meta, precision)
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,9 @@ class OpWork:
     cast_bytes: tuple[float, ...] = ()
     """Bytes (read + written) of each cast autocast runs before the op (an fp32 input of a linear, a bf16 input of
     a norm: cost_model.dtypes), one kernel each, forward and backward alike."""
+    cast_widens: tuple[bool, ...] = ()
+    """Per cast, whether its forward widens to fp32 (a norm's bf16 input); its backward then narrows the gradient,
+    and a linear's narrowing cast widens its gradient in backward (`ComputeModel.cast_time`)."""
 
 
 def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
@@ -212,6 +236,56 @@ def attention_dropout(op: OpNode) -> bool:
     return len(pos) > 4 and isinstance(pos[4], (int, float)) and not isinstance(pos[4], bool) and pos[4] > 0
 
 
+def elementwise_backward_bytes(op: OpNode, sizes: Sequence[tuple[float, float]], out: tuple[float, float],
+                               grads: Sequence[bool]) -> float | None:
+    """Bytes an elementwise op's backward reads and writes, per input that needs a gradient (PyTorch's derivative
+    formulas, tools/autograd/derivatives.yaml), or None where the op is not one counted here. `sizes` are the
+    (elements, bytes per element) of each `input_meta` tensor as the kernel reads it on this device, `out` the
+    output's, `grads` which inputs need a gradient. The gradient arrives in the output's dtype; an input of fewer
+    elements (broadcast) gets it summed down to its shape (read the full gradient, write the input's size), and an
+    input of another dtype gets it converted (read at the output's width, write at the input's): what the
+    autograd engine runs for mixed-dtype and broadcast operands."""
+    name = call_name(op)
+    n_out, b_out = out
+    tensors = [i for i, (n, _) in enumerate(sizes) if n > 0]
+    if op.kind != "elementwise" or not tensors or len(tensors) > 2:
+        return None
+    if len(tensors) == 1:
+        i = tensors[0]
+        if not grads[i]:
+            return 0.0
+        n_in, b_in = sizes[i]
+        if name in PASS_THROUGH:
+            own = 0.0
+        elif name in PRODUCTS:
+            own = 2 * n_out * b_out  # gradient times (over) a scalar
+        else:
+            own = UNARY_PASSES.get(name, 3) * n_in * max(b_in, b_out)
+        return own + _to_input(n_in, b_in, n_out, b_out)
+    if name not in PASS_THROUGH and name not in PRODUCTS:
+        return None
+    total = 0.0
+    for j, i in enumerate(tensors):
+        if not grads[i]:
+            continue
+        n_in, b_in = sizes[i]
+        if name in PRODUCTS:
+            n_o, b_o = sizes[tensors[1 - j]]
+            total += n_out * b_out + n_o * b_o + n_out * b_out
+        elif name in ("sub", "isub") and j == 1:
+            total += 2 * n_out * b_out
+        total += _to_input(n_in, b_in, n_out, b_out)
+    return total
+
+
+def _to_input(n_in: float, b_in: float, n_out: float, b_out: float) -> float:
+    """Bytes of bringing an output-shaped gradient (n_out elements of b_out bytes) to an input's shape and dtype:
+    a sum over the broadcast dims, or a dtype conversion, or nothing."""
+    if n_in < n_out:
+        return n_out * b_out + n_in * b_in
+    return n_in * (b_out + b_in) if b_in != b_out else 0.0
+
+
 def _divisor(placement: str, tp: int) -> int:
     """How many ways a tensor with this placement is split over tp (S(d) -> tp; R and P -> 1)."""
     return tp if placement.startswith("S") else 1
@@ -226,7 +300,7 @@ def splits_work(placement) -> bool:
 
 
 def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtensor: bool | None = None,
-            dtypes=None) -> OpWork:
+            dtypes=None, grads: Sequence[bool] | None = None) -> OpWork:
     """FLOPs and bytes of `op` on one tp rank for `scale` x the traced batch, at `precision`.
 
     `placement` is an `OpPlacement` or None (replicated: every tp rank does the whole op). An op with a sharded
@@ -236,29 +310,37 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
     `dtypes` (a `cost_model.dtypes.OpDtypes`): each tensor's precision under autocast, instead of `precision` for
     all, and the casts autocast runs first.
+    `grads`: per `input_meta` tensor, whether it needs a gradient (`cost_model.layers.input_grads`, from the
+    graph's gradient flow); None: parameters and floating tensors made by a graph op do.
     """
     at = (lambda i: dtypes.inputs[i]) if dtypes is not None else (lambda i: precision)  # noqa: E731
     acts, par = split_inputs(op)
     sharded = splits_work(placement) and tp > 1
     in_pl = list(placement.inputs) if placement is not None else []
     p_pl = list(placement.params) if placement is not None else []
+    sizes = [(0.0, 0.0)] * len(op.input_meta)  # (elements on this device, bytes each) per input tensor
     act_bytes = 0.0
     for j, i in enumerate(acts):
         pl = in_pl[j] if j < len(in_pl) else (in_pl[-1] if in_pl else "R")
-        act_bytes += tensor_bytes(op.input_meta[i], at(i)) * scale / _divisor(pl, tp)
+        n = op.input_meta[i].numel * scale / _divisor(pl, tp)
+        sizes[i] = (n, elem_bytes(op.input_meta[i], at(i)))
+        act_bytes += n * sizes[i][1]
     par_bytes = 0.0
     for j, i in enumerate(par):
         pl = p_pl[j] if j < len(p_pl) else "R"
-        par_bytes += tensor_bytes(op.input_meta[i], at(i)) / _divisor(pl, tp)
+        n = op.input_meta[i].numel / _divisor(pl, tp)
+        sizes[i] = (n, elem_bytes(op.input_meta[i], at(i)))
+        par_bytes += n * sizes[i][1]
     out_pl = placement.output if placement is not None else "R"
     out_prec = dtypes.output if dtypes is not None else precision
     out_bytes = sum(tensor_bytes(m, out_prec) for m in op.output_meta) * scale / _divisor(out_pl, tp)
-    casts = []
+    casts, widens = [], []
     for i in (dtypes.casts if dtypes is not None else ()):
         j = acts.index(i)
         pl = in_pl[j] if j < len(in_pl) else (in_pl[-1] if in_pl else "R")
         numel = op.input_meta[i].numel * scale / _divisor(pl, tp)
         casts.append(numel * (PRECISION_BYTES[at(i)] + PRECISION_BYTES["fp32" if at(i) != "fp32" else precision]))
+        widens.append(at(i) == "fp32")
     if op.kind == "embedding":
         # a gather touches only the rows it reads (the output), not the whole table
         par_bytes = 0.0
@@ -269,12 +351,22 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
         dtensor = tp > 1 and placement is not None and placement.strategy != "replicate"
     elem_div = tp if sharded or (placement is not None and out_pl.startswith("S") and tp > 1) else 1
     copy = op.kind in FREE_KINDS and op.copies
+    bwd_bytes = (1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes
+    if op.kind == "elementwise" and op.output_meta:
+        if grads is None:
+            src = op.input_sources or tuple(0 for _ in op.input_meta)
+            grads = [i in par or (i < len(src) and src[i] >= 0 and floating) for i, floating in
+                     enumerate(m.dtype.removeprefix("torch.") in FLOAT_DTYPES for m in op.input_meta)]
+        n_out = op.output_meta[0].numel * scale / _divisor(out_pl, tp)
+        counted = elementwise_backward_bytes(op, sizes, (n_out, elem_bytes(op.output_meta[0], out_prec)), grads)
+        if counted is not None:
+            bwd_bytes = counted
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
-                  fwd_bytes=fwd_bytes, bwd_bytes=(1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes,
+                  fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes,
                   elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
                   dtensor=dtensor, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),
-                  cast_bytes=tuple(casts))
+                  cast_bytes=tuple(casts), cast_widens=tuple(widens))
 
 
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
@@ -426,11 +518,21 @@ class ComputeModel:
         casts before it, each a memory-bound kernel both ways)."""
         f, b = self._kernel_times(kind, work, precision)
         of, ob = self.overhead(kind, work)
-        casts = sum(self._floor(self.memory_time(c)) for c in work.cast_bytes)
+        widens = work.cast_widens or (False,) * len(work.cast_bytes)
+        cf = sum(self._floor(self.cast_time(c, w)) for c, w in zip(work.cast_bytes, widens))
+        cb = sum(self._floor(self.cast_time(c, not w)) for c, w in zip(work.cast_bytes, widens))
         if work.cast_bytes:  # a cast is one more op in forward and one more autograd node in backward
             ov = self.device.op_overhead
             of, ob = of + len(work.cast_bytes) * ov.forward, ob + len(work.cast_bytes) * ov.backward
-        return f + casts, b + casts, of, ob
+        return f + cf, b + cb, of, ob
+
+    def cast_time(self, nbytes: float, widening: bool) -> float:
+        """Seconds of one 16-bit <-> fp32 conversion moving `nbytes` (6 per element): the bytes term, and for a
+        widening one (16-bit to fp32) at least the profile's measured `widen` seconds per element (torch's CUDA
+        copy vectorizes only fp32 -> bf16 / fp16; the widening copy runs its unrolled generic kernel)."""
+        t = self.memory_time(nbytes)
+        cost = self.device.kernel_costs.get("widen") if widening else None
+        return max(t, nbytes / 6.0 * cost[0]) if cost else t
 
     def op_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
         """(forward, backward) seconds of one op on its own: kernels and host combined (`combine`)."""
@@ -470,7 +572,9 @@ class ComputeModel:
             vec = peak_flops(self.device, "fp32")
             return self._floor(max(fwd_mem, work.fwd_flops / vec, fwd_k)), \
                 self._floor(max(bwd_mem, work.bwd_flops / vec, bwd_k))
-        return self._floor(max(fwd_mem, fwd_k)), self._floor(max(bwd_mem, bwd_k))
+        bwd = max(bwd_mem, bwd_k)
+        # an op whose gradients autograd only passes on (an add's) runs no backward kernel
+        return self._floor(max(fwd_mem, fwd_k)), (self._floor(bwd) if bwd > 0 else 0.0)
 
     def _gemm_times(self, work: OpWork, precision: str) -> tuple[float, float]:
         """Forward GEMMs, and backward as the operands' gradient GEMMs (M, K, N) and (K, N, M), scaled to the

@@ -148,6 +148,7 @@ class LayerCoster:
         self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if mixed_precision_parameters(plan)
                                       else "fp32")
         self.extra_reads = extra_reads(graph)
+        self.grads = input_grads(graph)
         self._cache: dict = {}
 
     def cost(self, layer: Layer) -> LayerCost:
@@ -197,7 +198,7 @@ class LayerCoster:
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
             dt = self.on_dtensors(op.module_path)
             kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt,
-                                        dtypes=self._shared_casts(op, pl, cast_done))
+                                        dtypes=self._shared_casts(op, pl, cast_done), grads=self.grads[op.name])
             cf, cb = self._autocast_copies(op, pl)
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hb = kf + cf, kb + cb + af, hb + ah
@@ -336,8 +337,10 @@ class LayerCoster:
         cast = 0.0 if mixed_precision_parameters(plan) else 6.0 / (m if mesh.pp > 1 else 1)
         per_mb_reduce = fsdp and plan.zero_stage >= 2 and mesh.pp == 1
         grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
-        mem = self.model.compute.memory_time
-        return mem(elems * cast), mem(elems * grad)
+        compute = self.model.compute
+        # the 16-bit weight gradient is converted up to fp32 (widening), then accumulated
+        return compute.memory_time(elems * cast), \
+            compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * (grad - 6.0))
 
     def _shared_casts(self, op, pl, done: set[str]):
         """`op`'s autocast dtypes, without the casts the tp executor already made for an earlier reader of the same
@@ -462,6 +465,37 @@ MULTI_OUTPUT = frozenset({"split", "split_with_sizes", "chunk", "unbind"})
 """Ops whose readers each take a different piece (getitem): their backward joins the pieces, it sums nothing."""
 
 
+def _needs_grad(graph: OpGraph) -> set[str]:
+    """Names of the ops whose outputs need a gradient: downstream of a parameter."""
+    grad: set[str] = set()
+    for op in graph.ops:
+        if op.params or any(src in grad for src in op.inputs):
+            grad.add(op.name)
+    return grad
+
+
+def input_grads(graph: OpGraph) -> dict[str, tuple[bool, ...]]:
+    """Per op name, per `input_meta` tensor, whether autograd computes its gradient: a parameter, or a floating
+    tensor made by an op downstream of a parameter (a RoPE table or a mask gets none). Cached on the graph."""
+    out = graph.__dict__.get("_shardwise_input_grads")
+    if out is not None:
+        return out
+    grad = _needs_grad(graph)
+    out = {}
+    for op in graph.ops:
+        acts, par = split_inputs(op)
+        flags = [False] * len(op.input_meta)
+        for i in par:
+            flags[i] = True
+        for j, i in enumerate(acts):
+            k = op.input_sources[i] if i < len(op.input_sources) else j
+            src = op.inputs[k] if 0 <= k < len(op.inputs) else None
+            flags[i] = src in grad and floating(op.input_meta[i])
+        out[op.name] = tuple(flags)
+    graph.__dict__["_shardwise_input_grads"] = out
+    return out
+
+
 def extra_reads(graph: OpGraph) -> dict[str, int]:
     """Per op name, how many more times than once the graph's ops read its output, for floating outputs that
     need a gradient (downstream of a parameter): autograd sums that many gradients into it in backward. Kept on
@@ -469,11 +503,9 @@ def extra_reads(graph: OpGraph) -> dict[str, int]:
     out = graph.__dict__.get("_shardwise_extra_reads")
     if out is not None:
         return out
-    grad: set[str] = set()
+    grad = _needs_grad(graph)
     reads: dict[str, int] = {}
     for op in graph.ops:
-        if op.params or any(src in grad for src in op.inputs):
-            grad.add(op.name)
         for src in op.inputs:
             if src in grad:
                 reads[src] = reads.get(src, 0) + 1

@@ -65,13 +65,14 @@ class CostModel:
         return recompute_stop(graph, layer)
 
     def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                 *, traced_batch_size: int = 1, dtensor: bool | None = None, dtypes=None
+                 *, traced_batch_size: int = 1, dtensor: bool | None = None, dtypes=None, grads=None
                  ) -> tuple[float, float, float, float]:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
         `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums). `dtypes`: the op's
-        `cost_model.dtypes.OpDtypes` (each tensor's precision under autocast, and its casts)."""
+        `cost_model.dtypes.OpDtypes` (each tensor's precision under autocast, and its casts); `grads`: which of
+        its inputs need a gradient (`cost_model.layers.input_grads`)."""
         precision = op_precision(op.kind, precision)
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes)
+        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes, grads)
         return self.compute.op_parts(op.kind, work, precision)
 
     def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,

@@ -399,12 +399,20 @@ def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     On CUDA only `adamw`, timed on a tensor of ADAMW_GPU_ELEMS elements (device time, `measure.device_seconds`):
     elementwise kernels there are memory-bound, priced by bytes over the measured bandwidth, and at this size a
     kernel's time is its launch (an add on 131k elements "cost" 1.1e-10 s per element on an H200, 25x its bytes'
-    time on a 12M-element activation)."""
+    time on a 12M-element activation). And `widen`: one bf16 -> fp32 conversion (`Tensor.float()`, autocast's
+    cast up and the gradient of its cast down) per element, on as many elements (768 MiB moved), forward and
+    backward alike: torch's CUDA copy vectorizes only the narrowing direction, so this one runs below the copy
+    rate the memory curve gives."""
     if device.type == "cuda":
         p = torch.nn.Parameter(torch.randn(ADAMW_GPU_ELEMS, device=device))
         p.grad = torch.randn_like(p)
         opt = adamw([p])
-        return {"adamw": (device_seconds(opt.step, device, plan) / ADAMW_GPU_ELEMS, 0.0)}
+        out = {"adamw": (device_seconds(opt.step, device, plan) / ADAMW_GPU_ELEMS, 0.0)}
+        del opt, p
+        half = torch.randn(ADAMW_GPU_ELEMS, device=device, dtype=torch.bfloat16)
+        widen = device_seconds(half.float, device, plan) / ADAMW_GPU_ELEMS
+        out["widen"] = (widen, widen)
+        return out
     x = torch.randn(elems // 512, 512, device=device)
     xn = torch.randn(elems // 128, 128, device=device)
     w, b = torch.ones(128, device=device), torch.zeros(128, device=device)

@@ -424,8 +424,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "matmul_*: a chain of tiny 2-D matmuls y @ w; dtensor_*: the same on replicated DTensors over a "
              "1-D mesh of all ranks (the elementwise chain multiplies, so each backward node dispatches one op). "
              "kernel_costs: [forward, backward] seconds per element "
-             "of fp32 kernels on a 256 x 512 tensor (GPUs: only adamw, the executor's default AdamW on a "
-             "2^26-element parameter; elementwise kernels are priced by their bytes). fsdp_*: FSDP2's seconds per "
+             "of fp32 kernels on a 256 x 512 tensor (GPUs: adamw, the executor's default AdamW on a "
+             "2^26-element parameter, and widen, a bf16 -> fp32 conversion of as many elements; other elementwise "
+             "kernels are priced by their bytes). fsdp_*: FSDP2's seconds per "
              "fully_shard'ed module and per parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
              "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "

@@ -19,8 +19,9 @@ FLOP_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 """Dtypes a device may list a peak for."""
 
 
-KERNELS = ("add", "gelu", "tanh", "softmax", "layer_norm", "adamw")
-"""Elementwise kernel families a profile may carry measured per-element costs for (see `DeviceSpec.kernel_costs`)."""
+KERNELS = ("add", "gelu", "tanh", "softmax", "layer_norm", "adamw", "widen")
+"""Elementwise kernel families a profile may carry measured per-element costs for (see `DeviceSpec.kernel_costs`);
+`widen` is a 16-bit to fp32 conversion (autocast's casts up, and the gradients of its casts down)."""
 
 
 class ProfileError(ValueError):

@@ -100,3 +100,73 @@ def test_gradients_of_a_tensor_read_several_times_are_summed_in_backward(llama):
     size = op.output_meta[0].numel / llama.batch_size * 4  # fp32 under autocast with fp32 parameters
     assert kernel == pytest.approx(2 * max(cm.compute.memory_time(3 * size), cl.device.kernel_floor))
     assert host == pytest.approx(2 * cl.device.op_overhead.backward)
+
+
+def _block_ops(graph, target, block="layers.0"):
+    return [op for op in graph.ops if op.target == target and op.block == block]
+
+
+def test_elementwise_backward_counts_each_input_gradient(llama):
+    """Backward bytes of elementwise ops per input that needs a gradient (PyTorch's derivative formulas): a
+    residual add of two fp32 tensors passes the gradient on (no kernel), one of a bf16 branch converts it; the
+    RMSNorm's x * rsqrt(...) multiplies for both operands and sums the broadcast one down; RoPE's q * cos has one
+    gradient (the table needs none); pow runs three kernels."""
+    from cost_model.compute import ComputeModel
+    from cost_model.layers import input_grads
+    from hardware_profiles.load import load_cluster
+    d = autocast_dtypes(llama, "bf16", "fp32")
+    grads = input_grads(llama)
+    cm = ComputeModel(load_cluster("dgx-h100").device)
+    emb = _first(llama, "aten.embedding.default")
+
+    def work(op):
+        return op_work(op, None, 1, 1.0, "bf16", dtypes=d[op.name], grads=grads[op.name])
+
+    residual = next(op for op in _block_ops(llama, "aten.add.Tensor") if emb.name in op.inputs)
+    n = residual.output_meta[0].numel
+    assert grads[residual.name] == (True, True)
+    assert work(residual).bwd_bytes == n * (4 + 2)  # the bf16 branch's gradient converted down; the stream's passed
+    assert work(residual).fwd_bytes == n * (4 + 2 + 4)
+    rope_add = [op for op in _block_ops(llama, "aten.add.Tensor") if len(op.input_meta[0].shape) == 4][0]
+    assert work(rope_add).bwd_bytes == 0  # fp32 + fp32: both gradients passed on
+    k, b = cm.op_parts("elementwise", work(rope_add), "bf16")[:2]
+    assert b == 0 and k > 0  # no backward kernel, not even the launch floor
+
+    norm_mul = next(op for op in _block_ops(llama, "aten.mul.Tensor") if op.input_meta[1].shape[-1] == 1)
+    x, r = norm_mul.input_meta
+    assert grads[norm_mul.name] == (True, True)
+    # x: grad * r (read n and the rows, write n); r: grad * x (read 2n, write n), then a sum down to the rows
+    assert work(norm_mul).bwd_bytes == 4 * ((n + r.numel + n) + (n + n + n) + (n + r.numel))
+    rope_mul = next(op for op in _block_ops(llama, "aten.mul.Tensor") if len(op.input_meta[0].shape) == 4)
+    q, cos = rope_mul.input_meta
+    assert grads[rope_mul.name] == (True, False)  # cos is sliced from a buffer
+    # q is bf16 (a linear's output) times an fp32 table: the product in fp32, then converted to q's bf16
+    assert work(rope_mul).bwd_bytes == (4 * q.numel + 4 * cos.numel + 4 * q.numel) + q.numel * (4 + 2)
+    pow_ = _block_ops(llama, "aten.pow.Tensor_Scalar")[0]
+    assert work(pow_).bwd_bytes == 7 * pow_.output_meta[0].numel * 4
+    # without the graph's gradient flow, every floating input made by a graph op counts
+    assert op_work(rope_mul, None, 1, 1.0, "bf16", dtypes=d[rope_mul.name]).bwd_bytes > work(rope_mul).bwd_bytes
+
+
+def test_widening_casts_run_at_the_measured_conversion_rate(llama):
+    """Autocast's cast before a linear narrows fp32 to bf16 in forward and widens the gradient in backward; a
+    widening conversion costs at least the profile's `widen` seconds per element (dgx-h100: the H100's unrolled
+    copy kernel), a narrowing one the copy rate."""
+    from cost_model.compute import ComputeModel
+    from hardware_profiles.load import load_cluster
+    dev = load_cluster("dgx-h100").device
+    cm = ComputeModel(dev)
+    d = autocast_dtypes(llama, "bf16", "fp32")
+    wq = llama.module_op("layers.0.attention.wq")
+    w = op_work(wq, None, 1, 512.0, "bf16", dtypes=d[wq.name])
+    assert w.cast_widens == (False,)
+    (c,) = w.cast_bytes
+    assert cm.cast_time(c, True) == pytest.approx(c / 6 * dev.kernel_costs["widen"][0])
+    assert cm.cast_time(c, True) > cm.cast_time(c, False) == pytest.approx(cm.memory_time(c))
+    f, b, _, _ = cm.op_parts("linear", w, "bf16")
+    plain_f, plain_b, _, _ = cm.op_parts("linear", op_work(wq, None, 1, 512.0, "bf16"), "bf16")
+    assert f - plain_f == pytest.approx(cm.cast_time(c, False))
+    assert b - plain_b == pytest.approx(cm.cast_time(c, True))
+    up = autocast_dtypes(llama, "bf16", "bf16")  # FSDP2's bf16 parameters: the norm's pow casts its input up
+    pow_ = _first(llama, "aten.pow.Tensor_Scalar")
+    assert op_work(pow_, None, 1, 1.0, "bf16", dtypes=up[pow_.name]).cast_widens == (True,)
