@@ -8,8 +8,8 @@
   the dense FLOPs); explicit-matmul attention is priced by its parts (batched GEMMs, memory-bound softmax, masking
   and dropout over the s x s scores).
 - Memory-bound kinds (norm, softmax, elementwise, embedding as a gather, loss, pool, other) use the bytes term;
-  an elementwise op's backward counts the kernels each input's gradient takes (`elementwise_backward_bytes`),
-  others move twice their forward bytes. Autocast's widening casts cost at least the profile's `widen` rate.
+  an elementwise op's backward counts the kernels each input's gradient takes (`elementwise_backward_bytes`), a
+  norm's its two kernels, others move twice their forward bytes. Autocast's widening casts cost at least the profile's `widen` rate.
   `reshape`-kind ops that copy (`OpNode.copies`: cat, repeat, contiguous of a transposed tensor) read and write
   their bytes; views launch no kernel.
 - Every kernel costs at least `DeviceSpec.kernel_floor`.
@@ -352,7 +352,15 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     elem_div = tp if sharded or (placement is not None and out_pl.startswith("S") and tp > 1) else 1
     copy = op.kind in FREE_KINDS and op.copies
     bwd_bytes = (1.0 if copy else BWD_BYTES_FACTOR) * fwd_bytes
-    if op.kind == "elementwise" and op.output_meta:
+    if op.kind == "norm":
+        # two kernels (PyTorch's layer_norm_backward_cuda; the H100 trace of GPT 124M on 2026-11-26 shows a
+        # layer_norm_grad_input_kernel and a GammaBetaBackward kernel per norm): the input's gradient reads the
+        # output's gradient, the input and the weight and writes the input's size; the weight and bias gradients
+        # read the output's gradient and the input again and write the parameters' size
+        bwd_bytes = out_bytes + 2 * act_bytes + par_bytes
+        if op.params:
+            bwd_bytes += out_bytes + act_bytes + par_bytes
+    elif op.kind == "elementwise" and op.output_meta:
         if grads is None:
             src = op.input_sources or tuple(0 for _ in op.input_meta)
             grads = [i in par or (i < len(src) and src[i] >= 0 and floating) for i, floating in

@@ -215,6 +215,21 @@ def test_copies_cost_bytes_and_views_are_free():
             assert f == b == 0.0
 
 
+def test_norm_backward_is_its_two_kernels():
+    """A layer norm's backward runs the input-gradient kernel (read the output's gradient, the input and the
+    weight; write the input's gradient) and, with affine parameters, the weight/bias-gradient kernel (read both
+    again; write the parameters' gradients): 5 passes over the activation against forward's 2."""
+    for affine in (True, False):
+        g = trace_model(_model_file(lambda: nn.LayerNorm(64, elementwise_affine=affine), (128, 64)), 1,
+                        progress=False)
+        op = next(o for o in g.ops if o.kind == "norm")
+        w = op_work(op, None, 1, 1.0, "fp32")
+        n = 128 * 64 * 4.0
+        params = 2 * 64 * 4.0 if affine else 0.0
+        assert w.fwd_bytes == n + params + n
+        assert w.bwd_bytes == (5 * n + 2 * params if affine else 3 * n)
+
+
 def test_host_dispatch_overlaps_kernels_on_gpus_and_adds_on_cpus():
     cpu = dataclasses.replace(A100, async_host=False)
     assert ComputeModel(A100).combine(3.0, 2.0) == 3.0
