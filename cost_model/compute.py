@@ -9,7 +9,8 @@
   and dropout over the s x s scores).
 - Memory-bound kinds (norm, softmax, elementwise, embedding as a gather, loss, pool, other) use the bytes term;
   an elementwise op's backward counts the kernels each input's gradient takes (`elementwise_backward_bytes`), a
-  norm's its two kernels, others move twice their forward bytes. Autocast's widening casts cost at least the profile's `widen` rate.
+  norm's its two kernels, others move twice their forward bytes. Autocast's widening casts cost at least the
+  profile's `widen` rate.
   `reshape`-kind ops that copy (`OpNode.copies`: cat, repeat, contiguous of a transposed tensor) read and write
   their bytes; views launch no kernel.
 - Every kernel costs at least `DeviceSpec.kernel_floor`.
@@ -58,12 +59,13 @@ PASS_THROUGH = frozenset({"add", "iadd", "sub", "isub"})
 second operand negates it)."""
 PRODUCTS = frozenset({"mul", "imul", "multiply", "div", "idiv", "truediv", "itruediv", "true_divide", "divide"})
 """Elementwise calls whose gradient for one operand is the output gradient times (or over) the other operand."""
-UNARY_PASSES = {"neg": 2, "pow": 7, "rsqrt": 7, "sqrt": 3, "reciprocal": 7}
+UNARY_PASSES = {"neg": 2, "pow": 7, "rsqrt": 7, "sqrt": 5, "reciprocal": 8}
 """Tensor passes (one read or write of the input's size each) of a one-tensor elementwise op's backward, from
 PyTorch's derivative formulas (tools/autograd/derivatives.yaml): neg negates the gradient (read, write); pow and
 rsqrt run three kernels, `exponent * self.pow(exponent - 1)` or `result.pow(3)` (read, write), a scalar multiply
 (read, write) and the product with the gradient (read two, write); four kernels per pow in the H100 trace of Llama
-1B (2026-11-26: a copy, a scalar multiply, a product, and the gradient sum into the shared input). Other
+1B (2026-11-26: a copy, a scalar multiply, a product, and the gradient sum into the shared input); sqrt divides the
+gradient by `2 * result` (2 + 3 passes), reciprocal multiplies it by `-(result * result)` (3 + 2 + 3). Other
 one-tensor ops (silu, gelu, tanh, exp, dropout, ...) read the gradient and one saved tensor and write the input's
 gradient: 3 passes."""
 
