@@ -396,13 +396,13 @@ def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     Backward is (forward + backward) - forward; both include one op's dispatch, small at this size. `adamw` is
     one step of the executor's default AdamW per parameter element (its second number is 0).
 
-    On CUDA only `adamw`, timed on a tensor of ADAMW_GPU_ELEMS elements (device time, `measure.device_seconds`):
-    elementwise kernels there are memory-bound, priced by bytes over the measured bandwidth, and at this size a
-    kernel's time is its launch (an add on 131k elements "cost" 1.1e-10 s per element on an H200, 25x its bytes'
-    time on a 12M-element activation). And `widen`: one bf16 -> fp32 conversion (`Tensor.float()`, autocast's
-    cast up and the gradient of its cast down) per element, on as many elements (768 MiB moved), forward and
-    backward alike: torch's CUDA copy vectorizes only the narrowing direction, so this one runs below the copy
-    rate the memory curve gives."""
+    On CUDA only `adamw` and `widen`, each timed on ADAMW_GPU_ELEMS elements (device time,
+    `measure.device_seconds`): elementwise kernels there are memory-bound, priced by bytes over the measured
+    bandwidth, and at this size a kernel's time is its launch (an add on 131k elements "cost" 1.1e-10 s per
+    element on an H200, 25x its bytes' time on a 12M-element activation). `widen` is one bf16 -> fp32 conversion
+    (`Tensor.float()`: autocast's cast up, and the gradient of its cast down) per element, forward and backward
+    alike: torch's CUDA copy vectorizes only the narrowing direction, so this one runs below the copy rate the
+    memory curve gives."""
     if device.type == "cuda":
         p = torch.nn.Parameter(torch.randn(ADAMW_GPU_ELEMS, device=device))
         p.grad = torch.randn_like(p)
