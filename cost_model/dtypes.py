@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_model.compute import FLOAT_DTYPES, split_inputs
+from cost_model.work import floating, split_inputs
 from planner.autocast import AUTOCAST_FP32_CALLEES, AUTOCAST_FP32_KINDS, AUTOCAST_LOWER_KINDS
 from planner.graph import OpGraph, OpNode
 from planner.shard_flow import callee
@@ -36,11 +36,6 @@ class OpDtypes:
     inputs: tuple[str, ...]
     output: str
     casts: tuple[int, ...] = ()
-
-
-def floating(meta) -> bool:
-    """Whether a tensor is floating point (what autocast casts; ids and masks keep their dtype)."""
-    return meta.dtype.removeprefix("torch.") in FLOAT_DTYPES
 
 
 def runs_in_fp32(op: OpNode) -> bool:

@@ -45,8 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from cost_model.compute import FREE_KINDS, split_inputs, tensor_bytes
-from cost_model.dtypes import autocast_dtypes, floating
+from cost_model.dtypes import autocast_dtypes
+from cost_model.work import FREE_KINDS, floating, split_inputs, tensor_bytes
 from cost_model.ops import logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.autocast import AUTOCAST_LOWER_KINDS
 from planner.graph import Layer, OpGraph, dtype_bytes
@@ -336,11 +336,11 @@ class LayerCoster:
         fsdp = mesh.dp > 1 and plan.zero_stage >= 1
         cast = 0.0 if mixed_precision_parameters(plan) else 6.0 / (m if mesh.pp > 1 else 1)
         per_mb_reduce = fsdp and plan.zero_stage >= 2 and mesh.pp == 1
-        grad = 6.0 + (0.0 if per_mb_reduce else 12.0 * (m - 1) / m)
+        accumulate = 0.0 if per_mb_reduce else 12.0 * (m - 1) / m
         compute = self.model.compute
         # the 16-bit weight gradient is converted up to fp32 (widening), then accumulated
         return compute.memory_time(elems * cast), \
-            compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * (grad - 6.0))
+            compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * accumulate)
 
     def _shared_casts(self, op, pl, done: set[str]):
         """`op`'s autocast dtypes, without the casts the tp executor already made for an earlier reader of the same

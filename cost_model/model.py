@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
-from cost_model.compute import (ComputeModel, attention_dropout, kernel_elems, op_work, split_inputs,
-                                splits_work, tensor_bytes)
+from cost_model.compute import ComputeModel
 from cost_model.ops import sequence_shard
 from cost_model.prediction import Prediction
+from cost_model.work import attention_dropout, kernel_elems, op_work, split_inputs, splits_work, tensor_bytes
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.autocast import AUTOCAST_FP32_KINDS
 from planner.plan import OpPlacement, Plan

@@ -38,7 +38,7 @@ def _model_shapes(path: str, quick: bool) -> dict[str, list]:
     seconds a call, and with `--quick`, which also takes fewer shapes)."""
     import torch
 
-    from cost_model.compute import graph_shapes
+    from cost_model.work import graph_shapes
     from planner.model_file import load_model_file
     from planner.trace import trace_model
     graph = trace_model(load_model_file(path), 1)

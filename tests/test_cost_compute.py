@@ -12,7 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cost_model import kernels
-from cost_model.compute import ComputeModel, op_work
+from cost_model.compute import ComputeModel
+from cost_model.work import op_work
 from cost_model.model import CostModel
 from hardware_profiles.load import load_cluster
 from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict
@@ -379,7 +380,7 @@ def test_unaligned_gemms_run_at_the_measured_unaligned_efficiency():
 
 
 def test_profile_shapes_cover_larger_micro_batches():
-    from cost_model.compute import graph_shapes
+    from cost_model.work import graph_shapes
     from planner.model_file import load_model_file
     from planner.trace import trace_model
     graph = trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), 1)

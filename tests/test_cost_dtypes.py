@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from cost_model.compute import op_work
+from cost_model.work import op_work
 from cost_model.dtypes import autocast_dtypes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

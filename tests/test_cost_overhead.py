@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cost_model.compute import kernel_family
+from cost_model.work import kernel_family
 from cost_model.dtypes import autocast_dtypes
 from cost_model.layers import LayerCoster, extra_reads, recompute_stop, runs_on_dtensors
 from cost_model.model import CostModel

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from cost_model.compute import splits_work
+from cost_model.work import splits_work
 from cost_model.prediction import Prediction
 from hardware_profiles.schema import Cluster, DeviceSpec, LinkSpec
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta

@@ -131,7 +131,7 @@ def test_gpt_dropout_as_megatron_places_it():
     unfused attention's dropout pass); dropout 0 adds no op."""
     import sys
     sys.path.insert(0, EXAMPLES)
-    from cost_model.compute import attention_dropout
+    from cost_model.work import attention_dropout
     from gpt import GPT, GPTConfig, sample_batch
     from planner.model_file import ModelFile, default_loss
 
