@@ -108,6 +108,9 @@ def profile(tmp: str, quick: bool) -> str:
         raise SystemExit(f"plan profile failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
     print(f"profile: {'quick' if quick else 'full'} in {time.perf_counter() - t0:.0f} s, load {l0:.2f} -> "
           f"{load():.2f}", flush=True)
+    waits = [line for line in p.stdout.splitlines() if "ranks' wait" in line]
+    if waits:
+        print(f"profile: {waits[0].strip()}", flush=True)
     return out
 
 

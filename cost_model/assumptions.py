@@ -33,6 +33,8 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         _compute_assumption(cl.device, plan.precision, pk),
         f"tp={sp.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
         "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
+        *(["ranks sharing the host's cores arrive apart: every blocking collective also waits the profile's "
+           "measured sync_wait for the compute since the ranks last met"] if cl.device.sync_wait else []),
         (f"dp={sp.dp}, ZeRO-{zero}: {dp_how}" + (
             "; DDP's measured reducer cost per step, parameter tensor and gradient byte"
             if zero == 0 and sp.tp == 1 and not sp.deferred and sp.ddp_reducer(0) > 0 else "") + (

@@ -109,6 +109,20 @@ class CommModel:
         `comm_shares_compute`: gloo on CPU ranks), so that they serialise with compute instead of overlapping it."""
         return group.size > 1 and self.cluster.device.comm_shares_compute
 
+    def sync_wait(self, group: Group, compute_s: float) -> float:
+        """Seconds a blocking collective over `group` waits for its ranks to arrive after `compute_s` of compute
+        since they last met, beyond its own time: the profile's `sync_wait` (ranks sharing a host's cores arrive
+        apart), linear between its points from (0, 0) and the last point's beyond them; 0 where not measured
+        (GPUs)."""
+        pts = self.cluster.device.sync_wait
+        if group.size <= 1 or not pts or compute_s <= 0:
+            return 0.0
+        xs, ys = [0.0] + [x for x, _ in pts], [0.0] + [y for _, y in pts]
+        if compute_s >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, compute_s)
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (compute_s - xs[i - 1]) / (xs[i] - xs[i - 1])
+
     def _alpha_terms(self, steps: int, inter_steps: int) -> float:
         intra, inter = self.cluster.intra_node, self.cluster.inter_node
         nccl = intra.kind in NCCL_LINK_KINDS or (inter_steps > 0 and inter.kind in NCCL_LINK_KINDS)

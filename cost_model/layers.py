@@ -189,6 +189,7 @@ class LayerCoster:
         backward_gathers: set[str] = set()
         shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         cast_done: set[str] = set()  # producers whose autocast cast the tp executor shares among their readers
+        n_fwd = n_bwd = 0  # blocking tp collectives per pass (each waits for the ranks: `CommModel.sync_wait`)
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
             pl = plan.ops.get(op.name)
@@ -211,6 +212,7 @@ class LayerCoster:
             rec_k += kf if rerun else 0.0
             rec_h += (hf if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
+            vocab_src = logits_producer(g, op) if vocab_loss is not None else None
             for src, s_pl, d_pl, ef, eb in edges:
                 # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
                 # forward and one gradient reduction in backward; a recomputation re-runs each reader's own
@@ -218,10 +220,13 @@ class LayerCoster:
                 if op.kind == "linear":
                     shared.add((src, d_pl))
                 tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
+                n_fwd += 0 if once or ef <= 0 else (LOSS_PARALLEL_ALL_REDUCES if src == vocab_src else 1)
+                n_bwd += 0 if once or eb <= 0 else 1
                 if keep and d_pl == "R" and src not in backward_gathers \
                         and sequence_shard(s_pl, len(g.op(src).output_meta[0].shape)):
                     backward_gathers.add(src)
                     tp_bwd += ef
+                    n_bwd += 1
                 # selective keeps the outputs of reduce-scatters (partial -> sequence shard), as torchtitan's list does
                 scattered = selective and s_pl == "P" and d_pl.startswith("S")
                 if rerun and ef > 0 and not scattered and (full or src not in regathered):
@@ -248,6 +253,9 @@ class LayerCoster:
         # (on GPUs a backward whose re-run makes it host-bound costs its host time)
         rec = m.compute.added(bwd, host_b, rec_k, rec_h)
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
+        # ranks sharing a host's cores reach each collective apart: the compute between two is the pass's share
+        tp_fwd += n_fwd * m.comm.sync_wait(self.tp_group, fwd / n_fwd) if n_fwd else 0.0
+        tp_bwd += n_bwd * m.comm.sync_wait(self.tp_group, bwd / n_bwd) if n_bwd else 0.0
         if full:
             act = self._block_input_bytes(layer, names)
         out_bytes = self._output_bytes(layer)

@@ -28,7 +28,9 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 - Shared cores (`DeviceSpec.comm_shares_compute`: gloo on CPU ranks): a collective's copies, reductions and
   send/receive loop run on the rank's own cores, so nothing overlaps: ZeRO gathers and reduce-scatters add to the
   passes, each gradient all-reduce or reduce-scatter delays the backward still running by its whole time, and a
-  stage's send of activations or gradients keeps its rank busy for the transfer.
+  stage's send of activations or gradients keeps its rank busy for the transfer. Each such collective (and each
+  tensor-parallel one, `cost_model.layers`) also waits for the ranks, which reach it apart after the same work:
+  the profile's `sync_wait` for the compute since they last met (`CommModel.sync_wait`).
 - The runner's own host work before the first pass: with dp > 1 one dp sub-mesh lookup per step to slice the
   replica's share of the global batch (the profile's `mesh_slice`), on the compute stream (counted as compute).
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
@@ -165,11 +167,12 @@ class StepPredictor:
         steady state together with the next receive and waits for both before computing on:
         `_wait_batch_p2p(_batch_p2p(fwd_sends + bwd_recvs))`; on GPUs NCCL's wait holds the compute stream)."""
         last = self.pp * self.v - 1
+        wait = lambda t: self.cm.comm.sync_wait(self.groups["pp"], t)  # noqa: E731  (shared cores only)
         for r in range(self.pp):
             for c, ch in enumerate(self.chunks[r]):
                 stage = c * self.pp + r
-                ch.fwd_s += self.p2p_s if stage < last else 0.0
-                ch.bwd_s += self.p2p_s if stage > 0 else 0.0
+                ch.fwd_s += self.p2p_s + wait(ch.fwd_s) if stage < last else 0.0
+                ch.bwd_s += self.p2p_s + wait(ch.bwd_s) if stage > 0 else 0.0
 
     def _coll(self, name: str, nbytes: float) -> float:
         return self.cm.comm.time(name, nbytes, self.groups["dp"])
@@ -186,12 +189,20 @@ class StepPredictor:
             [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
         ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
         if self.serial and zero >= 1:  # shared cores: every ZeRO collective adds to its pass
+            # and waits for the ranks after the compute before it: the layer's pass, or its share of it
+            wait = lambda t: self.cm.comm.sync_wait(self.groups["dp"], t)  # noqa: E731
+            fwd_w = [wait(c) if g > 0 else 0.0 for g, c in zip(gathers, fwd_c)]
             bwd_g = [0.0] * n if self.deferred else gathers
+            per_b = [(g > 0) + (r > 0) for g, r in zip(bwd_g, reduces)]
+            bwd_w = [k * wait(c / k) if k else 0.0 for k, c in zip(per_b, bwd_c)]
             if zero == 3:
-                ch.fwd_s, ch.bwd_s = ch.fwd_s + sum(gathers), ch.bwd_s + sum(bwd_g) + sum(reduces)
-                ch.zero_comm_s = sum(gathers) + sum(bwd_g) + sum(reduces)
+                ch.fwd_s, ch.bwd_s = ch.fwd_s + sum(gathers) + sum(fwd_w), \
+                    ch.bwd_s + sum(bwd_g) + sum(reduces) + sum(bwd_w)
+                ch.zero_comm_s = sum(gathers) + sum(fwd_w) + sum(bwd_g) + sum(reduces) + sum(bwd_w)
             elif zero == 2 and not self.deferred:
+                reduces = [r + (wait(c) if r > 0 else 0.0) for r, c in zip(reduces, bwd_c)]
                 ch.bwd_s, ch.zero_comm_s = ch.bwd_s + sum(reduces), sum(reduces)
+            gathers = [g + w for g, w in zip(gathers, fwd_w)]  # ZeRO-1/2's once-per-step gathers wait alike
         elif zero == 3:
             # under pipelining parameters stay whole after a backward (the stage's reshard_after_backward=False)
             # and are resharded after a forward: one gather per micro-batch, counted in its forward
@@ -344,11 +355,14 @@ class StepPredictor:
             else:
                 ready += [(done[i] if i >= 0 else end, b) for i, b in self._units(ch)]
         ready.sort()
-        free = delay = 0.0
+        free = delay = met = 0.0
         last_end = max(b for _, b in windows)
         for k, (t, b) in enumerate(ready):
             s = max(free, t + delay)
             d = self._coll(coll, b)
+            if self.serial:  # the ranks meet again: a wait after the compute since they last did
+                d += self.cm.comm.sync_wait(self.groups["dp"], t - met)
+                met = t
             spans.append((s, d, f"{label} grads {'bucket' if ddp else 'unit'} {k}"))
             free = s + d
             if self.serial and t < last_end:  # shared cores: the backward still to run waits for it

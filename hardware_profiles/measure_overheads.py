@@ -308,9 +308,10 @@ REDISTRIBUTE_CHAIN = 8
 def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: MeasurePlan, mesh: object) -> float:
     """Seconds per DTensor redistribution (a sequence-sharded activation all-gathered, as tensor parallelism's
     PrepareModuleInput does) beyond its all-gather timed alone after a barrier: functional collective issue and
-    wait (on gloo a hand-off to its worker thread), DTensor's copies, and the ranks arriving apart after compute.
-    A chain of REDISTRIBUTE_CHAIN (matmul, redistribution) pairs against the same matmuls with a plain add in its
-    place (paired repeats), per redistribution, minus the all-gather alone."""
+    wait (on gloo a hand-off to its worker thread) and DTensor's copies. A chain of REDISTRIBUTE_CHAIN (matmul,
+    barrier, redistribution) triples against the same with a plain add in its place (paired repeats), per
+    redistribution, minus the all-gather alone. The barrier lines the ranks up, so the ranks' arriving apart after
+    compute is left to `sync_wait` (measure_collectives.sync_wait_points), which prices it by the compute."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     world, group = mesh.size(), mesh.get_group()
     a = torch.randn(256, 256, device=device)
@@ -321,6 +322,7 @@ def redistribute_overhead(device: torch.device, sync: Callable[[], None], plan: 
     def chain(redistribute: bool) -> None:
         for _ in range(REDISTRIBUTE_CHAIN):
             torch.mm(a, a)
+            dist.barrier(group=group)
             if redistribute:
                 x.redistribute(mesh, [Replicate()]).to_local().add_(0.0)  # add_ waits for the gather
             else:

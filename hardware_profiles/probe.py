@@ -183,6 +183,9 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
                 again = C.collective_samples(name, plan.collective_bytes, device, sync, plan, group)
                 raw["all_reduce_runs"] = [samples, again]
             step(f"{name} ({level.replace('_', '-')})")
+    if not cuda and world > 1:  # ranks sharing a host's cores arrive apart at each collective
+        raw["sync_wait"] = C.sync_wait_points(device, plan, intra)
+        step("sync wait")
     return raw if rank == 0 else None
 
 
@@ -237,7 +240,8 @@ def _free_port() -> int:
 def _total_steps(cfg: dict[str, Any], levels: int) -> int:
     from hardware_profiles.measure import plan_for
     plan = plan_for(cfg["quick"], cfg["backend"] == "nccl")
-    return len(plan.matmul_sizes) + 2 + bool(cfg.get("shapes")) + levels * len(plan.collectives)
+    sync = cfg["backend"] != "nccl" and levels > 0
+    return len(plan.matmul_sizes) + 2 + bool(cfg.get("shapes")) + levels * len(plan.collectives) + sync
 
 
 class _Bar:
@@ -361,6 +365,15 @@ def _op_overhead(measured: dict[str, float]) -> OpOverhead:
     return OpOverhead(**{k: float(v) for k, v in measured.items() if k in names})
 
 
+def _increasing(points: Sequence[Sequence[float]]) -> tuple[tuple[float, float], ...]:
+    """Measured [x, y] points kept where x increases (a noisy repeat can land below the one before)."""
+    out: list[tuple[float, float]] = []
+    for x, y in points:
+        if not out or x > out[-1][0]:
+            out.append((float(x), float(y)))
+    return tuple(out)
+
+
 def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Cluster | None = None) -> Cluster:
     """The Cluster that `raw` (rank 0's measurements) describes; with one rank (no curves measured) its links and
     collective curves are `links_from`'s."""
@@ -384,6 +397,7 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
                         sms=int(dev.get("sms", 0)), async_host=cuda, kernel_floor=float(raw.get("kernel_floor", 0.0)),
                         # gloo's collectives run on host threads beside the rank's compute thread(s), on its cores
                         threads=int(dev.get("threads", 0)), comm_shares_compute=not cuda,
+                        sync_wait=_increasing(raw.get("sync_wait", ())),
                         matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
                         attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())))
     links, curves = {}, []
@@ -430,7 +444,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "fully_shard'ed module and per parameter tensor (forward + backward of a stack of tiny modules, minus the same unsharded).",
              "ddp_*: DDP's own seconds per synchronised step, parameter tensor and gradient byte (nn.Linear stacks "
              "under DDP minus unwrapped, minus their buckets' all-reduces alone); dtensor_redistribute: seconds per "
-             "DTensor all-gather of an activation between matmuls beyond the all-gather alone; dtensor_local_call_*: "
+             "DTensor all-gather of an activation between matmuls (ranks lined up by a barrier) beyond the all-gather "
+             "alone; dtensor_local_call_*: "
              "seconds per call of a tiny module run on local tensors through hooks that unwrap its DTensor input "
              "and wrap its output (a chain of them, minus the same chain plain). checkpoint_* / sac_*: "
              "seconds per op (elementwise; *_linear_*: F.linear) of a fully / selectively checkpointed chain of "
@@ -450,7 +465,10 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "issues them between ops; on GPUs of back-to-back loops for small messages, as nccl-tests)."]
     if raw["backend"] == "gloo":
         lines.append("CPU ranks: `threads` compute threads each; gloo talks TCP over the loopback interface (kind "
-                     "loopback) from threads on the same cores (comm_shares_compute: no overlap with compute).")
+                     "loopback) from threads on the same cores (comm_shares_compute: no overlap with compute). "
+                     "sync_wait: [seconds of 128 x 128 matmuls on every rank, seconds the barrier after them takes "
+                     "beyond one issued right after another] (mean over ranks): how far apart the ranks reach a "
+                     "collective after that much compute.")
     if links_from is not None and raw["world"] == 1:
         lines.append(f"One rank: no link measured; links and collective curves are those of {links_from.name} "
                      "(--links-from), not of this machine.")
@@ -473,7 +491,13 @@ def _summary(result: ProbeResult, path: str) -> str:
     return (f"wrote {path} ({c.name}: {c.nodes} node(s) x {c.devices_per_node} {c.device.name}) in "
             f"{result.elapsed_s:.1f} s\n  intra-node link ({i.kind}): {i.bandwidth / 1e9:.3f} GB/s per rank, "
             f"{i.latency * 1e6:.1f} us per step\n  best matmul GFLOP/s per rank: {best}; memory copy "
-            f"{c.device.memory_bandwidth / 1e9:.1f} GB/s")
+            f"{c.device.memory_bandwidth / 1e9:.1f} GB/s" + (f"\n  ranks' wait at a collective: {sync_wait_text(c)}"
+                                                             if c.device.sync_wait else ""))
+
+
+def sync_wait_text(c: Cluster) -> str:
+    """The profile's `sync_wait` in words: "0.39 ms after 0.4 ms of compute, ..."."""
+    return ", ".join(f"{w * 1e3:.2f} ms after {t * 1e3:.1f} ms of compute" for t, w in c.device.sync_wait)
 
 
 def merged_shapes(paths: Sequence[str], quick: bool, shapes_for: Callable[[str, bool], dict[str, list]]

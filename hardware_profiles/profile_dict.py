@@ -24,6 +24,7 @@ YAML layout::
       async_host: true                                    # optional: host dispatch overlaps kernels (GPUs)
       threads: 1                                          # optional: CPU threads per rank (0: unknown / a GPU)
       comm_shares_compute: true                           # optional: collectives run on the compute threads
+      sync_wait: [[2.0e-3, 1.0e-3], [8.0e-3, 1.8e-3]]     # optional, measured: [compute s, wait s] per collective
       matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4]]  # optional, measured: [batch, M, N, K, precision, s]
       attention_shapes: [[32, 2048, 2048, 128, true, bf16, 3.0e-4, 8.0e-4]]   # optional, measured
     links:
@@ -137,7 +138,7 @@ def _device(d: Any, where: str) -> DeviceSpec:
 
 
 _GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes",
-             "threads", "comm_shares_compute")
+             "threads", "comm_shares_compute", "sync_wait")
 """Optional device keys of the shape-aware compute model and of how a rank's cores are used (profiles without them
 load as before)."""
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -249,12 +250,25 @@ def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
             out[k] = d[k]
     if "threads" in d:
         out["threads"] = int(_pos(d["threads"], f"{where}.threads", integer=True))
+    if "sync_wait" in d:
+        out["sync_wait"] = _sync_wait(d["sync_wait"], f"{where}.sync_wait")
     if "matmul_shapes" in d:
         out["matmul_shapes"] = _rows(d["matmul_shapes"], f"{where}.matmul_shapes", 4, 0, 1,
                                      "[batch, M, N, K, bf16, seconds]")
     if "attention_shapes" in d:
         out["attention_shapes"] = _rows(d["attention_shapes"], f"{where}.attention_shapes", 4, 1, 2,
                                         "[batch*heads, s_q, s_k, head_dim, causal, bf16, fwd_s, bwd_s]")
+    return out
+
+
+def _sync_wait(pts: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """[[compute seconds, wait seconds], ...]: both in seconds (a wait may be 0), compute strictly increasing."""
+    if not isinstance(pts, list) or not pts or any(not isinstance(p, list) or len(p) != 2 for p in pts):
+        raise ProfileError(f"{where}: expected a list of [compute seconds, wait seconds] pairs, "
+                           "e.g. [[2.0e-3, 1.0e-3]]")
+    out = tuple((_seconds(x, f"{where}[{i}][0]"), _seconds(y, f"{where}[{i}][1]")) for i, (x, y) in enumerate(pts))
+    if any(b[0] <= a[0] for a, b in zip(out, out[1:])):
+        raise ProfileError(f"{where}: compute seconds must be strictly increasing")
     return out
 
 
@@ -278,6 +292,8 @@ def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
         out["threads"] = dev.threads
     if dev.comm_shares_compute:
         out["comm_shares_compute"] = True
+    if dev.sync_wait:
+        out["sync_wait"] = [list(p) for p in dev.sync_wait]
     if dev.matmul_shapes:
         out["matmul_shapes"] = [list(r) for r in dev.matmul_shapes]
     if dev.attention_shapes:

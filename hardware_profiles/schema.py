@@ -81,8 +81,9 @@ class OpOverhead:
     """As `fsdp_tensor`, resharding after forward (ZeRO-3)."""
     dtensor_redistribute: float = 0.0
     """Seconds per tensor-parallel collective (a DTensor redistribution, forward or backward) beyond the collective
-    timed alone after a barrier: issuing and waiting for the functional collective, DTensor's copies and the
-    ranks' skew after compute (measured on a chain of matmuls and activation all-gathers)."""
+    timed alone after a barrier: issuing and waiting for the functional collective and DTensor's copies (measured
+    on a chain of matmuls and activation all-gathers; profiles measured before 2026-11-26 also include the ranks'
+    skew after the chain's matmul, which `DeviceSpec.sync_wait` now prices)."""
     dtensor_local_call_forward: float = 0.0
     """Seconds per call of a module tensor parallelism leaves replicated (it runs on plain tensors): unwrapping its
     DTensor inputs and wrapping its outputs (forward hooks, `to_local` / `DTensor.from_local`), beyond the module
@@ -231,6 +232,11 @@ class DeviceSpec:
     reductions and send/receive loop on host threads that compete with the rank's compute thread(s) for its cores,
     so a collective cannot hide behind compute (the cost model serialises the two). False on GPUs, where NCCL runs
     on its own SMs and copy engines beside the compute kernels."""
+    sync_wait: tuple[tuple[float, float], ...] = ()
+    """[seconds of compute since the ranks last met in a collective, seconds the next blocking collective waits
+    beyond its measured curve], increasing in compute: ranks that share a host's cores arrive apart after the same
+    work (`hardware_profiles.measure_collectives.sync_wait_points`). Measured on CPU ranks; empty elsewhere (no
+    wait priced)."""
 
     @property
     def usable_memory_bytes(self) -> int:

@@ -76,8 +76,13 @@ def test_fields_round_trip_and_validate():
     gpu = load_cluster("dgx-h100")
     assert not gpu.device.comm_shares_compute and gpu.device.threads == 0
     assert "comm_shares_compute" not in cluster_to_dict(gpu)["device"]
+    waiting = _waiting(c, 1e-3)
+    assert cluster_from_dict(cluster_to_dict(waiting)) == waiting
+    assert "sync_wait" not in cluster_to_dict(gpu)["device"]
     for key, bad, msg in (("comm_shares_compute", "yes", "expected true or false"),
-                          ("threads", 0, "must be > 0"), ("threads", 1.5, "expected an integer")):
+                          ("threads", 0, "must be > 0"), ("threads", 1.5, "expected an integer"),
+                          ("sync_wait", [[2e-3, 1e-3], [1e-3, 2e-3]], "strictly increasing"),
+                          ("sync_wait", [[2e-3, 5.0]], "implausibly large"), ("sync_wait", 1e-3, "pairs")):
         d = cluster_to_dict(c)
         d["device"][key] = bad
         with pytest.raises(ProfileError) as e:
@@ -100,3 +105,49 @@ def test_ddp_first_bucket_closes_at_one_mib():
     comm = CostModel(base).comm
     assert spans[0][1] == pytest.approx(comm.time("all_reduce", sum(grads[:first + 1]), sp.groups["dp"]))
     assert spans[1][1] == pytest.approx(comm.time("all_reduce", sum(grads[first + 1:]), sp.groups["dp"]))
+
+
+def _waiting(cl, wait: float):
+    """`cl` on shared cores whose ranks wait `wait` seconds at every collective after any compute."""
+    return _with(cl, comm_shares_compute=True, threads=1, sync_wait=((1e-9, wait), (0.5, wait)))
+
+
+def test_sync_wait_interpolates_from_zero_and_holds_beyond():
+    from cost_model.communication import CommModel, Group
+    cl = _with(cluster(per_node=2), sync_wait=((1e-3, 0.5e-3), (4e-3, 1.5e-3)))
+    comm, pair = CommModel(cl), Group(2, 1)
+    assert comm.sync_wait(pair, 0.0) == 0.0
+    assert comm.sync_wait(pair, 0.5e-3) == pytest.approx(0.25e-3)
+    assert comm.sync_wait(pair, 2.5e-3) == pytest.approx(1.0e-3)
+    assert comm.sync_wait(pair, 10e-3) == pytest.approx(1.5e-3)
+    assert comm.sync_wait(Group(1, 1), 10e-3) == 0.0
+    assert CommModel(cluster(per_node=2)).sync_wait(pair, 10e-3) == 0.0  # not measured (GPUs): none
+
+
+def test_every_blocking_collective_waits_for_the_ranks():
+    g = megatron_gpt(layers=3)
+    base, w = _with(cluster(per_node=2, intra=2e9), comm_shares_compute=True, threads=1), 1e-3
+    waiting = _waiting(base, w)
+    # tensor parallelism: a Megatron block all-reduces twice in forward (attention and MLP outputs, g) and twice
+    # in backward (their input gradients, f); the vocabulary-parallel loss three times in forward
+    plan = default_plan(g, base, 2, "fp32", {"dp": 1, "tp": 2, "pp": 1, "mbs": 1, "sp": 0}, "m")
+    a, b = (StepPredictor(CostModel(c), g, plan).chunks[0][0].layers for c in (base, waiting))
+    later = [(x, y) for x, y in zip(a, b) if x.block][1:]  # the first block also reduces the embedding's output
+    assert later and all(y.tp_fwd - x.tp_fwd == pytest.approx(2 * w) and y.tp_bwd - x.tp_bwd == pytest.approx(2 * w)
+                         for x, y in later)
+    assert b[-1].tp_fwd - a[-1].tp_fwd == pytest.approx(3 * w)
+    # DDP: each gradient bucket's all-reduce
+    plan = default_plan(g, base, 2, "fp32", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, "m")
+    spans = []
+    for c in (base, waiting):
+        sp = StepPredictor(CostModel(c), g, plan)
+        fwd, bwd = (np.array([[getattr(ch, k) for ch in row] for row in sp.chunks]) for k in ("fwd_s", "bwd_s"))
+        spans.append(sp.dp_tail(0, simulate(plan.schedule, fwd, bwd, 1, 0.0))[1])
+    assert len(spans[0]) == len(spans[1]) >= 1
+    assert all(y[1] - x[1] == pytest.approx(w) for x, y in zip(*spans))
+    # ZeRO-3: a gather before each layer's forward; in backward a gather and a reduce-scatter per layer
+    plan = default_plan(g, base, 2, "fp32", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 3}, "m")
+    a, b = (StepPredictor(CostModel(c), g, plan).chunks[0][0] for c in (base, waiting))
+    n = len(a.layers)
+    assert b.fwd_s - a.fwd_s == pytest.approx(n * w)
+    assert b.bwd_s - a.bwd_s == pytest.approx(2 * n * w)

@@ -106,6 +106,12 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert 0 < ov.mesh_slice < 0.1  # the runner's per-step dp sub-mesh lookup
     # one compute thread per rank, and gloo's collectives run on the same cores
     assert c.device.threads == 1 and c.device.comm_shares_compute
+    # how far apart the ranks reach a barrier after each amount of compute: one point per amount, more compute
+    # never less wait, and no wait near a second
+    from hardware_profiles.measure_collectives import SYNC_WAIT_COMPUTE_S
+    waits = c.device.sync_wait
+    assert len(waits) == len(SYNC_WAIT_COMPUTE_S) and all(0 <= w < 0.5 for _, w in waits)
+    assert all(b[0] > a[0] and b[1] >= a[1] for a, b in zip(waits, waits[1:]))
     n = len(plan_for(True, False).matmul_sizes["fp32"])  # nn.Linear rates at every fp32 matmul size
     assert len(c.device.linear_efficiency) == len(c.device.linear_backward_efficiency) == n
     assert all(0 < e <= 1 for _, e in c.device.linear_efficiency + c.device.linear_backward_efficiency)
