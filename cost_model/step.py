@@ -30,7 +30,9 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   passes, each gradient all-reduce or reduce-scatter delays the backward still running by its whole time, and a
   stage's send of activations or gradients keeps its rank busy for the transfer. Each such collective (and each
   tensor-parallel one, `cost_model.layers`) also waits for the ranks, which reach it apart after the same work:
-  the profile's `sync_wait` for the compute since they last met (`CommModel.sync_wait`).
+  the profile's `sync_wait` for the compute since they last met (`CommModel.sync_wait`); FSDP2's collectives block
+  on CPU ranks (its backward prefetch too), DDP's bucket all-reduces run on beside the backward and the ranks meet
+  once, where it waits for the last.
 - The runner's own host work before the first pass: with dp > 1 one dp sub-mesh lookup per step to slice the
   replica's share of the global batch (the profile's `mesh_slice`), on the compute stream (counted as compute).
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
@@ -193,6 +195,8 @@ class StepPredictor:
             wait = lambda t: self.cm.comm.sync_wait(self.groups["dp"], t)  # noqa: E731
             fwd_w = [wait(c) if g > 0 else 0.0 for g, c in zip(gathers, fwd_c)]
             bwd_g = [0.0] * n if self.deferred else gathers
+            # FSDP2's collectives block on CPU ranks (its backward prefetch of the next unit's gather too): a
+            # layer's backward meets the ranks at its gather and at its reduce-scatter, each after half of it
             per_b = [(g > 0) + (r > 0) for g, r in zip(bwd_g, reduces)]
             bwd_w = [k * wait(c / k) if k else 0.0 for k, c in zip(per_b, bwd_c)]
             if zero == 3:
@@ -360,9 +364,12 @@ class StepPredictor:
         for k, (t, b) in enumerate(ready):
             s = max(free, t + delay)
             d = self._coll(coll, b)
-            if self.serial:  # the ranks meet again: a wait after the compute since they last did
+            if self.serial and not ddp:  # FSDP2's reductions block: the ranks meet at each
                 d += self.cm.comm.sync_wait(self.groups["dp"], t - met)
                 met = t
+            elif self.serial and k == len(ready) - 1:  # DDP's run on while the backward goes on: they meet once,
+                d += self.cm.comm.sync_wait(self.groups["dp"], t)  # when it waits for the last
+
             spans.append((s, d, f"{label} grads {'bucket' if ddp else 'unit'} {k}"))
             free = s + d
             if self.serial and t < last_end:  # shared cores: the backward still to run waits for it

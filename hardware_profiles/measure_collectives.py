@@ -113,7 +113,7 @@ def sync_wait_points(device: torch.device, plan: MeasurePlan,
     counts = torch.tensor([max(1, round(t * 64 / (time.perf_counter() - t0))) for t in SYNC_WAIT_COMPUTE_S],
                           dtype=torch.int64)
     dist.broadcast(counts, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    repeats = plan.collective_repeats or plan.repeats
+    repeats = 2 * (plan.collective_repeats or plan.repeats)  # a mean of heavy-tailed waits: twice the samples
 
     def waits(n: int) -> tuple[float, list[float]]:
         """(mean compute seconds, rank-mean barrier seconds of each repeat) of `repeats` (n matmuls, barrier)."""
