@@ -268,6 +268,8 @@ class Runner:
         self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))
         self.out_spec = getattr(graphs[-1], "out_spec", None)
         root = getattr(graphs[0], "exported_root", None)
+        if root is not None and plan.mesh.tp == 1:  # nothing to place: the stages' modules run as eager code
+            graph_ops.run_generated(root)
         if root is not None and plan.mesh.tp > 1:
             graph_ops.require_ops(plan, root.flat_graph)
             named = dict(root.named_modules())
