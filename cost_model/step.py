@@ -194,12 +194,12 @@ class StepPredictor:
             # and waits for the ranks after the compute before it: the layer's pass, or its share of it
             wait = lambda t: self.cm.comm.sync_wait(self.groups["dp"], t)  # noqa: E731
             fwd_w = [wait(c) if g > 0 else 0.0 for g, c in zip(gathers, fwd_c)]
-            bwd_g = [0.0] * n if self.deferred else gathers
-            # FSDP2's collectives block on CPU ranks (its backward prefetch of the next unit's gather too): a
-            # layer's backward meets the ranks at its gather and at its reduce-scatter, each after half of it
-            per_b = [(g > 0) + (r > 0) for g, r in zip(bwd_g, reduces)]
-            bwd_w = [k * wait(c / k) if k else 0.0 for k, c in zip(per_b, bwd_c)]
             if zero == 3:
+                bwd_g = [0.0] * n if self.deferred else gathers
+                # FSDP2's collectives block on CPU ranks (its backward prefetch of the next unit's gather too): a
+                # layer's backward meets the ranks at its gather and at its reduce-scatter, each after half of it
+                per_b = [(g > 0) + (r > 0) for g, r in zip(bwd_g, reduces)]
+                bwd_w = [k * wait(c / k) if k else 0.0 for k, c in zip(per_b, bwd_c)]
                 ch.fwd_s, ch.bwd_s = ch.fwd_s + sum(gathers) + sum(fwd_w), \
                     ch.bwd_s + sum(bwd_g) + sum(reduces) + sum(bwd_w)
                 ch.zero_comm_s = sum(gathers) + sum(fwd_w) + sum(bwd_g) + sum(reduces) + sum(bwd_w)
@@ -367,9 +367,9 @@ class StepPredictor:
             if self.serial and not ddp:  # FSDP2's reductions block: the ranks meet at each
                 d += self.cm.comm.sync_wait(self.groups["dp"], t - met)
                 met = t
-            elif self.serial and k == len(ready) - 1:  # DDP's run on while the backward goes on: they meet once,
-                d += self.cm.comm.sync_wait(self.groups["dp"], t)  # when it waits for the last
-
+            elif self.serial and k == len(ready) - 1:
+                # DDP's run on while the backward goes on: the ranks meet once, where it waits for the last
+                d += self.cm.comm.sync_wait(self.groups["dp"], t)
             spans.append((s, d, f"{label} grads {'bucket' if ddp else 'unit'} {k}"))
             free = s + d
             if self.serial and t < last_end:  # shared cores: the backward still to run waits for it
