@@ -212,15 +212,14 @@ class LayerCoster:
             rec_k += kf if rerun else 0.0
             rec_h += (hf if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
-            vocab_src = logits_producer(g, op) if vocab_loss is not None else None
-            for src, s_pl, d_pl, ef, eb in edges:
+            for src, s_pl, d_pl, ef, eb, nf in edges:
                 # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
                 # forward and one gradient reduction in backward; a recomputation re-runs each reader's own
                 once = op.kind == "linear" and (src, d_pl) in shared
                 if op.kind == "linear":
                     shared.add((src, d_pl))
                 tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
-                n_fwd += 0 if once or ef <= 0 else (LOSS_PARALLEL_ALL_REDUCES if src == vocab_src else 1)
+                n_fwd += 0 if once else nf
                 n_bwd += 0 if once or eb <= 0 else 1
                 if keep and d_pl == "R" and src not in backward_gathers \
                         and sequence_shard(s_pl, len(g.op(src).output_meta[0].shape)):
@@ -304,8 +303,8 @@ class LayerCoster:
     def _edges(self, op, pl, vocab_loss: bool, reduced: set[str]) -> tuple[list[str], list[tuple]]:
         """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,
         per input produced in the graph, (producer, its placement, the one `op` reads, forward and backward tp
-        seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces).
-        `reduced` collects producers whose input-gradient all-reduce is charged (once per tensor)."""
+        seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces;
+        and how many collectives the forward seconds are). `reduced` collects producers whose input-gradient all-reduce is charged (once per tensor)."""
         g, plan, tp = self.graph, self.plan, self.tp
         logits = logits_producer(g, op) if vocab_loss else None
         sources, edges = [], []
@@ -324,13 +323,14 @@ class LayerCoster:
             if partial:
                 reduced.add(src)
             if src == logits:
-                ef, eb = self._loss_parallel_time(producer.output_meta[0]), 0.0
+                ef, eb, calls = self._loss_parallel_time(producer.output_meta[0]), 0.0, LOSS_PARALLEL_ALL_REDUCES
             else:
                 # a tensor moves in the dtype autocast gave it; one a linear reads, cast first (executor.tp)
                 moved = self.prec if op.kind in AUTOCAST_LOWER_KINDS else self._dtype(src)
                 ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, moved,
                                                  consumer_partial_grad=partial, traced_batch_size=g.batch_size)
-            edges.append((src, s_pl, d_pl, ef, eb))
+                calls = 1
+            edges.append((src, s_pl, d_pl, ef, eb, calls if ef > 0 else 0))
         return sources, edges
 
     def _autocast_copies(self, op, pl) -> tuple[float, float]:

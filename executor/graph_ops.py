@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -332,7 +332,7 @@ def require_ops(plan: Plan, flat: torch.fx.Graph) -> None:
                             "for another model, or with another torch or transformers version); re-plan for it")
 
 
-def run_generated(root: nn.Module, where=lambda path: True) -> None:
+def run_generated(root: nn.Module, where: Callable[[str], bool] = lambda path: True) -> None:
     """The unflattened modules of `root` at paths `where` accepts run their graph's generated code, not
     torch.fx.Interpreter, which unflattened modules use by default (InterpreterModule: it walks the module tree
     and the graph on every call, ~0.15 ms a module call on a CPU rank): what needs no placement (a plain-tensor

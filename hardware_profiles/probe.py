@@ -365,15 +365,6 @@ def _op_overhead(measured: dict[str, float]) -> OpOverhead:
     return OpOverhead(**{k: float(v) for k, v in measured.items() if k in names})
 
 
-def _increasing(points: Sequence[Sequence[float]]) -> tuple[tuple[float, float], ...]:
-    """Measured [x, y] points kept where x increases (a noisy repeat can land below the one before)."""
-    out: list[tuple[float, float]] = []
-    for x, y in points:
-        if not out or x > out[-1][0]:
-            out.append((float(x), float(y)))
-    return tuple(out)
-
-
 def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Cluster | None = None) -> Cluster:
     """The Cluster that `raw` (rank 0's measurements) describes; with one rank (no curves measured) its links and
     collective curves are `links_from`'s."""
@@ -397,7 +388,7 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
                         sms=int(dev.get("sms", 0)), async_host=cuda, kernel_floor=float(raw.get("kernel_floor", 0.0)),
                         # gloo's collectives run on host threads beside the rank's compute thread(s), on its cores
                         threads=int(dev.get("threads", 0)), comm_shares_compute=not cuda,
-                        sync_wait=_increasing(raw.get("sync_wait", ())),
+                        sync_wait=tuple((float(x), float(y)) for x, y in raw.get("sync_wait", ())),
                         matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
                         attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())))
     links, curves = {}, []
@@ -491,11 +482,11 @@ def _summary(result: ProbeResult, path: str) -> str:
     return (f"wrote {path} ({c.name}: {c.nodes} node(s) x {c.devices_per_node} {c.device.name}) in "
             f"{result.elapsed_s:.1f} s\n  intra-node link ({i.kind}): {i.bandwidth / 1e9:.3f} GB/s per rank, "
             f"{i.latency * 1e6:.1f} us per step\n  best matmul GFLOP/s per rank: {best}; memory copy "
-            f"{c.device.memory_bandwidth / 1e9:.1f} GB/s" + (f"\n  ranks' wait at a collective: {sync_wait_text(c)}"
+            f"{c.device.memory_bandwidth / 1e9:.1f} GB/s" + (f"\n  ranks' wait at a collective: {_sync_wait_text(c)}"
                                                              if c.device.sync_wait else ""))
 
 
-def sync_wait_text(c: Cluster) -> str:
+def _sync_wait_text(c: Cluster) -> str:
     """The profile's `sync_wait` in words: "0.39 ms after 0.4 ms of compute, ..."."""
     return ", ".join(f"{w * 1e3:.2f} ms after {t * 1e3:.1f} ms of compute" for t, w in c.device.sync_wait)
 
