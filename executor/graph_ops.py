@@ -4,8 +4,8 @@ refer to, op by op.
 `plan.model["graph"]` says which graph that is (`planner.trace`). By default torch.export's aten training IR
 (non-strict): `exported` exports the model the planner's way with one micro-batch and unflattens it to its module
 tree (same module paths and parameter names, so FSDP2, activation checkpointing and checkpoints keep their
-modules); `place_exported_ops` runs every module's graph in a placed interpreter, ops matched by node name. Where
-export failed the planner used torch.fx (built-in leaf modules whole): `place_ops` traces the root and each repeated
+modules); `place_exported_ops` runs every module's graph as generated code with the placements inline, ops matched
+by node name. Where export failed the planner used torch.fx (built-in leaf modules whole): `place_ops` traces the root and each repeated
 block on their own, blocks kept as leaves of the root's graph; their ops, blocks expanded in place, are the
 whole-model trace's ops in the same order, which names them, and built-in module calls are placed by
 `executor.tp`'s module hooks.
@@ -139,68 +139,147 @@ def _is_metadata(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in (builtins.getattr, builtins.len, builtins.isinstance)
 
 
-class _PlacedInterpreter(torch.fx.Interpreter):
-    """Runs one traced module's graph: each op the plan places gets its planned input placements and its output
-    checked; every other op (replicated in the plan) gets its sharded inputs gathered and a replicated output
-    checked. Module calls `executor.tp` hooks and block calls run as they are."""
+def _annotate(e: Exception, node: torch.fx.Node, whole: torch.fx.Node | None, prefix: str) -> None:
+    """Mark `e` with where in the model the op `node` (of a module's graph at `prefix`) runs: the innermost failing
+    op names it (`source_module`, `source_stack`: the dry run's message)."""
+    if hasattr(e, "source_module"):
+        return
+    path = _path(whole) if whole is not None else str(node.target) if node.op == "call_module" else ""
+    if node.op == "call_module" and path:
+        path = ".".join(p for p in (prefix, str(node.target)) if p)
+    e.source_module, e.source_stack = path or prefix, node.stack_trace or ""  # type: ignore[attr-defined]
 
-    def __init__(self, module: nn.Module, graph: torch.fx.Graph, specs: dict[torch.fx.Node, tuple],
-                 mesh: DeviceMesh, prefix: str):
-        super().__init__(module, graph=graph)
-        self.specs, self.mesh, self.prefix = specs, mesh, prefix
 
-    def run_node(self, n: torch.fx.Node) -> Any:
-        try:
-            return self._run_placed(n)
-        except Exception as e:
-            if not hasattr(e, "source_module"):  # the innermost op that failed: where in the model it is
-                whole = self.specs[n][0] if n in self.specs else None
-                path = _path(whole) if whole is not None else str(n.target) if n.op == "call_module" else ""
-                if n.op == "call_module" and path:
-                    path = ".".join(p for p in (self.prefix, str(n.target)) if p)
-                e.source_module, e.source_stack = path or self.prefix, n.stack_trace or ""  # type: ignore
-            raise
-
-    def _run_placed(self, n: torch.fx.Node) -> Any:
-        spec = self.specs.get(n)
-        if spec is None:
-            return super().run_node(n)
-        whole, placement = spec
-        swap: dict[torch.fx.Node, Any] = {}
-        seen: set[str] = set()
-        k = 0  # the plan's inputs are the op's producers (call nodes of the whole trace with tensor values)
-        for w_in, p_in in zip(whole.all_input_nodes, n.all_input_nodes):
-            if w_in.name in seen:
-                continue
+def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mesh: DeviceMesh,
+                  prefix: str) -> Callable[..., tuple]:
+    """The function the generated code calls with the op `node`'s input values (`node.all_input_nodes` order) to
+    get them as the plan places them: each input the whole trace's op reads from another op moves to the plan's
+    placement for it (replicated ops, `placement` None: only sharded or partial inputs move, to replicated)."""
+    lower = node.op in ("call_function", "call_method") and \
+        function_kind(callee_name(node.op, node.target), False) in AUTOCAST_LOWER_KINDS
+    moves, seen = [], set()  # (position among the op's inputs, whether the whole trace's input is an op's output)
+    for j, w_in in enumerate(whole.all_input_nodes[:len(node.all_input_nodes)]):
+        if w_in.name not in seen:
             seen.add(w_in.name)
-            value = self.env[p_in]
-            if w_in.op not in _CALLS or not isinstance(value, torch.Tensor):
-                continue
-            if placement is None:  # replicated: only sharded or partial inputs move
-                if isinstance(value, DTensor) and not value.placements[0].is_replicate():
-                    swap[p_in] = tp._shared_redistribute(value, "R", self.mesh, f"op {whole.name} input {k}")
-            elif k < len(placement.inputs):
-                lower = n.op in ("call_function", "call_method") and \
-                    function_kind(callee_name(n.op, n.target), False) in AUTOCAST_LOWER_KINDS
-                swap[p_in] = tp._shared_redistribute(value, placement.inputs[k], self.mesh,
-                                                     f"op {whole.name} input {k}", tp.autocast_dtype(value, lower))
-            k += 1
-        with self._set_current_node(n):
-            args = torch.fx.node.map_arg(n.args, lambda x: swap.get(x, self.env[x]))
-            kwargs = torch.fx.node.map_arg(n.kwargs, lambda x: swap.get(x, self.env[x]))
-            if _is_reshape(n) and isinstance(args[0], DTensor) and not args[0].to_local().is_contiguous():
+            moves.append((j, w_in.op in _CALLS))
+    first = node.all_input_nodes.index(node.args[0]) \
+        if _is_reshape(node) and node.args and isinstance(node.args[0], torch.fx.Node) else None
+
+    def place(*values):
+        try:
+            out = list(values)
+            k = 0
+            for j, from_op in moves:
+                value = values[j]
+                if not from_op or not isinstance(value, torch.Tensor):
+                    continue
+                where = f"op {whole.name} input {k}"
+                if placement is None:
+                    if isinstance(value, DTensor) and not value.placements[0].is_replicate():
+                        out[j] = tp._shared_redistribute(value, "R", mesh, where)
+                elif k < len(placement.inputs):
+                    out[j] = tp._shared_redistribute(value, placement.inputs[k], mesh, where,
+                                                     tp.autocast_dtype(value, lower))
+                k += 1
+            if first is not None and isinstance(out[first], DTensor) and not out[first].to_local().is_contiguous():
                 # reshape copies what it cannot view; on a DTensor it views the local tensor (a gathered
                 # transpose: "Cannot view a tensor with shape [8, 64, 4, 32] and strides ..."), so copy first
-                args = (args[0].clone(memory_format=torch.contiguous_format), *args[1:])
-            out = getattr(self, n.op)(n.target, args, kwargs)
-        if isinstance(out, torch.Tensor):
-            tp.check_output(out, placement.output if placement is not None else "R", whole.name,
-                            placement.module if placement is not None else _path(whole))
-            if placement is not None and placement.output == "P":
-                # a vocabulary-parallel embedding's masked partial sum is reduced where the op ends (tp's module
-                # hook does the same for a module call)
-                out = tp._redistribute(out, "P", self.mesh, f"op {whole.name} output")
-        return out
+                out[first] = out[first].clone(memory_format=torch.contiguous_format)
+            return tuple(out)
+        except Exception as e:
+            _annotate(e, node, whole, prefix)
+            raise
+    place.__name__ = f"place_{node.name}"
+    return place
+
+
+def _output_checker(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mesh: DeviceMesh,
+                    prefix: str) -> Callable[[Any], Any]:
+    """The function the generated code passes the op's output through: ExecutorError unless DTensor propagated the
+    plan's placement; a vocabulary-parallel embedding's masked partial sum is reduced where the op ends (tp's
+    module hook does the same for a module call)."""
+    want = placement.output if placement is not None else "R"
+    where = placement.module if placement is not None else _path(whole)
+
+    def check(out):
+        if not isinstance(out, torch.Tensor):
+            return out
+        try:
+            tp.check_output(out, want, whole.name, where)
+            if want == "P" and placement is not None:
+                return tp._redistribute(out, "P", mesh, f"op {whole.name} output")
+            return out
+        except Exception as e:
+            _annotate(e, node, whole, prefix)
+            raise
+    check.__name__ = f"check_{node.name}"
+    return check
+
+
+_CODE_COUNT = 0
+
+
+def _placed_code(graph: torch.fx.Graph, specs: dict[torch.fx.Node, tuple], mesh: DeviceMesh,
+                 prefix: str) -> Callable[..., Any]:
+    """forward(module, *inputs): `graph` as generated Python code with each placed op's inputs passed through its
+    `_input_placer` and its output through its `_output_checker` (a copy of the graph: the module keeps its own).
+    Generated code, not torch.fx.Interpreter: the interpreter's Python walk over the nodes (per call a new
+    Interpreter and its progress bar, per node context managers and argument maps) cost a placed nn.Linear's call
+    about 0.3 ms on a CPU rank, which no cost term prices. An exception from an op carries the op's module path
+    (`_annotate`), found from the generated code's failing line."""
+    global _CODE_COUNT
+    import linecache
+    import operator
+    copy = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    copy.output(copy.graph_copy(graph, env))
+    for old, (whole, placement) in specs.items():
+        n = env[old]
+        inputs = list(n.all_input_nodes)
+        if inputs:
+            with copy.inserting_before(n):
+                placed = copy.call_function(_input_placer(old, whole, placement, mesh, prefix), tuple(inputs))
+                got = {x: copy.call_function(operator.getitem, (placed, j)) for j, x in enumerate(inputs)}
+            n.args = torch.fx.node.map_arg(n.args, lambda x: got.get(x, x))
+            n.kwargs = torch.fx.node.map_arg(n.kwargs, lambda x: got.get(x, x))
+        with copy.inserting_after(n):
+            checked = copy.call_function(_output_checker(old, whole, placement, mesh, prefix), (n,))
+        n.replace_all_uses_with(checked, delete_user_cb=lambda user: user is not checked)
+    code = copy.python_code(root_module="self")
+    _CODE_COUNT += 1
+    key = f"<shardwise placed {prefix or 'root'} #{_CODE_COUNT}>"
+    linecache.cache[key] = (len(code.src), None, code.src.splitlines(True), key)  # readable tracebacks
+    scope = dict(code.globals)
+    exec(compile(code.src, key, "exec"), scope)
+    fn = scope["forward"]
+    by_copy = {new: old for old, new in env.items()}
+    nodes = list(copy.nodes)
+
+    def forward(module: nn.Module, *inputs: Any) -> Any:
+        try:
+            return fn(module, *inputs)
+        except Exception as e:
+            if not hasattr(e, "source_module"):
+                node = _failing_node(e, key, code, nodes)
+                old = by_copy.get(node) if node is not None else None
+                if old is not None:
+                    _annotate(e, old, specs[old][0] if old in specs else None, prefix)
+            raise
+    return forward
+
+
+def _failing_node(e: Exception, key: str, code: Any, nodes: list[torch.fx.Node]) -> torch.fx.Node | None:
+    """The node of the generated code `key` whose line raised `e` (None when the traceback does not say)."""
+    lineno_map, start = getattr(code, "_lineno_map", None), getattr(code, "_prologue_start", 0)
+    tb, line = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == key:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    if line is None or not lineno_map:
+        return None
+    index = lineno_map.get(line - start)
+    return nodes[index] if index is not None and index < len(nodes) else None
 
 
 def _is_reshape(node: torch.fx.Node) -> bool:
@@ -220,14 +299,16 @@ def _path(node: torch.fx.Node) -> str:
 
 
 def _install(module: nn.Module, path: str, graph: torch.fx.Graph, specs: dict, mesh: DeviceMesh) -> None:
-    """`module.forward` becomes the interpreter over `graph`, called with the original forward's arguments."""
+    """`module.forward` becomes `graph`'s placed code, called with the original forward's arguments."""
     sig = inspect.signature(module.forward)
     names = [str(n.target).lstrip("*") for n in graph.nodes if n.op == "placeholder"]
+    run = _placed_code(graph, specs, mesh, path)
 
     def forward(self, *args, **kwargs):
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        return _PlacedInterpreter(self, graph, specs, mesh, path).run(*[bound.arguments[k] for k in names])
+        out = run(self, *graph.process_inputs(*[bound.arguments[k] for k in names]))
+        return graph.process_outputs(out)
     module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
 
 
@@ -257,7 +338,7 @@ def place_ops(model: nn.Module, plan: Plan, mesh: DeviceMesh, blocks: list[str],
         if _is_metadata(node):
             continue
         if node.op == "call_module" and (key[1] in hooked or key[1] in pieces or key[1] in local):
-            continue  # tp's hooks place it; a block runs its own interpreter; a replicated subtree runs plainly
+            continue  # tp's hooks place it; a block runs its own placed code; a replicated subtree runs plainly
         specs[piece][node] = (w, plan.ops.get(w.name))
     for piece, spec in specs.items():
         if spec and (piece or root):
@@ -348,8 +429,8 @@ def run_generated(root: nn.Module, where: Callable[[str], bool] = lambda path: T
 def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: DeviceMesh,
                        local: list[str], within: list[str] | None = None) -> None:
     """Run the unflattened export `root` with the plan's placement on every op (see `exported`): each module's
-    graph runs in a placed interpreter whose ops are matched to the flat graph's nodes by name (unflattening keeps
-    them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are. `within`: only the
+    graph runs as generated code placing its ops (`_placed_code`), matched to the flat graph's nodes by name
+    (unflattening keeps them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are. `within`: only the
     subtrees at these paths (pipelining: the blocks, which the stages hold whole)."""
     def under(path: str, tops) -> bool:
         return any(path == p or path.startswith(p + ".") for p in tops)
@@ -363,7 +444,8 @@ def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: 
     if missing:  # unflattening dropped or renamed it: nothing would place that op
         raise ExecutorError(f"op {missing[0]} of the plan is in the model's torch.export graph but not in its "
                             "unflattened modules (torch.export.unflatten), so it cannot run as placed; report it")
-    run_generated(root, lambda path: under(path, local))  # a plain-tensor subtree
+    # a plain-tensor subtree, and (pipelining) a module outside the blocks, which follows DTensor's propagation
+    run_generated(root, lambda path: under(path, local) or (within is not None and not under(path, within)))
     for path, m in modules:
         for n in list(m.graph.nodes):
             if n.op == "call_function" and not n.users and str(n.target).startswith("aten._assert"):
@@ -382,18 +464,17 @@ def _makes_tensors(node: torch.fx.Node) -> bool:
 
 
 def _install_exported(module: nn.Module, path: str, specs: dict, mesh: DeviceMesh) -> None:
-    """An unflattened module's forward runs its graph in the placed interpreter (its own forward's argument
+    """An unflattened module's forward runs its graph's placed code (its own forward's argument
     handling: kwargs bound to the placeholders by name; the root flattens inputs and rebuilds outputs)."""
     from torch.utils._pytree import tree_unflatten
-    graph = module.graph
     is_root = hasattr(module, "process_forward_inputs")
+    run = _placed_code(module.graph, specs, mesh, path)
 
     def forward(self, *args, **kwargs):
         if is_root:
             flat = self.process_forward_inputs(*args, **kwargs)
-            out = _PlacedInterpreter(self, graph, specs, mesh, path).run(*flat, enable_io_processing=False)
-            return tree_unflatten(out, self.module_call_graph[0].signature.out_spec)
+            return tree_unflatten(run(self, *flat), self.module_call_graph[0].signature.out_spec)
         if kwargs:
             args = tuple(args) + tuple(kwargs[k] for k in self.arg_names[len(args):] if k in kwargs)
-        return _PlacedInterpreter(self, graph, specs, mesh, path).run(*args, enable_io_processing=False)
+        return run(self, *args)
     module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]

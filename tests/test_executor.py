@@ -132,6 +132,15 @@ def test_replicated_subtrees_run_generated_code(results):
         assert results[name]["local_modules"] > 0 and results[name]["local_interpreted"] == 0, results[name]
 
 
+def test_no_plan_runs_torch_fx_interpreter(results):
+    # placed ops run as generated code with their placement calls inline (executor.graph_ops._placed_code), the
+    # rest of an unflattened model as its generated code: fx's Interpreter walks the graph in Python on every call
+    print({name: r.get("interpreter_runs") for name, r in results.items()})
+    for name, r in results.items():
+        if "interpreter_runs" in r:
+            assert r["interpreter_runs"] == 0, (name, r["interpreter_runs"])
+
+
 def test_zero12_gather_parameters_once_per_step(results):
     # 2 micro-batches; FSDP2 units = 4 blocks + the root: ZeRO-1/2 keep parameters whole between micro-batches
     # (one all-gather per unit per step); ZeRO-3 (1 micro-batch) gathers every unit, the root included
@@ -312,3 +321,39 @@ def test_a_parameter_placement_past_its_dims_names_the_parameter():
                 parameters={"weight": "S(5)"})
     with pytest.raises(ExecutorError, match=r"parameter weight \(2 dims\) as S\(5\)"):
         check_parameters(plan, torch.nn.Linear(4, 4))
+
+
+def test_placed_code_runs_the_graph_and_names_the_op_that_fails():
+    """A placed module's graph runs as generated code (`graph_ops._placed_code`) with its placement calls inline;
+    an op that raises there carries its module path and model-file line, as the dry run's message needs."""
+    import torch.fx
+    import torch.nn as nn
+
+    from executor.graph_ops import _placed_code
+
+    class Block(nn.Module):
+        def __init__(self, cols: int):
+            super().__init__()
+            self.fc, self.cols = nn.Linear(4, 6), cols
+
+        def forward(self, x):
+            y = self.fc(x) + 1
+            return y.reshape(-1, self.cols)
+
+    tracer = torch.fx.Tracer()
+    tracer.record_stack_traces = True
+    ok, bad = Block(3), Block(5)
+    for model in (ok, bad):
+        graph = tracer.trace(model)
+        reshape = next(n for n in graph.nodes if n.op == "call_method")
+        reshape.meta["nn_module_stack"] = {"h.0.mlp": ("h.0.mlp", Block)}
+        specs = {n: (n, None) for n in graph.nodes if n.op in ("call_function", "call_method", "call_module")}
+        run = _placed_code(graph, specs, mesh=None, prefix="h.0")
+        x = torch.randn(2, 4)
+        if model is ok:
+            assert torch.equal(run(model, x), model(x))
+            continue
+        with pytest.raises(RuntimeError) as e:
+            run(model, x)
+        assert e.value.source_module == "h.0.mlp"
+        assert "test_executor.py" in e.value.source_stack and "reshape" in e.value.source_stack

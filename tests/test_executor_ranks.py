@@ -95,8 +95,9 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     else:
         start = 0
     losses, gathers = [], []
+    interpreted = _count_interpreter_runs()
     for x, y in data[start:spec.get("stop", STEPS)]:
-        with _count_all_gathers() as n:
+        with _count_all_gathers() as n, interpreted:
             losses.append(runner.step(x, y))
         gathers.append(n[0])
     out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
@@ -119,6 +120,7 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
                   if any(path == p or path.startswith(p + ".") for p in local)]
     out["local_modules"] = len(local_mods)
     out["local_interpreted"] = sum(bool(getattr(m, "_run_with_interpreter", False)) for m in local_mods)
+    out["interpreter_runs"] = interpreted.runs
     # receive buffers still held between steps, and receive slots (executor.pipeline.RecvOnDemandStage)
     slots = [i for st in getattr(runner, "stages", []) for table in (st.args_recv_info, st.grad_recv_info)
              for infos in table.values() for i in infos if isinstance(getattr(i, "buffer", None), torch.Tensor)]
@@ -129,6 +131,29 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the loss runs on the last pipeline stage's ranks only
     out["vocab_parallel_loss"] = bool(flag.item())
     return out
+
+
+class _count_interpreter_runs:
+    """Counts torch.fx.Interpreter runs (unflattened modules' default, the placed ops' former runner) while
+    entered, over every entry."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def __enter__(self):
+        import torch.fx
+        self.original = torch.fx.Interpreter.run
+        counter = self
+
+        def run(interp, *args, **kwargs):
+            counter.runs += 1
+            return counter.original(interp, *args, **kwargs)
+        torch.fx.Interpreter.run = run
+        return self
+
+    def __exit__(self, *exc):
+        import torch.fx
+        torch.fx.Interpreter.run = self.original
 
 
 class _count_all_gathers:
