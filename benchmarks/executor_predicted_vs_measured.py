@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -276,6 +277,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="plan names from the matrix")
     ap.add_argument("--cluster", help="use this profile instead of measuring a fresh one")
     ap.add_argument("--quick-profile", action="store_true", help="plan profile --quick (fewer sizes)")
+    ap.add_argument("--save-profile", metavar="YAML", help="also keep the fresh profile here (for a later look)")
     ap.add_argument("--trace", metavar="DIR", help="measure under `plan measure --trace DIR/PLAN` and print the "
                     "milliseconds per track, predicted and measured")
     ap.add_argument("--ddp-rank", action="store_true", help=argparse.SUPPRESS)
@@ -289,6 +291,8 @@ def main() -> None:
     if not args.skip_matrix:
         with tempfile.TemporaryDirectory() as tmp:
             cluster = args.cluster or profile(tmp, args.quick_profile)
+            if args.save_profile and not args.cluster:
+                shutil.copyfile(cluster, args.save_profile)
             ref0 = None if args.cluster else reference_ms()  # right after the profile
             if ref0:
                 print(speed_line(ref0) + "; column 'machine': that time before each run over this one", flush=True)
