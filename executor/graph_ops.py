@@ -173,13 +173,15 @@ def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mes
                 value = values[j]
                 if not from_op or not isinstance(value, torch.Tensor):
                     continue
-                where = f"op {whole.name} input {k}"
                 if placement is None:
                     if isinstance(value, DTensor) and not value.placements[0].is_replicate():
-                        out[j] = tp._shared_redistribute(value, "R", mesh, where)
+                        out[j] = tp._shared_redistribute(value, "R", mesh, f"op {whole.name} input {k}")
                 elif k < len(placement.inputs):
-                    out[j] = tp._shared_redistribute(value, placement.inputs[k], mesh, where,
-                                                     tp.autocast_dtype(value, lower))
+                    text, dtype = placement.inputs[k], tp.autocast_dtype(value, lower)
+                    # already where the plan wants it (most inputs): nothing to move, nothing to look up
+                    if dtype is not None or not isinstance(value, DTensor) \
+                            or value.placements[0] != tp.parsed_placement(text, value.dim()):
+                        out[j] = tp._shared_redistribute(value, text, mesh, f"op {whole.name} input {k}", dtype)
                 k += 1
             if first is not None and isinstance(out[first], DTensor) and not out[first].to_local().is_contiguous():
                 # reshape copies what it cannot view; on a DTensor it views the local tensor (a gathered

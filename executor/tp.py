@@ -28,6 +28,7 @@ gets its gradient all-reduced, a Partial output is all-reduced (or reduce-scatte
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import weakref
 from typing import Any, Mapping
@@ -44,6 +45,12 @@ from planner.op_kinds import module_kind
 from planner.plan import OpPlacement, Plan
 
 _SHARD = re.compile(r"^S\((-?\d+)\)$")
+
+
+@functools.lru_cache(maxsize=None)
+def parsed_placement(text: str, ndim: int):
+    """`parse_placement`, remembered (the placed code asks it for every op input on every call)."""
+    return parse_placement(text, ndim)
 
 
 def parse_placement(text: str, ndim: int):
@@ -265,7 +272,7 @@ def _redistribute(t: Any, text: str, mesh: DeviceMesh, where: str) -> Any:
         return t
     if not isinstance(t, DTensor):
         t = DTensor.from_local(t, mesh, [Replicate()], run_check=False)
-    want = parse_placement(text, t.dim())
+    want = parsed_placement(text, t.dim())
     have = t.placements[0]
     if have == want or (isinstance(want, Partial) and type(have) is Partial):
         return t
@@ -487,7 +494,7 @@ def check_output(t: torch.Tensor, planned: str, op: str, path: str) -> None:
     own propagation (`planner.dtensor_rules`), so a mismatch means the plan does not describe what runs."""
     from planner.dtensor_rules import placement_text
     have = t.placements[0] if isinstance(t, DTensor) else Replicate()
-    want = parse_placement(planned, t.dim())
+    want = parsed_placement(planned, t.dim())
     if have == want or (isinstance(want, Partial) and have.is_partial()):
         return
     raise ExecutorError(f"op {op} (module {path}): DTensor propagated the output as "
