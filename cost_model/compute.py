@@ -139,6 +139,10 @@ class ComputeModel:
         if kind == "linear":  # a linear is several dispatches: its measured whole-call overhead where known
             lf, lb = (ov.dtensor_linear_forward, ov.dtensor_linear_backward) if work.dtensor else \
                 (ov.linear_forward, ov.linear_backward)
+            nf, nb = (ov.dtensor_linear_nd_forward, ov.dtensor_linear_nd_backward) if work.dtensor else \
+                (ov.linear_nd_forward, ov.linear_nd_backward)
+            if work.nd_input and nf and nb:  # a (batch, sequence, features) input: timed so where measured
+                return nf, nb
             if lf and lb:
                 return lf, lb
         if kind == "matmul":  # a 2-D matmul's dispatch and its backward node's two matmuls, where measured

@@ -83,6 +83,9 @@ class OpWork:
     """Parameter tensors the op reads (each adds a gradient-accumulation node in backward)."""
     dtensor: bool = False
     """Whether the op runs on DTensors (every op of a tp > 1 plan), paying the DTensor dispatch overhead."""
+    nd_input: bool = False
+    """A linear whose input has more than 2 dims ((batch, sequence, features)): F.linear flattens and restores the
+    leading dims, two dispatches more (`OpOverhead.linear_nd_*`)."""
     gemms: tuple[Gemm, ...] = ()
     """The op's forward GEMMs on this device, (batch, M, N, K) each (GEMM kinds; empty otherwise)."""
     attn: Attn | None = None
@@ -349,10 +352,11 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
         counted = elementwise_backward_bytes(op, sizes, (n_out, elem_bytes(op.output_meta[0], out_prec)), grads)
         if counted is not None:
             bwd_bytes = counted
+    nd_input = op.kind == "linear" and bool(acts) and len(op.input_meta[acts[0]].shape) > 2
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
                   fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes,
                   elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
-                  dtensor=dtensor, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
+                  dtensor=dtensor, nd_input=nd_input, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),
                   cast_bytes=tuple(casts), cast_widens=tuple(widens))
 

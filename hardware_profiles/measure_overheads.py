@@ -90,6 +90,9 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
     lin = [torch.ones(2, 2, device=device, requires_grad=True), torch.nn.Parameter(torch.ones(2, 2, device=device)),
            torch.nn.Parameter(torch.ones(2, device=device))]
     out["linear_forward"], out["linear_backward"] = _linear_overhead(*lin, sync, plan)
+    # a model's linears read (batch, sequence, features): F.linear flattens the leading dims and restores them
+    nd = [torch.ones(1, 2, 2, device=device, requires_grad=True), *lin[1:]]
+    out["linear_nd_forward"], out["linear_nd_backward"] = _linear_overhead(*nd, sync, plan)
     out["optimizer"] = _adam_time([torch.nn.Parameter(torch.ones(1, device=device)) for _ in range(ADAM_TENSORS)],
                                   sync, plan)
     w = torch.nn.Parameter(torch.eye(2, device=device))
@@ -109,6 +112,8 @@ def op_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePl
                torch.nn.Parameter(distribute_tensor(torch.ones(2, 2, device=device), mesh, [Replicate()])),
                torch.nn.Parameter(distribute_tensor(torch.ones(2, device=device), mesh, [Replicate()]))]
         out["dtensor_linear_forward"], out["dtensor_linear_backward"] = _linear_overhead(*lin, sync, plan)
+        nd = [distribute_tensor(torch.ones(1, 2, 2, device=device), mesh, [Replicate()]).requires_grad_(), *lin[1:]]
+        out["dtensor_linear_nd_forward"], out["dtensor_linear_nd_backward"] = _linear_overhead(*nd, sync, plan)
         ps = [torch.nn.Parameter(distribute_tensor(torch.ones(1, device=device), mesh, [Replicate()]))
               for _ in range(ADAM_TENSORS)]
         out["dtensor_optimizer"] = _adam_time(ps, sync, plan)

@@ -441,7 +441,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "and wrap its output (a chain of them, minus the same chain plain). checkpoint_* / sac_*: "
              "seconds per op (elementwise; *_linear_*: F.linear) of a fully / selectively checkpointed chain of "
              "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); mesh_slice: one "
-             "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time).",
+             "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time). linear_* / "
+             "dtensor_linear_*: a chain of tiny F.linear calls on a 2-D input, *_nd_* on a (1, 2, 2) one (a "
+             "model's (batch, sequence, features): F.linear flattens and restores the leading dims).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs, timed with the weights out of "
              "cache and the input in, as a step finds them.",

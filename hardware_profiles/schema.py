@@ -69,6 +69,15 @@ class OpOverhead:
     """As `linear_forward` for a column-parallel linear on DTensors (sharded weight, replicated input)."""
     dtensor_linear_backward: float = 0.0
     """As `linear_backward` on DTensors."""
+    linear_nd_forward: float = 0.0
+    """As `linear_forward` with a (1, 2, 2) input: a model's (batch, sequence, features) activations, whose leading
+    dims F.linear flattens and restores (0 when not measured: such a linear pays `linear_forward`)."""
+    linear_nd_backward: float = 0.0
+    """As `linear_backward` with that input."""
+    dtensor_linear_nd_forward: float = 0.0
+    """As `dtensor_linear_forward` with that input (on DTensors each view dispatches through DTensor too)."""
+    dtensor_linear_nd_backward: float = 0.0
+    """As `dtensor_linear_backward` with that input."""
     fsdp_module: float = 0.0
     """FSDP2's seconds per forward + backward of one `fully_shard`ed module without resharding (ZeRO-1/2): hooks,
     all-gather copy-in/out and gradient reduce-scatter copies, without the collectives themselves (profiles

@@ -104,6 +104,32 @@ def test_linear_pays_its_measured_whole_call_overhead():
     assert (f, b) == (pytest.approx(3e-4), pytest.approx(5e-4))
 
 
+def test_a_linear_on_a_sequence_pays_its_measured_flattening():
+    """A (batch, sequence, features) input: F.linear flattens and restores the leading dims, two dispatches more,
+    which the probe times on a (1, 2, 2) input (`linear_nd_*`); a 2-D input keeps the 2-D figures."""
+    g = megatron_gpt()
+    lin = g.op("h0_fc1")
+    assert len(lin.input_meta[0].shape) == 3
+    flat = dataclasses.replace(lin, input_meta=(dataclasses.replace(lin.input_meta[0], shape=(32, 64)),
+                                                *lin.input_meta[1:]))
+    base = cluster(per_node=2)
+    ov = OpOverhead(forward=1e-5, backward=2e-5, linear_forward=7e-5, linear_backward=9e-5, linear_nd_forward=8e-5,
+                    linear_nd_backward=1.1e-4, dtensor_linear_forward=3e-4, dtensor_linear_backward=5e-4,
+                    dtensor_linear_nd_forward=6e-4, dtensor_linear_nd_backward=7e-4)
+    cm, cm0 = CostModel(_with(base, op_overhead=ov)), CostModel(base)
+
+    def extra(op, pl=None, tp=1):
+        return tuple(x - y for x, y in zip(cm.op_time(op, pl, tp, 1, "bf16"), cm0.op_time(op, pl, tp, 1, "bf16")))
+    assert extra(lin) == (pytest.approx(8e-5), pytest.approx(1.1e-4))
+    assert extra(flat) == (pytest.approx(7e-5), pytest.approx(9e-5))
+    pl = default_plan(g, base, 2, "bf16", {"tp": 2, "dp": 1}, "m").ops["h0_fc1"]
+    assert extra(lin, pl, 2) == (pytest.approx(6e-4), pytest.approx(7e-4))
+    # a profile measured before these fields: the 2-D figures
+    old = dataclasses.replace(ov, linear_nd_forward=0.0, linear_nd_backward=0.0)
+    cm = CostModel(_with(base, op_overhead=old))
+    assert extra(lin) == (pytest.approx(7e-5), pytest.approx(9e-5))
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_ddp_reducer_adds_its_measured_cost_per_call_tensor_and_byte(shared):
     g = megatron_gpt(layers=3)

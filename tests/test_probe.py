@@ -88,6 +88,9 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert ov.dtensor_partial_optimizer > ov.optimizer
     assert 0 < ov.linear_forward < 1e-3 and 0 < ov.linear_backward < 1e-3  # a tiny linear's whole-call overhead
     assert ov.dtensor_linear_forward > ov.linear_forward
+    # the same on a (batch, sequence, features) input: its flattening views dispatch through DTensor too
+    assert 0 < ov.linear_nd_forward < 1e-3 and 0 < ov.linear_nd_backward < 1e-3
+    assert ov.dtensor_linear_nd_forward > ov.linear_nd_forward
     assert 0 < ov.matmul_forward < ov.dtensor_matmul_forward and 0 < ov.matmul_backward < 1e-3
     # backward figures are differences of noisy times (clamped at 0): one of the two may round to 0 under load
     assert ov.dtensor_matmul_backward + ov.dtensor_backward > 0
