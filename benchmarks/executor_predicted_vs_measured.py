@@ -284,6 +284,8 @@ def main() -> None:
     ap.add_argument("--skip-matrix", action="store_true")
     ap.add_argument("--skip-ddp", action="store_true", help="leave out the hand-written DDP comparison")
     args = ap.parse_args()
+    if args.save_profile and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_profile))):
+        ap.error(f"--save-profile {args.save_profile}: its folder does not exist; create it or pick another")
     if args.ddp_rank:
         return ddp_rank(max(args.steps, 8) * 2)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: small GPT (4 layers, h=128, V=512, s=64), "

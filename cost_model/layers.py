@@ -304,7 +304,8 @@ class LayerCoster:
         """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,
         per input produced in the graph, (producer, its placement, the one `op` reads, forward and backward tp
         seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces;
-        and how many collectives the forward seconds are). `reduced` collects producers whose input-gradient all-reduce is charged (once per tensor)."""
+        and how many collectives the forward seconds are). `reduced` collects producers whose input-gradient
+        all-reduce is charged (once per tensor)."""
         g, plan, tp = self.graph, self.plan, self.tp
         logits = logits_producer(g, op) if vocab_loss else None
         sources, edges = [], []

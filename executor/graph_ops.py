@@ -5,10 +5,10 @@ refer to, op by op.
 (non-strict): `exported` exports the model the planner's way with one micro-batch and unflattens it to its module
 tree (same module paths and parameter names, so FSDP2, activation checkpointing and checkpoints keep their
 modules); `place_exported_ops` runs every module's graph as generated code with the placements inline, ops matched
-by node name. Where export failed the planner used torch.fx (built-in leaf modules whole): `place_ops` traces the root and each repeated
-block on their own, blocks kept as leaves of the root's graph; their ops, blocks expanded in place, are the
-whole-model trace's ops in the same order, which names them, and built-in module calls are placed by
-`executor.tp`'s module hooks.
+by node name. Where export failed the planner used torch.fx (built-in leaf modules whole): `place_ops` traces the
+root and each repeated block on their own, blocks kept as leaves of the root's graph; their ops, blocks expanded in
+place, are the whole-model trace's ops in the same order, which names them, and built-in module calls are placed
+by `executor.tp`'s module hooks.
 
 Either way, each op's inputs are made the placements the plan gives them (the redistribution the cost model priced
 on that edge), the op runs on DTensors, and its output placement is asserted (ExecutorError naming the op and both
@@ -20,6 +20,9 @@ and each stage graph's own ops too (`place_stage_ops`: its nodes keep the names 
 from __future__ import annotations
 
 import inspect
+import itertools
+import linecache
+import operator
 import re
 import types
 from typing import Any, Callable
@@ -218,7 +221,8 @@ def _output_checker(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, m
     return check
 
 
-_CODE_COUNT = 0
+_CODE_IDS = itertools.count(1)
+"""Numbers the placed code's pseudo-files (`<shardwise placed PATH #N>`), so that tracebacks show its lines."""
 
 
 def _placed_code(graph: torch.fx.Graph, specs: dict[torch.fx.Node, tuple], mesh: DeviceMesh,
@@ -229,9 +233,6 @@ def _placed_code(graph: torch.fx.Graph, specs: dict[torch.fx.Node, tuple], mesh:
     Interpreter and its progress bar, per node context managers and argument maps) cost a placed nn.Linear's call
     about 0.3 ms on a CPU rank, which no cost term prices. An exception from an op carries the op's module path
     (`_annotate`), found from the generated code's failing line."""
-    global _CODE_COUNT
-    import linecache
-    import operator
     copy = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     copy.output(copy.graph_copy(graph, env))
@@ -248,8 +249,7 @@ def _placed_code(graph: torch.fx.Graph, specs: dict[torch.fx.Node, tuple], mesh:
             checked = copy.call_function(_output_checker(old, whole, placement, mesh, prefix), (n,))
         n.replace_all_uses_with(checked, delete_user_cb=lambda user: user is not checked)
     code = copy.python_code(root_module="self")
-    _CODE_COUNT += 1
-    key = f"<shardwise placed {prefix or 'root'} #{_CODE_COUNT}>"
+    key = f"<shardwise placed {prefix or 'root'} #{next(_CODE_IDS)}>"
     linecache.cache[key] = (len(code.src), None, code.src.splitlines(True), key)  # readable tracebacks
     scope = dict(code.globals)
     exec(compile(code.src, key, "exec"), scope)
@@ -358,7 +358,6 @@ def exported_specs(flat: torch.fx.Graph, plan: Plan) -> dict:
 
 def _unpacks_module_call(n: torch.fx.Node) -> bool:
     """`getitem` of a module call's outputs (unflattening adds these where a module returns several values)."""
-    import operator
     return n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "call_module"
 
 
@@ -432,8 +431,8 @@ def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: 
                        local: list[str], within: list[str] | None = None) -> None:
     """Run the unflattened export `root` with the plan's placement on every op (see `exported`): each module's
     graph runs as generated code placing its ops (`_placed_code`), matched to the flat graph's nodes by name
-    (unflattening keeps them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are. `within`: only the
-    subtrees at these paths (pipelining: the blocks, which the stages hold whole)."""
+    (unflattening keeps them). Subtrees in `local` run on plain tensors (`executor.tp`) and are left as they are.
+    `within`: only the subtrees at these paths (pipelining: the blocks, which the stages hold whole)."""
     def under(path: str, tops) -> bool:
         return any(path == p or path.startswith(p + ".") for p in tops)
     whole = {n.name: n for n in flat.nodes if n.op in _CALLS}

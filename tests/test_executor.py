@@ -135,7 +135,6 @@ def test_replicated_subtrees_run_generated_code(results):
 def test_no_plan_runs_torch_fx_interpreter(results):
     # placed ops run as generated code with their placement calls inline (executor.graph_ops._placed_code), the
     # rest of an unflattened model as its generated code: fx's Interpreter walks the graph in Python on every call
-    print({name: r.get("interpreter_runs") for name, r in results.items()})
     for name, r in results.items():
         if "interpreter_runs" in r:
             assert r["interpreter_runs"] == 0, (name, r["interpreter_runs"])
