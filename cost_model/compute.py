@@ -3,7 +3,8 @@
 - GEMM kinds (linear, matmul, conv as an implicit GEMM) are priced per GEMM by `cost_model.kernels` (tile and wave
   quantization on the profile's SMs, the bytes roofline, the kernel floor), from the (M, N, K) each op has on this
   device after tp sharding and micro-batch scaling (`op_gemms`). Backward is the two GEMMs of the operands'
-  gradients, (M, K, N) and (K, N, M). Measured shapes (`DeviceSpec.matmul_shapes`) take precedence.
+  gradients, (M, K, N) and (K, N, M) (a linear's weight: (N, K, M)). Measured shapes (`DeviceSpec.matmul_shapes`)
+  take precedence, each GEMM looked up in its own operand layout (`backward_gemms`).
 - Attention (SDPA) uses the profile's fused-attention efficiency on the work the kernel does (causal: about half
   the dense FLOPs); explicit-matmul attention is priced by its parts (batched GEMMs, memory-bound softmax, masking
   and dropout over the s x s scores).
@@ -60,11 +61,15 @@ class ComputeModel:
         """Seconds for a memory-bound kernel moving `nbytes` at the measured efficiency for its size."""
         return kernels.memory_time(self.device, nbytes)
 
-    def gemm_time(self, g: Gemm, precision: str) -> float:
-        """Seconds of one GEMM: a measured row at (or one dimension away from) its shape, scaled by the shape
-        model's ratio between the two shapes; else the shape model."""
+    def gemm_time(self, g: Gemm, precision: str, layout: str | None = None) -> float:
+        """Seconds of one GEMM: a measured row at (or one dimension away from) its shape, of its `layout` where the
+        profile has one (rows of older profiles carry none), scaled by the shape model's ratio between the two
+        shapes; else the shape model."""
         model = kernels.gemm_time(self.device, g, precision)
-        row = kernels.nearest_row(self.device.matmul_shapes, (*g, precision), free=(0, 1, 2, 3))
+        rows = self.device.matmul_shapes
+        own = [r for r in rows if r[6:7] == (layout,)] if layout else []
+        row = kernels.nearest_row(own, (*g, precision), free=(0, 1, 2, 3)) if own else None
+        row = row or kernels.nearest_row(rows, (*g, precision), free=(0, 1, 2, 3))
         if row is None:
             return model
         return row[5] * model / kernels.gemm_time(self.device, row[:4], precision)
@@ -98,7 +103,7 @@ class ComputeModel:
         scores = float(bh) * s_q * s_k
         qk, pv = (bh, s_q, s_k, d), (bh, s_q, d, s_k)
         if backward:
-            gemms = sum(self.gemm_time(x, precision) for g in (qk, pv) for x in backward_gemms(g))
+            gemms = sum(self.gemm_time(x, precision) for g in (qk, pv) for x, _ in backward_gemms(g))
             passes = [3 * e * scores]
         else:
             gemms = self.gemm_time(qk, precision) + self.gemm_time(pv, precision)
@@ -228,13 +233,13 @@ class ComputeModel:
     def _gemm_times(self, work: OpWork, precision: str) -> tuple[float, float]:
         """Forward GEMMs, and backward as the operands' gradient GEMMs (M, K, N) and (K, N, M), scaled to the
         op's counted backward FLOPs (an operand without gradient has none)."""
-        fwd = sum(self.gemm_time(g, precision) for g in work.gemms)
-        bwd_g = [x for g in work.gemms for x in backward_gemms(g)]
-        g_flops = sum(2.0 * math.prod(g) for g in bwd_g)
+        fwd = sum(self.gemm_time(g, precision, work.gemm_layout) for g in work.gemms)
+        bwd_g = [x for g in work.gemms for x in backward_gemms(g, work.gemm_layout)]
+        g_flops = sum(2.0 * math.prod(g) for g, _ in bwd_g)
         if work.bwd_flops <= 0 or g_flops <= 0:
             return fwd, 0.0
         share = work.bwd_flops / g_flops
-        return fwd, sum(self.gemm_time(g, precision) for g in bwd_g) * share
+        return fwd, sum(self.gemm_time(g, precision, layout) for g, layout in bwd_g) * share
 
     def _attention_as_gemms(self, work: OpWork, precision: str, fwd_mem: float,
                             bwd_mem: float) -> tuple[float, float]:

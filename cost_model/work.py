@@ -88,6 +88,9 @@ class OpWork:
     leading dims, two dispatches more (`OpOverhead.linear_nd_*`)."""
     gemms: tuple[Gemm, ...] = ()
     """The op's forward GEMMs on this device, (batch, M, N, K) each (GEMM kinds; empty otherwise)."""
+    gemm_layout: str = "nn"
+    """How the forward GEMMs read their operands (`GEMM_LAYOUTS`): "nt" for F.linear (its weight stored [N, K]),
+    "nn" otherwise; the backward GEMMs' layouts follow (`backward_gemms`)."""
     attn: Attn | None = None
     """The fused attention call on this device (kind `attention` with 4-D q, k, v), or None."""
     copy: bool = False
@@ -357,31 +360,44 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
                   fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes,
                   elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
                   dtensor=dtensor, nd_input=nd_input, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
+                  gemm_layout=gemm_layout(op),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),
                   cast_bytes=tuple(casts), cast_widens=tuple(widens))
 
 
-def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
-    """The two GEMMs of a GEMM's backward: the first operand's gradient (M, K, N), the second's (K, N, M)."""
+def gemm_layout(op: OpNode) -> str:
+    """The layout of an op's forward GEMMs (`GEMM_LAYOUTS`): "nt" for F.linear / nn.Linear (x W^T with the weight
+    stored [N, K]), "nn" for the rest (an addmm's weight is stored [K, N]; a matmul's operands as traced)."""
+    target = op.target.lower()
+    return "nt" if op.kind == "linear" and "linear" in target and "bilinear" not in target else "nn"
+
+
+def backward_gemms(g: Gemm, layout: str = "nn") -> tuple[tuple[Gemm, str], tuple[Gemm, str]]:
+    """The two GEMMs of a GEMM's backward with their layouts, as PyTorch's derivative formulas run them: the first
+    operand's gradient (M, K, N), dY B^T; the second's A^T dY, (K, N, M) ("tn"), or for F.linear the weight's own
+    dY^T x, (N, K, M) ("tn"), with the input's gradient dY W reading the weight as stored ("nn")."""
     b, m, n, k = g
-    return (b, m, k, n), (b, k, n, m)
+    if layout == "nt":
+        return ((b, m, k, n), "nn"), ((b, n, k, m), "tn")
+    return ((b, m, k, n), "nt"), ((b, k, n, m), "tn")
 
 
-def graph_shapes(graph, limit: int = 32, scales: Sequence[float] = (1.0,)) -> tuple[list[Gemm], list[Attn]]:
-    """The distinct forward and backward GEMMs and the fused-attention calls of a graph on one device (no tp
-    split) at each of `scales` x its traced batch, largest work first, at most `limit` GEMMs per scale: what
-    `plan profile --model` times. Several scales give the cost model a measured row near a plan's micro-batch, so
-    that it scales a measured time by the shape model over a short step (`ComputeModel.gemm_time`): a GEMM of
-    1024 tokens runs at a fraction of the rate of the same GEMM on 16384."""
-    gemms: list[Gemm] = []
+def graph_shapes(graph, limit: int = 32, scales: Sequence[float] = (1.0,)
+                 ) -> tuple[list[tuple[int, int, int, int, str]], list[Attn]]:
+    """The distinct forward and backward GEMMs (batch, M, N, K, layout) and the fused-attention calls of a graph on
+    one device (no tp split) at each of `scales` x its traced batch, largest work first, at most `limit` GEMMs per
+    scale: what `plan profile --model` times. Several scales give the cost model a measured row near a plan's
+    micro-batch, so that it scales a measured time by the shape model over a short step
+    (`ComputeModel.gemm_time`): a GEMM of 1024 tokens runs at a fraction of the rate of the same GEMM on 16384."""
+    gemms: list[tuple[int, int, int, int, str]] = []
     attns: dict[Attn, None] = {}
     for s in scales:
-        work: dict[Gemm, float] = {}
+        work: dict[tuple[int, int, int, int, str], float] = {}
         for op in graph.ops:
             w = op_work(op, None, 1, s, "fp32")
             for g in w.gemms:
-                for x in (g, *backward_gemms(g)):
-                    work[x] = work.get(x, 0.0) + 2.0 * math.prod(x)
+                for x, layout in ((g, w.gemm_layout), *backward_gemms(g, w.gemm_layout)):
+                    work[(*x, layout)] = work.get((*x, layout), 0.0) + 2.0 * math.prod(x)
             if w.attn is not None and op.kind == "attention":
                 attns[w.attn] = None
         gemms += [g for g in sorted(work, key=lambda x: -work[x])[:limit] if g not in gemms]

@@ -203,7 +203,7 @@ def _model_shapes(shapes: dict[str, list], device: Any, sync: Callable[[], None]
     dist.all_gather_object(everyone, local)
     med = lambda j, i, c: statistics.median(r[j][i][c] for r in everyone)  # noqa: E731
     out: dict[str, Any] = {
-        "matmul_shapes": [(*row[:5], med(0, i, 5)) for i, row in enumerate(local[0])],
+        "matmul_shapes": [(*row[:5], med(0, i, 5), *row[6:]) for i, row in enumerate(local[0])],
         "attention_shapes": [(*row[:6], med(1, i, 6), med(1, i, 7)) for i, row in enumerate(local[1])]}
     if cuda:
         out["kernel_floor"] = S.kernel_floor(device, plan)
@@ -293,7 +293,7 @@ def profile_local(nproc: int = 2, backend: str = "gloo", quick: bool = False, na
                   repeat_all_reduce: bool = False, progress: bool = True, timeout_s: float = 600.0,
                   shapes: dict[str, list] | None = None, links_from: Cluster | None = None) -> ProbeResult:
     """Start `nproc` local ranks, measure them, and return the measured cluster (nothing is written); `shapes`
-    ({"gemms": [(b, M, N, K)], "attentions": [(b*h, s_q, s_k, d, causal)]}) are also timed."""
+    ({"gemms": [(b, M, N, K, layout)], "attentions": [(b*h, s_q, s_k, d, causal)]}) are also timed."""
     import multiprocessing as mp
     start = time.perf_counter()
     cfg = {"backend": backend, "quick": quick, "local_world": nproc, "repeat_all_reduce": repeat_all_reduce,
@@ -447,7 +447,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs, timed with the weights out of "
              "cache and the input in, as a step finds them.",
-             "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s] and "
+             "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s, layout] "
+             "(layout: nn, nt = second operand read transposed as F.linear reads its weight, tn = first) and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events "
              "around calls queued back to back on GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): "
              "device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",

@@ -25,7 +25,7 @@ YAML layout::
       threads: 1                                          # optional: CPU threads per rank (0: unknown / a GPU)
       comm_shares_compute: true                           # optional: collectives run on the compute threads
       sync_wait: [[2.0e-3, 1.0e-3], [8.0e-3, 1.8e-3]]     # optional, measured: [compute s, wait s] per collective
-      matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4]]  # optional, measured: [batch, M, N, K, precision, s]
+      matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4, nt]]  # optional, measured: [b, M, N, K, dtype, s, layout]
       attention_shapes: [[32, 2048, 2048, 128, true, bf16, 3.0e-4, 8.0e-4]]   # optional, measured
     links:
       intra_node: {kind: nvswitch, bandwidth: 300e9, latency: 3.4e-6}
@@ -39,8 +39,8 @@ import math
 from dataclasses import fields
 from typing import Any, Mapping
 
-from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, KERNELS, LEVELS, LINK_KINDS, UNFUSED_ATTENTION,
-                                      AttentionModel, Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel,
+from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, GEMM_LAYOUTS, KERNELS, LEVELS, LINK_KINDS,
+                                      UNFUSED_ATTENTION, AttentionModel, Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel,
                                       OpOverhead, ProfileError)
 
 
@@ -232,6 +232,23 @@ def _rows(rows: Any, where: str, ints: int, flags: int, secs: int, example: str)
     return tuple(out)
 
 
+def _gemm_rows(rows: Any, where: str) -> tuple:
+    """`matmul_shapes`: rows [batch, M, N, K, precision, seconds], each optionally ending in its layout."""
+    example = "[batch, M, N, K, bf16, seconds, nt]"
+    if not isinstance(rows, list):
+        raise ProfileError(f"{where}: expected a list of rows like {example}")
+    layouts = []
+    for i, r in enumerate(rows):
+        if isinstance(r, list) and len(r) == 7:
+            if r[6] not in GEMM_LAYOUTS:
+                raise ProfileError(f"{where}[{i}]: layout {r[6]!r} is not one of {', '.join(GEMM_LAYOUTS)}")
+            layouts.append((r[6],))
+        else:
+            layouts.append(())
+    bare = [r[:6] if isinstance(r, list) and len(r) == 7 else r for r in rows]
+    return tuple(row + extra for row, extra in zip(_rows(bare, where, 4, 0, 1, example), layouts))
+
+
 def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The optional shape-aware compute fields present in a device mapping, validated."""
     out: dict[str, Any] = {}
@@ -253,8 +270,7 @@ def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
     if "sync_wait" in d:
         out["sync_wait"] = _sync_wait(d["sync_wait"], f"{where}.sync_wait")
     if "matmul_shapes" in d:
-        out["matmul_shapes"] = _rows(d["matmul_shapes"], f"{where}.matmul_shapes", 4, 0, 1,
-                                     "[batch, M, N, K, bf16, seconds]")
+        out["matmul_shapes"] = _gemm_rows(d["matmul_shapes"], f"{where}.matmul_shapes")
     if "attention_shapes" in d:
         out["attention_shapes"] = _rows(d["attention_shapes"], f"{where}.attention_shapes", 4, 1, 2,
                                         "[batch*heads, s_q, s_k, head_dim, causal, bf16, fwd_s, bwd_s]")

@@ -23,6 +23,12 @@ KERNELS = ("add", "gelu", "tanh", "softmax", "layer_norm", "adamw", "widen")
 """Elementwise kernel families a profile may carry measured per-element costs for (see `DeviceSpec.kernel_costs`);
 `widen` is a 16-bit to fp32 conversion (autocast's casts up, and the gradients of its casts down)."""
 
+GEMM_LAYOUTS = ("nn", "nt", "tn")
+"""How a GEMM C[M, N] = A[M, K] B[K, N] reads its operands: "nn" both stored as written, "nt" B stored [N, K] and
+read transposed (F.linear's forward: x W^T), "tn" A stored [K, M] and read transposed (a linear's weight gradient,
+dY^T x). At an unaligned dimension the layouts run different kernels (GPT-2's 50257-wide head on an H100,
+2026-11-26: 13.25 ms in F.linear against 9.83 ms timed contiguous)."""
+
 
 class ProfileError(ValueError):
     """A cluster profile is malformed; the message names the field path and the fix."""
@@ -226,10 +232,11 @@ class DeviceSpec:
     async_host: bool = False
     """Whether the host's per-op dispatch overlaps kernel execution (CUDA streams are asynchronous): a layer costs
     max(sum of kernels, sum of host dispatches) instead of their sum (CPU ranks run ops synchronously)."""
-    matmul_shapes: tuple[tuple[int, int, int, int, str, float], ...] = ()
-    """Measured GEMMs [batch, M, N, K, precision, seconds] (`plan profile --model`); they take precedence over the
-    shape model: a GEMM at a listed shape, or differing from one in a single dimension, is priced as that
-    measurement times the shape model's ratio between the two shapes."""
+    matmul_shapes: tuple[tuple, ...] = ()
+    """Measured GEMMs [batch, M, N, K, precision, seconds] or [..., seconds, layout] (`plan profile --model`;
+    layout one of GEMM_LAYOUTS, absent in older profiles); they take precedence over the shape model: a GEMM at a
+    listed shape, or differing from one in a single dimension, is priced as that measurement times the shape
+    model's ratio between the two shapes, from a row of its own layout where there is one."""
     attention_shapes: tuple[tuple[int, int, int, int, bool, str, float, float], ...] = ()
     """Measured fused attention [batch x heads, query length, key length, head dim, causal, precision, forward s,
     backward s], used as `matmul_shapes` (a different batch x heads scales by the shape model)."""

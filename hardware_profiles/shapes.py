@@ -1,7 +1,8 @@
 """`plan profile --model`: time a model's own GEMM and fused-attention shapes on this rank's device.
 
 The shapes come from the caller (the planner traces the model; this package imports nothing of ours). Each GEMM
-(batch, M, N, K) runs as torch.matmul of contiguous [batch, M, K] x [batch, K, N] operands (plain mm at batch 1);
+(batch, M, N, K, layout) runs as torch.bmm of [batch, M, K] x [batch, K, N] operands stored as its layout says (plain
+mm at batch 1): F.linear reads its weight transposed, and at an unaligned dimension that runs another kernel;
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
 tensors, forward alone and forward + backward (backward = the difference). On CUDA the kernels are timed with CUDA
 events around calls queued back to back (device time with the host ahead, as a step runs: `measure.device_seconds`);
@@ -21,17 +22,29 @@ FLOOR_CHAIN = 64
 """Tiny back-to-back kernels timed for the per-kernel floor."""
 
 
-def gemm_seconds(shapes: Sequence[tuple[int, int, int, int]], precision: str, device: torch.device,
-                 sync: Callable[[], None], plan: MeasurePlan, host_s: float = 0.0) -> list[tuple]:
-    """[(batch, M, N, K, precision, seconds)] for each GEMM shape; `host_s` (CPU: the per-op overhead) is taken
-    out, keeping at least 5 % of the time."""
+def gemm_operands(b: int, m: int, n: int, k: int, layout: str, dtype: torch.dtype, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[b, M, K] and [b, K, N] operands stored as `layout` says (`GEMM_LAYOUTS`): "nt" the second a transposed
+    view of a contiguous [b, N, K] (F.linear's weight), "tn" the first a transposed view of [b, K, M]."""
+    a = torch.randn(b, k, m, device=device).to(dtype).transpose(1, 2) if layout == "tn" else \
+        torch.randn(b, m, k, device=device).to(dtype)
+    w = torch.randn(b, n, k, device=device).to(dtype).transpose(1, 2) if layout == "nt" else \
+        torch.randn(b, k, n, device=device).to(dtype)
+    return a, w
+
+
+def gemm_seconds(shapes: Sequence[tuple], precision: str, device: torch.device, sync: Callable[[], None],
+                 plan: MeasurePlan, host_s: float = 0.0) -> list[tuple]:
+    """[(batch, M, N, K, precision, seconds, layout)] for each GEMM (batch, M, N, K[, layout]) (layout "nn" where
+    none is given), its operands stored as the layout says; `host_s` (CPU: the per-op overhead) is taken out,
+    keeping at least 5 % of the time."""
     out = []
-    for b, m, n, k in shapes:
-        a = torch.randn(b, m, k, device=device).to(DTYPES[precision])
-        w = torch.randn(b, k, n, device=device).to(DTYPES[precision])
+    for b, m, n, k, *rest in shapes:
+        layout = rest[0] if rest else "nn"
+        a, w = gemm_operands(b, m, n, k, layout, DTYPES[precision], device)
         fn = (lambda: torch.mm(a[0], w[0])) if b == 1 else (lambda: torch.bmm(a, w))
         t = seconds_per_call(fn, device, sync, plan)
-        out.append((b, m, n, k, precision, max(t - host_s, 0.05 * t)))
+        out.append((b, m, n, k, precision, max(t - host_s, 0.05 * t), layout))
     return out
 
 

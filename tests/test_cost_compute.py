@@ -3,6 +3,7 @@ the kernel floor and host overlap, measured shape tables, and the trace facts th
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from cost_model import kernels
 from cost_model.compute import ComputeModel
-from cost_model.work import op_work
+from cost_model.work import OpWork, op_work
 from cost_model.model import CostModel
 from hardware_profiles.load import load_cluster
 from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict
@@ -24,6 +25,7 @@ from planner.trace import trace_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A100 = load_cluster("dgx-a100-80gb").device
+H100 = load_cluster("dgx-h100").device
 
 
 def _model_file(make, shape: tuple[int, ...]) -> ModelFile:
@@ -299,6 +301,55 @@ def test_measured_shape_tables_take_precedence():
                                                                                                      rel=0.02)
 
 
+def test_gemms_are_looked_up_in_their_own_operand_layout():
+    g = (1, 8192, 50257, 768)  # GPT-2's head: F.linear reads its [N, K] weight transposed ("nt")
+    rows = ((*g, "bf16", 9.83e-3, "nn"), (*g, "bf16", 13.25e-3, "nt"), (1, 8192, 768, 50257, "bf16", 8.0e-3, "nn"),
+            (1, 50257, 768, 8192, "bf16", 9.0e-3, "tn"))
+    cm = ComputeModel(dataclasses.replace(H100, matmul_shapes=rows))
+    assert cm.gemm_time(g, "bf16", "nt") == pytest.approx(13.25e-3)
+    assert cm.gemm_time(g, "bf16", "nn") == pytest.approx(9.83e-3)
+    # a layout the profile did not time falls back to the rows of any layout; so does a profile without layouts
+    assert cm.gemm_time(g, "bf16", "tn") in (pytest.approx(9.83e-3), pytest.approx(13.25e-3))
+    old = ComputeModel(dataclasses.replace(H100, matmul_shapes=((*g, "bf16", 9.83e-3),)))
+    assert old.gemm_time(g, "bf16", "nt") == pytest.approx(9.83e-3)
+    # the linear's forward is "nt", its input gradient dY W "nn" (M, K, N), its weight gradient dY^T x "tn" (N, K, M)
+    work = OpWork(fwd_flops=2.0 * math.prod(g), bwd_flops=4.0 * math.prod(g), fwd_bytes=0, bwd_bytes=0, gemms=(g,),
+                  gemm_layout="nt")
+    f, b = cm._gemm_times(work, "bf16")
+    assert f == pytest.approx(13.25e-3) and b == pytest.approx(8.0e-3 + 9.0e-3)
+
+
+def test_a_linear_is_traced_with_the_layouts_torch_runs():
+    from cost_model.work import backward_gemms, gemm_layout, graph_shapes
+    from hardware_profiles import shapes as S
+    from planner.model_file import load_model_file
+    graph = trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), 1)
+    lin = next(o for o in graph.ops if o.kind == "linear")
+    w = op_work(lin, None, 1, 1.0, "fp32")
+    assert gemm_layout(lin) == w.gemm_layout == "nt"
+    (b, m, n, k), = w.gemms
+    assert backward_gemms((b, m, n, k), "nt") == (((b, m, k, n), "nn"), ((b, n, k, m), "tn"))
+    assert backward_gemms((b, m, n, k)) == (((b, m, k, n), "nt"), ((b, k, n, m), "tn"))
+    shapes, _ = graph_shapes(graph, limit=64)
+    assert {(b, m, n, k, "nt"), (b, m, k, n, "nn"), (b, n, k, m, "tn")} <= set(shapes)
+    # the probe stores the operands as the layout says and computes the same product
+    for layout in ("nn", "nt", "tn"):
+        a, x = S.gemm_operands(2, 5, 3, 4, layout, torch.float32, torch.device("cpu"))
+        assert a.shape == (2, 5, 4) and x.shape == (2, 4, 3)
+        assert a.is_contiguous() == (layout != "tn") and x.is_contiguous() == (layout != "nt")
+
+
+def test_gemm_layouts_round_trip_in_a_profile_and_a_bad_one_is_named():
+    d = cluster_to_dict(load_cluster("dgx-h100"))
+    d["device"]["matmul_shapes"] = [[1, 2048, 4096, 4096, "bf16", 1.0e-4, "nt"], [1, 64, 64, 64, "bf16", 1.0e-6]]
+    c = cluster_from_dict(d)
+    assert c.device.matmul_shapes == ((1, 2048, 4096, 4096, "bf16", 1.0e-4, "nt"), (1, 64, 64, 64, "bf16", 1.0e-6))
+    assert cluster_from_dict(cluster_to_dict(c)) == c
+    d["device"]["matmul_shapes"] = [[1, 2048, 4096, 4096, "bf16", 1.0e-4, "tt"]]
+    with pytest.raises(ProfileError, match=r"device.matmul_shapes\[0\]: layout 'tt' is not one of nn, nt, tn"):
+        cluster_from_dict(d)
+
+
 # ---- plan profile --model (CPU path, in process) ------------------------------------------------------------------
 
 def test_profile_model_shapes_are_timed_and_preferred_on_cpu():
@@ -394,7 +445,8 @@ def test_profile_shapes_cover_larger_micro_batches():
     # a plan at 16 samples finds its GEMMs measured as they are, not scaled from one sample
     from cost_model import kernels
     fwd16 = next(g for g in many if g[1] == 16 * t)
-    assert kernels.nearest_row([(*g, "fp32", 1.0) for g in many], (*fwd16, "fp32"), free=(0, 1, 2, 3))[:4] == fwd16
+    rows = [(*g[:4], "fp32", 1.0, g[4]) for g in many]
+    assert kernels.nearest_row(rows, (*fwd16[:4], "fp32"), free=(0, 1, 2, 3))[:4] == fwd16[:4]
 
 
 def test_shallow_gemms_pay_their_tiles_pipeline_fill():
