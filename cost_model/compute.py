@@ -193,6 +193,16 @@ class ComputeModel:
         f, b, of, ob = self.op_parts(kind, work, precision)
         return self.combine(f, of), self.combine(b, ob)
 
+    def norm_time(self, n: tuple[int, int, int, str], precision: str, backward: bool) -> float | None:
+        """Seconds of a layer / RMS norm from the profile's `norm_shapes`: a row of its width, parameters and
+        function, scaled by the bytes model between the two row counts; None without such a row."""
+        row = kernels.nearest_row(self.device.norm_shapes, (*n, precision), free=(0,))
+        if row is None:
+            return None
+        t = row[6] if backward else row[5]
+        e = PRECISION_BYTES[precision]
+        return t * self.memory_time(2 * e * n[0] * n[1]) / self.memory_time(2 * e * row[0] * row[1])
+
     def _floor(self, t: float) -> float:
         """A kernel's seconds, never below the profile's per-kernel floor."""
         return max(t, self.device.kernel_floor)
@@ -217,6 +227,10 @@ class ComputeModel:
             return self._linear_times(work, precision, fwd_mem, bwd_mem)
         if work.gemms:
             return self._gemm_times(work, precision)
+        if kind == "norm" and work.norm is not None and self.device.norm_shapes:
+            f, b = self.norm_time(work.norm, precision, False), self.norm_time(work.norm, precision, True)
+            if f is not None and b is not None:
+                return self._floor(f), self._floor(b)
         if kind in MATMUL_KINDS:
             return self._attention_as_gemms(work, precision, fwd_mem, bwd_mem)
         fwd_k, bwd_k = self.kernel_time(work, False), self.kernel_time(work, True)

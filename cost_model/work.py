@@ -88,6 +88,8 @@ class OpWork:
     leading dims, two dispatches more (`OpOverhead.linear_nd_*`)."""
     gemms: tuple[Gemm, ...] = ()
     """The op's forward GEMMs on this device, (batch, M, N, K) each (GEMM kinds; empty otherwise)."""
+    norm: tuple[int, int, int, str] | None = None
+    """A layer / RMS norm on this device: (rows, width, parameters, function), as `norm_shapes` rows are keyed."""
     gemm_layout: str = "nn"
     """How the forward GEMMs read their operands (`GEMM_LAYOUTS`): "nt" for F.linear (its weight stored [N, K]),
     "nn" otherwise; the backward GEMMs' layouts follow (`backward_gemms`)."""
@@ -360,9 +362,21 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
                   fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes,
                   elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
                   dtensor=dtensor, nd_input=nd_input, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
-                  gemm_layout=gemm_layout(op),
+                  gemm_layout=gemm_layout(op), norm=norm_call(op, acts, scale, elem_div),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),
                   cast_bytes=tuple(casts), cast_widens=tuple(widens))
+
+
+def norm_call(op: OpNode, acts: list[int], scale: float, div: int) -> tuple[int, int, int, str] | None:
+    """(rows, width, parameters, function) of a layer / RMS norm over its input's last dim on one device (rows:
+    the output's elements over the width, times the micro-batch scale, over the split `div`); None for other ops."""
+    target = op.target.lower().replace("_", "")
+    fn = "layer_norm" if "layernorm" in target else "rms_norm" if "rmsnorm" in target else None
+    if op.kind != "norm" or fn is None or not acts or not op.output_meta or not op.input_meta[acts[0]].shape:
+        return None
+    width = op.input_meta[acts[0]].shape[-1]
+    rows = max(1, round(op.output_meta[0].numel * scale / div / width))
+    return rows, width, min(len(op.params), 2), fn
 
 
 def gemm_layout(op: OpNode) -> str:
@@ -380,6 +394,18 @@ def backward_gemms(g: Gemm, layout: str = "nn") -> tuple[tuple[Gemm, str], tuple
     if layout == "nt":
         return ((b, m, k, n), "nn"), ((b, n, k, m), "tn")
     return ((b, m, k, n), "nt"), ((b, k, n, m), "tn")
+
+
+def graph_norms(graph, scales: Sequence[float] = (1.0,)) -> list[tuple[int, int, int, str]]:
+    """The distinct layer / RMS norms (rows, width, parameters, function) of a graph on one device (no split) at
+    each of `scales` x its traced batch: what `plan profile --model` times as `norm_shapes`."""
+    norms: dict[tuple[int, int, int, str], None] = {}
+    for s in scales:
+        for op in graph.ops:
+            n = op_work(op, None, 1, s, "fp32").norm if op.kind == "norm" else None
+            if n is not None:
+                norms[n] = None
+    return list(norms)
 
 
 def graph_shapes(graph, limit: int = 32, scales: Sequence[float] = (1.0,)

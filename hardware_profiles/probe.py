@@ -191,20 +191,22 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
 
 def _model_shapes(shapes: dict[str, list], device: Any, sync: Callable[[], None], plan: Any,
                   overhead: dict[str, float], cuda: bool, world: int) -> dict[str, Any]:
-    """The model's GEMM and attention shapes timed at the main dtype (median over ranks), and on CUDA the
-    per-kernel floor."""
+    """The model's GEMM and attention shapes timed at the main dtype and its norms in fp32 (median over ranks), and
+    on CUDA the per-kernel floor."""
     import torch.distributed as dist
     from hardware_profiles import shapes as S
     prec = "bf16" if cuda else "fp32"
     host = (0.0, 0.0) if cuda else (overhead.get("forward", 0.0), overhead.get("backward", 0.0))
     local = (S.gemm_seconds(shapes["gemms"], prec, device, sync, plan, host[0]),
-             S.attention_seconds(shapes["attentions"], prec, device, sync, plan, host))
+             S.attention_seconds(shapes["attentions"], prec, device, sync, plan, host),
+             S.norm_seconds(shapes.get("norms", ()), device, sync, plan, host))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     med = lambda j, i, c: statistics.median(r[j][i][c] for r in everyone)  # noqa: E731
     out: dict[str, Any] = {
         "matmul_shapes": [(*row[:5], med(0, i, 5), *row[6:]) for i, row in enumerate(local[0])],
-        "attention_shapes": [(*row[:6], med(1, i, 6), med(1, i, 7)) for i, row in enumerate(local[1])]}
+        "attention_shapes": [(*row[:6], med(1, i, 6), med(1, i, 7)) for i, row in enumerate(local[1])],
+        "norm_shapes": [(*row[:5], med(2, i, 5), med(2, i, 6)) for i, row in enumerate(local[2])]}
     if cuda:
         out["kernel_floor"] = S.kernel_floor(device, plan)
     return out
@@ -390,7 +392,8 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
                         threads=int(dev.get("threads", 0)), comm_shares_compute=not cuda,
                         sync_wait=tuple((float(x), float(y)) for x, y in raw.get("sync_wait", ())),
                         matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
-                        attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())))
+                        attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())),
+                        norm_shapes=tuple(tuple(r) for r in raw.get("norm_shapes", ())))
     links, curves = {}, []
     for level, by_name in raw["curves"].items():
         n = local_world if level == "intra_node" else world // local_world
@@ -449,7 +452,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "cache and the input in, as a step finds them.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s, layout] "
              "(layout: nn, nt = second operand read transposed as F.linear reads its weight, tn = first) and "
-             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s], expected device time (CUDA events "
+             "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s]; norm_shapes: its layer/RMS norms "
+             "[rows, width, parameters, function, fp32 (autocast runs norms in fp32), fwd s, bwd s]; expected "
+             "device time (CUDA events "
              "around calls queued back to back on GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): "
              "device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
@@ -497,7 +502,7 @@ def _sync_wait_text(c: Cluster) -> str:
 def merged_shapes(paths: Sequence[str], quick: bool, shapes_for: Callable[[str, bool], dict[str, list]]
                   ) -> dict[str, list]:
     """The GEMM and attention shapes of several model files in one table (`--model` repeated), each shape once."""
-    shapes: dict[str, list] = {"gemms": [], "attentions": []}
+    shapes: dict[str, list] = {"gemms": [], "attentions": [], "norms": []}
     for path in paths:
         for key, rows in shapes_for(path, quick).items():
             shapes[key] += [r for r in rows if r not in shapes[key]]

@@ -27,6 +27,7 @@ YAML layout::
       sync_wait: [[2.0e-3, 1.0e-3], [8.0e-3, 1.8e-3]]     # optional, measured: [compute s, wait s] per collective
       matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4, nt]]  # optional, measured: [b, M, N, K, dtype, s, layout]
       attention_shapes: [[32, 2048, 2048, 128, true, bf16, 3.0e-4, 8.0e-4]]   # optional, measured
+      norm_shapes: [[8192, 768, 2, layer_norm, fp32, 2.1e-5, 9.0e-5]]   # optional, measured (fwd s, bwd s)
     links:
       intra_node: {kind: nvswitch, bandwidth: 300e9, latency: 3.4e-6}
       inter_node: {kind: infiniband, bandwidth: 25e9, latency: 5.0e-6}
@@ -40,8 +41,8 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, GEMM_LAYOUTS, KERNELS, LEVELS, LINK_KINDS,
-                                      UNFUSED_ATTENTION, AttentionModel, Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel,
-                                      OpOverhead, ProfileError)
+                                      NORM_FUNCTIONS, UNFUSED_ATTENTION, AttentionModel, Cluster, CollectiveCurve,
+                                      DeviceSpec, LinkSpec, MatmulModel, OpOverhead, ProfileError)
 
 
 
@@ -138,7 +139,7 @@ def _device(d: Any, where: str) -> DeviceSpec:
 
 
 _GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes",
-             "threads", "comm_shares_compute", "sync_wait")
+             "norm_shapes", "threads", "comm_shares_compute", "sync_wait")
 """Optional device keys of the shape-aware compute model and of how a rank's cores are used (profiles without them
 load as before)."""
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -249,6 +250,27 @@ def _gemm_rows(rows: Any, where: str) -> tuple:
     return tuple(row + extra for row, extra in zip(_rows(bare, where, 4, 0, 1, example), layouts))
 
 
+def _norm_rows(rows: Any, where: str) -> tuple:
+    """`norm_shapes`: rows [rows, width, parameters 0-2, function, precision, forward s, backward s]."""
+    example = "[8192, 768, 2, layer_norm, fp32, fwd_s, bwd_s]"
+    if not isinstance(rows, list):
+        raise ProfileError(f"{where}: expected a list of rows like {example}")
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}[{i}]"
+        if not isinstance(r, list) or len(r) != 7:
+            raise ProfileError(f"{w}: expected a row like {example}")
+        if r[2] not in (0, 1, 2) or isinstance(r[2], bool):
+            raise ProfileError(f"{w}: parameters must be 0, 1 or 2 (weight, bias), got {r[2]!r}")
+        if r[3] not in NORM_FUNCTIONS:
+            raise ProfileError(f"{w}: function {r[3]!r} is not one of {', '.join(NORM_FUNCTIONS)}")
+        if r[4] not in _PRECISIONS:
+            raise ProfileError(f"{w}: precision {r[4]!r} is not one of {', '.join(_PRECISIONS)}")
+        out.append((int(_pos(r[0], w, integer=True)), int(_pos(r[1], w, integer=True)), r[2], r[3], r[4],
+                    _seconds(r[5], w), _seconds(r[6], w)))
+    return tuple(out)
+
+
 def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The optional shape-aware compute fields present in a device mapping, validated."""
     out: dict[str, Any] = {}
@@ -274,6 +296,8 @@ def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
     if "attention_shapes" in d:
         out["attention_shapes"] = _rows(d["attention_shapes"], f"{where}.attention_shapes", 4, 1, 2,
                                         "[batch*heads, s_q, s_k, head_dim, causal, bf16, fwd_s, bwd_s]")
+    if "norm_shapes" in d:
+        out["norm_shapes"] = _norm_rows(d["norm_shapes"], f"{where}.norm_shapes")
     return out
 
 
@@ -314,6 +338,8 @@ def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
         out["matmul_shapes"] = [list(r) for r in dev.matmul_shapes]
     if dev.attention_shapes:
         out["attention_shapes"] = [list(r) for r in dev.attention_shapes]
+    if dev.norm_shapes:
+        out["norm_shapes"] = [list(r) for r in dev.norm_shapes]
     return out
 
 

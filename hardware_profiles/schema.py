@@ -23,6 +23,8 @@ KERNELS = ("add", "gelu", "tanh", "softmax", "layer_norm", "adamw", "widen")
 """Elementwise kernel families a profile may carry measured per-element costs for (see `DeviceSpec.kernel_costs`);
 `widen` is a 16-bit to fp32 conversion (autocast's casts up, and the gradients of its casts down)."""
 
+NORM_FUNCTIONS = ("layer_norm", "rms_norm")
+"""Normalizations `plan profile --model` times at the model's shapes (`DeviceSpec.norm_shapes`)."""
 GEMM_LAYOUTS = ("nn", "nt", "tn")
 """How a GEMM C[M, N] = A[M, K] B[K, N] reads its operands: "nn" both stored as written, "nt" B stored [N, K] and
 read transposed (F.linear's forward: x W^T), "tn" A stored [K, M] and read transposed (a linear's weight gradient,
@@ -240,6 +242,12 @@ class DeviceSpec:
     attention_shapes: tuple[tuple[int, int, int, int, bool, str, float, float], ...] = ()
     """Measured fused attention [batch x heads, query length, key length, head dim, causal, precision, forward s,
     backward s], used as `matmul_shapes` (a different batch x heads scales by the shape model)."""
+    norm_shapes: tuple[tuple[int, int, int, str, str, float, float], ...] = ()
+    """Measured normalizations [rows, width, parameters (weight, bias: 0-2), function (NORM_FUNCTIONS), precision,
+    forward s, backward s] (`plan profile --model`); a norm of the same width, parameters and function is priced as
+    the measurement scaled by the bytes model between the two row counts. The backward includes the weight and bias
+    gradients' column reduction, which at narrow widths runs far below the copy rate (GPT-2's width 768 on an H100,
+    2026-11-26: 0.4 of it)."""
     threads: int = 0
     """CPU threads (cores) each rank computes with (`plan profile` on CPU ranks: 1, torch.set_num_threads); 0 where
     it does not apply or is unknown (GPUs)."""

@@ -1,10 +1,11 @@
-"""`plan profile --model`: time a model's own GEMM and fused-attention shapes on this rank's device.
+"""`plan profile --model`: time a model's own GEMM, fused-attention and norm shapes on this rank's device.
 
 The shapes come from the caller (the planner traces the model; this package imports nothing of ours). Each GEMM
 (batch, M, N, K, layout) runs as torch.bmm of [batch, M, K] x [batch, K, N] operands stored as its layout says (plain
 mm at batch 1): F.linear reads its weight transposed, and at an unaligned dimension that runs another kernel;
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
-tensors, forward alone and forward + backward (backward = the difference). On CUDA the kernels are timed with CUDA
+tensors, forward alone and forward + backward (backward = the difference); each layer / RMS norm likewise, in fp32. On
+CUDA the kernels are timed with CUDA
 events around calls queued back to back (device time with the host ahead, as a step runs: `measure.device_seconds`);
 on CPU with the wall clock, minus the measured per-op host overhead (the cost model charges that separately), as
 `measure.linear_rates` does.
@@ -70,6 +71,34 @@ def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precisi
         t_fb = seconds_per_call(lambda: torch.autograd.grad(fwd(), (q, k, v), g), device, sync, plan)
         t_b = max(t_fb - t_f, 0.0)
         out.append((bh, s_q, s_k, d, causal, precision, max(t_f - host_s[0], 0.05 * t_f),
+                    max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
+    return out
+
+
+def norm_seconds(norms: Sequence[tuple], device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                 host_s: tuple[float, float] = (0.0, 0.0)) -> list[tuple]:
+    """[(rows, width, parameters, function, "fp32", forward s, backward s)] for each norm (rows, width,
+    parameters, function): F.layer_norm / F.rms_norm over the last dim of a fp32 [rows, width] input with a weight
+    (parameters >= 1) and a bias (2, layer_norm only), in fp32 as autocast runs norms; backward (the input's,
+    weight's and bias's gradients) = forward + backward minus forward. `host_s` is taken out as in
+    `attention_seconds`."""
+    out = []
+    for rows, width, params, fn in norms:
+        x = torch.randn(rows, width, device=device, requires_grad=True)
+        w = torch.ones(width, device=device, requires_grad=True) if params >= 1 else None
+        b = torch.zeros(width, device=device, requires_grad=True) if params >= 2 else None
+        g = torch.randn(rows, width, device=device)
+        inputs = tuple(t for t in (x, w, b) if t is not None)
+
+        def fwd():
+            if fn == "rms_norm":
+                return F.rms_norm(x, (width,), w)
+            return F.layer_norm(x, (width,), w, b)
+
+        t_f = seconds_per_call(fwd, device, sync, plan)
+        t_fb = seconds_per_call(lambda: torch.autograd.grad(fwd(), inputs, g), device, sync, plan)
+        t_b = max(t_fb - t_f, 0.0)
+        out.append((rows, width, params, fn, "fp32", max(t_f - host_s[0], 0.05 * t_f),
                     max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
     return out
 

@@ -380,6 +380,50 @@ def test_profile_model_shapes_are_timed_and_preferred_on_cpu():
     assert kf == pytest.approx(rows[0][5])
 
 
+def test_norms_are_timed_at_the_models_shapes_and_preferred():
+    from cost_model.work import graph_norms
+    from hardware_profiles import shapes as S
+    from hardware_profiles.measure import plan_for
+    from planner.cli import _model_shapes
+    from planner.model_file import load_model_file
+    graph = trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), 1)
+    assert graph_norms(graph) == [(64, 128, 2, "layer_norm")]  # 64 tokens x width 128, weight and bias
+    assert graph_norms(graph, (1, 4)) == [(64, 128, 2, "layer_norm"), (256, 128, 2, "layer_norm")]
+    assert _model_shapes(os.path.join(ROOT, "examples", "gpt.py"), quick=True)["norms"] == graph_norms(graph)
+    rows = S.norm_seconds([(64, 128, 2, "layer_norm"), (64, 128, 1, "rms_norm")], torch.device("cpu"),
+                          lambda: None, plan_for(True, False))
+    assert [r[:5] for r in rows] == [(64, 128, 2, "layer_norm", "fp32"), (64, 128, 1, "rms_norm", "fp32")]
+    assert all(r[5] > 0 and r[6] > 0 for r in rows)
+    # the graph's norm is priced from its row (kernels; host overhead apart), a longer one scaled by bytes
+    row = (64, 128, 2, "layer_norm", "fp32", 3.0e-5, 9.0e-5)
+    cm = ComputeModel(dataclasses.replace(load_cluster("cpu-local").device, norm_shapes=(row,)))
+    ln = next(o for o in graph.ops if o.kind == "norm")
+    f, b, _, _ = cm.op_parts("norm", op_work(ln, None, 1, 1.0, "fp32"), "fp32")
+    assert (f, b) == (pytest.approx(3.0e-5), pytest.approx(9.0e-5))
+    f4, _, _, _ = cm.op_parts("norm", op_work(ln, None, 1, 4.0, "fp32"), "fp32")
+    assert f4 == pytest.approx(3.0e-5 * cm.memory_time(8 * 256 * 128) / cm.memory_time(8 * 64 * 128))
+    # another width, or a norm without a bias, has no row: the bytes model as before
+    plain = ComputeModel(load_cluster("cpu-local").device)
+    assert cm.norm_time((64, 256, 2, "layer_norm"), "fp32", False) is None
+    assert cm.norm_time((64, 128, 1, "layer_norm"), "fp32", True) is None
+    assert cm.op_parts("norm", op_work(ln, None, 1, 1.0, "fp32"), "fp32") != \
+        plain.op_parts("norm", op_work(ln, None, 1, 1.0, "fp32"), "fp32")
+
+
+def test_norm_shapes_round_trip_in_a_profile_and_bad_rows_are_named():
+    d = cluster_to_dict(load_cluster("dgx-h100"))
+    d["device"]["norm_shapes"] = [[8192, 768, 2, "layer_norm", "fp32", 2.0e-5, 9.0e-5]]
+    c = cluster_from_dict(d)
+    assert c.device.norm_shapes == ((8192, 768, 2, "layer_norm", "fp32", 2.0e-5, 9.0e-5),)
+    assert cluster_from_dict(cluster_to_dict(c)) == c
+    for bad, message in (([8192, 768, 3, "layer_norm", "fp32", 2e-5, 9e-5], "parameters must be 0, 1 or 2"),
+                         ([8192, 768, 2, "group_norm", "fp32", 2e-5, 9e-5], "function 'group_norm' is not one of"),
+                         ([8192, 768, 2, "layer_norm", "fp32", 2e-5], "expected a row like")):
+        d["device"]["norm_shapes"] = [bad]
+        with pytest.raises(ProfileError, match=r"device.norm_shapes\[0\]: " + message):
+            cluster_from_dict(d)
+
+
 def test_profile_model_flag_needs_the_planner():
     from hardware_profiles.probe import main as probe_main
     with pytest.raises(ProfileError, match="--model needs the planner"):
