@@ -14,6 +14,8 @@ from __future__ import annotations
 from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
 from cost_model.compute import ComputeModel
+from cost_model.dtypes import autocast_dtypes
+from cost_model.layers import input_grads, recompute_stop
 from cost_model.ops import sequence_shard
 from cost_model.prediction import Prediction
 from cost_model.work import attention_dropout, kernel_elems, op_work, split_inputs, splits_work, tensor_bytes
@@ -49,19 +51,27 @@ class CostModel:
         return Group(tp, max(1, -(-tp // dpn)))
 
     def op_time(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                *, traced_batch_size: int = 1, dtensor: bool | None = None) -> tuple[float, float]:
+                *, traced_batch_size: int = 1, dtensor: bool | None = None, graph: OpGraph | None = None
+                ) -> tuple[float, float]:
         """(forward, backward) compute seconds of one op for one micro-batch on one tp rank; placement None means
         replicated. `traced_batch_size` is the graph's `batch_size` (the tracer's default is 1);
         `dtensor` says whether the op runs on DTensors (see `op_work`). Norms, softmax and losses are
-        priced in fp32 under a bf16/fp16 plan (`op_precision`: autocast runs them in fp32)."""
-        precision = op_precision(op.kind, precision)
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor)
-        return self.compute.op_times(op.kind, work, precision)
+        priced in fp32 under a bf16/fp16 plan (`op_precision`: autocast runs them in fp32). With the op's `graph`
+        it is priced as the step prediction prices it: autocast's per-tensor dtypes and casts (parameters held in
+        fp32, as DDP and plain autocast hold them) and only the input gradients the graph needs
+        (`cost_model.layers.input_grads`)."""
+        dtypes = grads = None
+        if graph is not None:
+            dtypes = autocast_dtypes(graph, precision, "fp32").get(op.name)
+            grads = input_grads(graph).get(op.name)
+        kernel_f, kernel_b, host_f, host_b = self.op_parts(op, placement, tp, microbatch_size, precision,
+                                                           traced_batch_size=traced_batch_size, dtensor=dtensor,
+                                                           dtypes=dtypes, grads=grads)
+        return self.compute.combine(kernel_f, host_f), self.compute.combine(kernel_b, host_b)
 
     def recompute_stop(self, graph: OpGraph, layer) -> int:
         """Position in `layer.ops` of the last op a checkpointed re-run of the layer executes (torch checkpoint's
         early stop; -1: none), as the step prediction prices full recomputation."""
-        from cost_model.layers import recompute_stop
         return recompute_stop(graph, layer)
 
     def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,

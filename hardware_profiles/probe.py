@@ -6,7 +6,7 @@ Without CUDA it starts N local CPU ranks (gloo, one thread each); with CUDA one 
 torchrun across nodes (LOCAL_WORLD_SIZE < WORLD_SIZE) it also measures the inter-node level. Each rank measures
 matmul throughput by size, memory-copy bandwidth and collective time by message size; rank 0 fits the ring
 all-reduce's bandwidth and latency and writes the YAML atomically. With `--model`, each rank also times that
-model's own GEMM and attention shapes (`hardware_profiles.shapes`), which the cost model prefers to its
+model's own GEMM, attention and norm shapes (`hardware_profiles.shapes`), which the cost model prefers to its
 first-principles shape model.
 """
 from __future__ import annotations
@@ -50,9 +50,10 @@ def _parser() -> _Parser:
     p.add_argument("--name", default=None, help="profile name written into the YAML (default: from the device)")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats (seconds; for tests)")
     p.add_argument("--model", action="append", default=None, metavar="MODEL.py",
-                   help="also time this model's own GEMM and attention shapes (traced at batch 1, unsharded; "
-                        "the cost model scales them to other micro-batches and tp splits) and write them as "
-                        "matmul_shapes / attention_shapes; repeat it for several models (one profile for all)")
+                   help="also time this model's own GEMMs (in the operand layouts the step runs), attention "
+                        "calls and layer / RMS norms (traced at batch 1, unsharded; the cost model scales them to "
+                        "other micro-batches and tp splits) and write them as matmul_shapes / attention_shapes / "
+                        "norm_shapes; repeat it for several models (one profile for all)")
     p.add_argument("--links-from", default=None, metavar="PRESET|YAML",
                    help="with one rank (a machine with one GPU) there is no link to measure: keep the links and "
                         "collective curves of this profile (e.g. dgx-h100) and say so in the header")
@@ -501,7 +502,8 @@ def _sync_wait_text(c: Cluster) -> str:
 
 def merged_shapes(paths: Sequence[str], quick: bool, shapes_for: Callable[[str, bool], dict[str, list]]
                   ) -> dict[str, list]:
-    """The GEMM and attention shapes of several model files in one table (`--model` repeated), each shape once."""
+    """The GEMM, attention and norm shapes of several model files in one table (`--model` repeated), each shape
+    once."""
     shapes: dict[str, list] = {"gemms": [], "attentions": [], "norms": []}
     for path in paths:
         for key, rows in shapes_for(path, quick).items():

@@ -90,6 +90,35 @@ def test_reshard_megatron_operators():
     assert cm.reshard_time(meta, "P", "R", 1, 1, "bf16") == (0.0, 0.0)
 
 
+def test_the_ilp_prices_an_op_as_the_step_prediction_does():
+    import os
+
+    from cost_model.dtypes import autocast_dtypes
+    from cost_model.layers import input_grads
+    from hardware_profiles.load import load_cluster
+    from planner.model_file import load_model_file
+    from planner.search.placement import PlacementSolver
+    from planner.trace import trace_model
+    g = trace_model(load_model_file(os.path.join(os.path.dirname(__file__), "..", "examples", "gpt.py")))
+    cm = CostModel(load_cluster("dgx-h100"))
+    dts, grads = autocast_dtypes(g, "bf16", "fp32"), input_grads(g)
+    for op in g.ops:  # the step's per-op price: autocast's dtypes and casts, the gradients the graph needs
+        kf, kb, hf, hb = cm.op_parts(op, None, 1, 8, "bf16", dtypes=dts.get(op.name), grads=grads.get(op.name))
+        want = (cm.compute.combine(kf, hf), cm.compute.combine(kb, hb))
+        assert cm.op_time(op, None, 1, 8, "bf16", graph=g) == pytest.approx(want)
+    lin = next(o for o in g.ops if o.kind == "linear")
+    assert sum(cm.op_time(lin, None, 1, 8, "bf16", graph=g)) > sum(cm.op_time(lin, None, 1, 8, "bf16"))  # casts
+
+    class Recording(CostModel):
+        def op_time(self, *args, graph=None, **kwargs):
+            seen.add(graph)
+            return super().op_time(*args, graph=graph, **kwargs)
+
+    seen: set = set()
+    PlacementSolver(g, Recording(load_cluster("dgx-h100"))).solve(2, 8, "bf16")
+    assert seen == {g}  # every ILP price came with the graph
+
+
 def test_op_time_scales_with_tp_and_microbatch():
     g = megatron_gpt(s=256, h=512, a=8)
     cm = CostModel(cluster())

@@ -112,7 +112,7 @@ class FakeCostModel:
     """Seconds per sample of ops missing from `times`."""
     calls: dict = field(default_factory=lambda: {"predict": 0})
 
-    def op_time(self, op, placement, tp, microbatch_size, precision):
+    def op_time(self, op, placement, tp, microbatch_size, precision, graph=None):
         t = self.times.get(op.name, self.default_time)
         if placement is not None:
             t = self.overrides.get((op.name, placement.strategy), t / tp if splits_work(placement) else t)

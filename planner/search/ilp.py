@@ -108,20 +108,23 @@ class CostContext:
 
 def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlacement]], cost_model: Any,
                   ctx: CostContext, *, producers: Mapping[str, OpNode], fixed: Mapping[str, OpPlacement],
-                  rewire: Mapping[str, str] | None = None, budget: float | None = None) -> ILPProblem:
+                  rewire: Mapping[str, str] | None = None, budget: float | None = None,
+                  graph: Any = None) -> ILPProblem:
     """Price every (op, strategy) and every edge with the cost model and return the ILP's arrays.
 
     `producers` maps any op name to its node (for edge tensor shapes); `fixed` gives the placement of outside ops
     whose strategy is already chosen (edges from them become linear costs); outside producers neither in `ops` nor
     in `fixed` are taken to deliver replicated tensors; `rewire` maps an outside producer name to an op inside the
-    set that stands for it (a block's output feeding the next copy)."""
+    set that stands for it (a block's output feeding the next copy). With the ops' `graph` the cost model prices
+    each op as the step prediction does (autocast's casts, the input gradients the graph needs)."""
     rewire = rewire or {}
     index = {op.name: k for k, op in enumerate(ops)}
     strategies = [candidates[op.name] for op in ops]
     args = (ctx.tp, ctx.microbatch_size, ctx.precision)
     compute, memory = [], []
     for op, strats in zip(ops, strategies):
-        compute.append(np.array([sum(cost_model.op_time(op, _arg(p), *args)) for p in strats], dtype=float))
+        compute.append(np.array([sum(cost_model.op_time(op, _arg(p), *args, graph=graph)) for p in strats],
+                                dtype=float))
         mem = [cost_model.op_memory(op, _arg(p), *args) for p in strats]
         memory.append(np.array([ctx.alpha * pb + ctx.beta * ab for pb, ab in mem], dtype=float))
     reshard_cache: dict[tuple[Any, str, str], float] = {}

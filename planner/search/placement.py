@@ -157,7 +157,8 @@ class PlacementSolver:
                 if pos < len(ops):
                     rewire[name] = ops[pos].name
         problem = build_problem(ops, self._candidates(ops, ctx.tp, choice), self.cost_model, ctx,
-                                producers=_Producers(self.graph), fixed={}, rewire=rewire, budget=budget)
+                                producers=_Producers(self.graph), fixed={}, rewire=rewire, budget=budget,
+                                graph=self.graph)
         exclude_split_ties(problem, ops, {})
         if choice[1]:
             _require_a_sharded_linear(problem, ops)
@@ -182,7 +183,7 @@ class PlacementSolver:
             return self._cache[key]
         ops = self.rest
         problem = build_problem(ops, self._candidates(ops, ctx.tp, choice), self.cost_model, ctx,
-                                producers=_Producers(self.graph), fixed=fixed)
+                                producers=_Producers(self.graph), fixed=fixed, graph=self.graph)
         exclude_split_ties(problem, ops, {op.name: (op, fixed[op.name]) for op in self.graph.ops if op.name in fixed
                                           and op.params})
         rest_names = {op.name for op in ops}
