@@ -253,22 +253,17 @@ def _gemm_rows(rows: Any, where: str) -> tuple:
 def _norm_rows(rows: Any, where: str) -> tuple:
     """`norm_shapes`: rows [rows, width, parameters 0-2, function, precision, forward s, backward s]."""
     example = "[8192, 768, 2, layer_norm, fp32, fwd_s, bwd_s]"
-    if not isinstance(rows, list):
-        raise ProfileError(f"{where}: expected a list of rows like {example}")
-    out = []
-    for i, r in enumerate(rows):
-        w = f"{where}[{i}]"
-        if not isinstance(r, list) or len(r) != 7:
-            raise ProfileError(f"{w}: expected a row like {example}")
-        if r[2] not in (0, 1, 2) or isinstance(r[2], bool):
-            raise ProfileError(f"{w}: parameters must be 0, 1 or 2 (weight, bias), got {r[2]!r}")
-        if r[3] not in NORM_FUNCTIONS:
-            raise ProfileError(f"{w}: function {r[3]!r} is not one of {', '.join(NORM_FUNCTIONS)}")
-        if r[4] not in _PRECISIONS:
-            raise ProfileError(f"{w}: precision {r[4]!r} is not one of {', '.join(_PRECISIONS)}")
-        out.append((int(_pos(r[0], w, integer=True)), int(_pos(r[1], w, integer=True)), r[2], r[3], r[4],
-                    _seconds(r[5], w), _seconds(r[6], w)))
-    return tuple(out)
+    named = []
+    for i, r in enumerate(rows if isinstance(rows, list) else []):
+        if isinstance(r, list) and len(r) == 7:
+            if r[2] not in (0, 1, 2) or isinstance(r[2], bool):
+                raise ProfileError(f"{where}[{i}]: parameters must be 0, 1 or 2 (weight, bias), got {r[2]!r}")
+            if r[3] not in NORM_FUNCTIONS:
+                raise ProfileError(f"{where}[{i}]: function {r[3]!r} is not one of {', '.join(NORM_FUNCTIONS)}")
+        named.append(tuple(r[2:4]) if isinstance(r, list) and len(r) == 7 else ())
+    bare = [[*r[:2], *r[4:]] if isinstance(r, list) and len(r) == 7 else r for r in rows] \
+        if isinstance(rows, list) else rows
+    return tuple((*row[:2], *extra, *row[2:]) for row, extra in zip(_rows(bare, where, 2, 0, 2, example), named))
 
 
 def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
