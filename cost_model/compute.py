@@ -63,13 +63,17 @@ class ComputeModel:
 
     def gemm_time(self, g: Gemm, precision: str, layout: str | None = None) -> float:
         """Seconds of one GEMM: a measured row at (or one dimension away from) its shape, of its `layout` where the
-        profile has one (rows of older profiles carry none), scaled by the shape model's ratio between the two
-        shapes; else the shape model."""
+        profile has one, scaled by the shape model's ratio between the two shapes; else the shape model. Rows of
+        older profiles carry no layout (contiguous operands) and also match exactly with M and N swapped: C^T = B^T A^T
+        is the same GEMM, and those profiles timed a linear's weight gradient as (K, N, M), now (N, K, M)."""
         model = kernels.gemm_time(self.device, g, precision)
         rows = self.device.matmul_shapes
         own = [r for r in rows if r[6:7] == (layout,)] if layout else []
         row = kernels.nearest_row(own, (*g, precision), free=(0, 1, 2, 3)) if own else None
         row = row or kernels.nearest_row(rows, (*g, precision), free=(0, 1, 2, 3))
+        if row is None:
+            legacy = [r for r in rows if len(r) < 7]
+            row = kernels.nearest_row(legacy, (g[0], g[2], g[1], g[3], precision), free=())
         if row is None:
             return model
         return row[5] * model / kernels.gemm_time(self.device, row[:4], precision)

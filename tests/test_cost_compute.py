@@ -312,6 +312,9 @@ def test_gemms_are_looked_up_in_their_own_operand_layout():
     assert cm.gemm_time(g, "bf16", "tn") in (pytest.approx(9.83e-3), pytest.approx(13.25e-3))
     old = ComputeModel(dataclasses.replace(H100, matmul_shapes=((*g, "bf16", 9.83e-3),)))
     assert old.gemm_time(g, "bf16", "nt") == pytest.approx(9.83e-3)
+    # an older profile's weight-gradient row (K, N, M) still prices the linear's (N, K, M): the same GEMM transposed
+    assert old.gemm_time((1, 50257, 8192, 768), "bf16", "tn") == pytest.approx(9.83e-3)
+    assert cm.gemm_time((1, 50257, 8192, 768), "bf16", "tn") != pytest.approx(9.83e-3)  # rows with layouts: not
     # the linear's forward is "nt", its input gradient dY W "nn" (M, K, N), its weight gradient dY^T x "tn" (N, K, M)
     work = OpWork(fwd_flops=2.0 * math.prod(g), bwd_flops=4.0 * math.prod(g), fwd_bytes=0, bwd_bytes=0, gemms=(g,),
                   gemm_layout="nt")
