@@ -158,7 +158,7 @@ def attention_time(device: DeviceSpec, a: Attn, flops: float, precision: str, ba
         return 0.0
     if causal:
         flops *= causal_fraction(s_q, s_k, att.block)
-    eff = att.backward_efficiency if backward else att.forward_efficiency
+    eff = att.efficiency(d, backward)
     blocks = bh * math.ceil(s_q / att.block)
     wave = blocks / (math.ceil(blocks / device.sms) * device.sms) if device.sms else 1.0
     # q, k, v, output (+ their gradients and the output gradient in backward)

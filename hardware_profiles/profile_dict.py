@@ -166,46 +166,75 @@ def _attention_effs(d: Mapping[str, Any], where: str) -> tuple[float, float]:
             _fraction(d["backward_efficiency"], f"{where}.backward_efficiency"))
 
 
+def _head_dims(name: str, d: Mapping[str, Any], where: str) -> list[tuple[str, int, float, float]]:
+    """A kernel's optional `head_dims: {head dim: [forward_efficiency, backward_efficiency]}`."""
+    table = d.get("head_dims") or {}
+    if not isinstance(table, Mapping):
+        raise ProfileError(f"{where}.head_dims: expected a mapping like {{64: [0.37, 0.41]}}")
+    out = []
+    for hd, effs in table.items():
+        w = f"{where}.head_dims.{hd}"
+        if not isinstance(effs, list) or len(effs) != 2:
+            raise ProfileError(f"{w}: expected [forward_efficiency, backward_efficiency]")
+        out.append((name, int(_pos(hd, w, integer=True)), _fraction(effs[0], w), _fraction(effs[1], w)))
+    return out
+
+
 def _attention(d: Any, where: str) -> AttentionModel:
-    """`{forward_efficiency, backward_efficiency[, block, kernel]}` (one kernel), or `{kernel, kernels: {name:
-    {forward_efficiency, backward_efficiency}, ...}[, block]}` (several; `kernel` names the one that runs)."""
+    """`{forward_efficiency, backward_efficiency[, block, kernel, head_dim, head_dims]}` (one kernel), or `{kernel,
+    kernels: {name: {forward_efficiency, backward_efficiency[, head_dims]}, ...}[, block, head_dim]}` (several;
+    `kernel` names the one that runs). `head_dims: {64: [forward, backward]}` gives a kernel's efficiencies at
+    other head dims than `head_dim` (default 128), the one its main figures are for."""
+    hd = int(_pos(d.get("head_dim", 128), f"{where}.head_dim", integer=True)) if isinstance(d, Mapping) else 128
+    effs_keys = (*_ATTN_EFFS, "head_dims")
     if isinstance(d, Mapping) and d.get("kernel") == UNFUSED_ATTENTION:
         # the attention's own kernels (GEMMs and memory-bound passes) price it: no efficiencies to give
-        d = _keys(d, where, ("kernel",), ("block", "kernels", *_ATTN_EFFS))
-        table = tuple((str(k), *_attention_effs(_keys(v, f"{where}.kernels.{k}", _ATTN_EFFS),
-                                                f"{where}.kernels.{k}"))
-                      for k, v in (d.get("kernels") or {}).items())
+        d = _keys(d, where, ("kernel",), ("block", "kernels", "head_dim", *_ATTN_EFFS))
+        ks = {str(k): _keys(v, f"{where}.kernels.{k}", _ATTN_EFFS, ("head_dims",))
+              for k, v in (d.get("kernels") or {}).items()}
+        table = tuple((k, *_attention_effs(v, f"{where}.kernels.{k}")) for k, v in ks.items())
+        dims = tuple(r for k, v in ks.items() for r in _head_dims(k, v, f"{where}.kernels.{k}"))
         return AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=UNFUSED_ATTENTION,
-                              kernels=table, block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)))
+                              kernels=table, block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)),
+                              head_dim=hd, head_dims=dims)
     if isinstance(d, Mapping) and "kernels" in d:
-        d = _keys(d, where, ("kernel", "kernels"), ("block",))
+        d = _keys(d, where, ("kernel", "kernels"), ("block", "head_dim"))
         ks = d["kernels"]
         if not isinstance(ks, Mapping) or not ks:
             raise ProfileError(f"{where}.kernels: expected a mapping of kernel name to "
                                "{forward_efficiency, backward_efficiency}")
-        table = tuple((str(k), *_attention_effs(_keys(v, f"{where}.kernels.{k}", _ATTN_EFFS),
-                                                f"{where}.kernels.{k}")) for k, v in ks.items())
+        ks = {str(k): _keys(v, f"{where}.kernels.{k}", _ATTN_EFFS, ("head_dims",)) for k, v in ks.items()}
+        table = tuple((k, *_attention_effs(v, f"{where}.kernels.{k}")) for k, v in ks.items())
+        dims = tuple(r for k, v in ks.items() for r in _head_dims(k, v, f"{where}.kernels.{k}"))
         chosen = [t for t in table if t[0] == str(d["kernel"])]
         if not chosen:
             raise ProfileError(f"{where}.kernel: {d['kernel']!r} is not one of the listed kernels "
                                f"({', '.join(t[0] for t in table)}) nor {UNFUSED_ATTENTION!r}")
         name, f, b = chosen[0]
     else:
-        d = _keys(d, where, _ATTN_EFFS, ("block", "kernel"))
+        d = _keys(d, where, _ATTN_EFFS, ("block", "kernel", "head_dim", "head_dims"))
         (f, b), name, table = _attention_effs(d, where), str(d.get("kernel", "")), ()
+        dims = tuple(_head_dims(name, d, where))
     return AttentionModel(forward_efficiency=f, backward_efficiency=b, kernel=name, kernels=table,
-                          block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)))
+                          block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)), head_dim=hd,
+                          head_dims=dims)
 
 
 def _attention_dict(a: AttentionModel) -> dict[str, Any]:
     """Plain-data form of an AttentionModel that `_attention` reads back to an equal one."""
+    def dims(kernel: str) -> dict[str, Any]:
+        table = {d: [f, b] for k, d, f, b in a.head_dims if k == kernel}
+        return {"head_dims": table} if table else {}
+
+    head = {"head_dim": a.head_dim} if a.head_dim != 128 else {}
     if a.kernel == UNFUSED_ATTENTION and not a.kernels:
-        return {"kernel": a.kernel, "block": a.block}
+        return {"kernel": a.kernel, "block": a.block, **head}
     if a.kernels:
-        return {"kernel": a.kernel, "block": a.block,
-                "kernels": {k: {"forward_efficiency": f, "backward_efficiency": b} for k, f, b in a.kernels}}
+        return {"kernel": a.kernel, "block": a.block, **head,
+                "kernels": {k: {"forward_efficiency": f, "backward_efficiency": b, **dims(k)}
+                            for k, f, b in a.kernels}}
     out: dict[str, Any] = {"forward_efficiency": a.forward_efficiency, "backward_efficiency": a.backward_efficiency,
-                           "block": a.block}
+                           "block": a.block, **head, **dims(a.kernel)}
     if a.kernel:
         out["kernel"] = a.kernel
     return out

@@ -6,6 +6,7 @@ Units are SI everywhere: bytes, seconds, bytes/s, FLOP/s. Bandwidths are per dev
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -189,6 +190,26 @@ class AttentionModel:
     kernels: tuple[tuple[str, float, float], ...] = ()
     """All kernels the profile lists, as (name, forward_efficiency, backward_efficiency); `kernel` is one of them.
     Empty when the profile gives one kernel's figures only."""
+    head_dim: int = 128
+    """Head dimension the efficiencies above were published at."""
+    head_dims: tuple[tuple[str, int, float, float], ...] = ()
+    """Efficiencies at other head dimensions, as (kernel name, head dim, forward, backward); a call's head dim
+    interpolates between them and `head_dim`'s in log2 (held flat beyond the listed ones). Smaller heads do less
+    work per byte and per softmax element: FlashAttention-3's H100 figures at head dim 64 are 0.7-0.9x those at
+    128."""
+
+    def efficiency(self, head_dim: int, backward: bool) -> float:
+        """The running kernel's efficiency at `head_dim` (forward or backward)."""
+        base = self.backward_efficiency if backward else self.forward_efficiency
+        points = sorted([(self.head_dim, base)] + [(d, b if backward else f) for k, d, f, b in self.head_dims
+                                                  if k == self.kernel and d != self.head_dim])
+        if head_dim <= points[0][0]:
+            return points[0][1]
+        if head_dim >= points[-1][0]:
+            return points[-1][1]
+        (d0, e0), (d1, e1) = next((p, q) for p, q in zip(points, points[1:]) if p[0] <= head_dim <= q[0])
+        x = (math.log2(head_dim) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+        return e0 + x * (e1 - e0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,11 +355,11 @@ class Cluster:
         block = att.block if att is not None else 128
         if kernel == UNFUSED_ATTENTION:
             new = AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=kernel, kernels=table,
-                                 block=block)
+                                 block=block, head_dim=att.head_dim if att else 128,
+                                 head_dims=att.head_dims if att else ())
         elif any(k == kernel for k, _, _ in table):
             f, b = next((f, b) for k, f, b in table if k == kernel)
-            new = AttentionModel(forward_efficiency=f, backward_efficiency=b, kernel=kernel, kernels=table,
-                                 block=block)
+            new = replace(att, forward_efficiency=f, backward_efficiency=b, kernel=kernel)
         elif att is not None and att.kernel == kernel:
             return self
         else:

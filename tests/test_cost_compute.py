@@ -131,6 +131,41 @@ def test_h100_attention_kernels_reproduce_the_published_times():
         assert 2.5 * dense / bwd / 1e12 == pytest.approx(published[name][1], rel=0.02)
 
 
+def test_h100_attention_kernels_at_head_dim_64_reproduce_the_published_times():
+    """The same paper's figures at head dim 64 (its benchmark: 16k tokens, hidden 2048, so 32 heads; s = 2048):
+    each kernel's `head_dims` entry gives them back; a head dim between 64 and 128 lies between the two."""
+    published = {"cudnn": (334, 395), "flash2": (262, 264), "flash3": (371, 422)}  # fwd causal, bwd (no mask)
+    bh, s, d = 8 * 32, 2048, 64
+    dense = 4.0 * bh * s * s * d
+    for name, (pf, pb) in published.items():
+        dev = load_cluster("dgx-h100").with_attention_kernel(name).device
+        fwd = kernels.attention_time(dev, (bh, s, s, d, True), dense, "bf16", False)
+        bwd = kernels.attention_time(dev, (bh, s, s, d, False), 2.5 * dense, "bf16", True)
+        assert dense / 2 / fwd / 1e12 == pytest.approx(pf, rel=0.02)
+        assert 2.5 * dense / bwd / 1e12 == pytest.approx(pb, rel=0.03)
+        att = dev.attention
+        assert att.efficiency(64, False) < att.efficiency(96, False) < att.efficiency(128, False) == \
+            att.forward_efficiency == att.efficiency(256, False)
+    a100 = load_cluster("dgx-a100-80gb").device.attention  # no head-dim figures: one efficiency for all
+    assert a100.efficiency(64, True) == a100.efficiency(128, True) == a100.backward_efficiency
+
+
+def test_attention_head_dims_round_trip_and_bad_values_name_the_field():
+    d = cluster_to_dict(load_cluster("dgx-h100"))
+    assert d["device"]["attention"]["kernels"]["cudnn"]["head_dims"] == {64: [0.37, 0.41]}
+    d["device"]["attention"]["kernels"]["cudnn"]["head_dims"] = {64: [0.37]}
+    with pytest.raises(ProfileError, match=r"device.attention.kernels.cudnn.head_dims.64: expected \[forward"):
+        cluster_from_dict(d)
+    d["device"]["attention"]["kernels"]["cudnn"]["head_dims"] = {64: [0.37, 1.7]}
+    with pytest.raises(ProfileError, match=r"device.attention.kernels.cudnn.head_dims.64"):
+        cluster_from_dict(d)
+    flat = cluster_to_dict(load_cluster("dgx-a100-80gb"))
+    flat["device"]["attention"].update(head_dim=64, head_dims={128: [0.8, 0.7]})
+    att = cluster_from_dict(flat).device.attention
+    assert (att.head_dim, att.head_dims, att.efficiency(128, False)) == (64, (("flash2", 128, 0.8, 0.7),), 0.8)
+    assert cluster_from_dict(cluster_to_dict(cluster_from_dict(flat))) == cluster_from_dict(flat)
+
+
 def test_attention_kernel_is_chosen_by_name_and_bad_names_are_errors():
     d = cluster_to_dict(load_cluster("dgx-h100"))
     d["device"]["attention"]["kernel"] = "flash2"
