@@ -89,6 +89,19 @@ SYNC_WAIT_COMPUTE_S = (0.5e-3, 2e-3, 8e-3, 32e-3)
 pass's between two collectives."""
 
 
+def matmul_seconds(a: torch.Tensor, windows: int = 5, per_window: int = 64,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds of one `a @ a`: the median over `windows` timings of `per_window` back-to-back calls, so that one
+    window the scheduler slowed does not shrink every compute amount timed from it."""
+    times = []
+    for _ in range(windows):
+        t0 = clock()
+        for _ in range(per_window):
+            torch.mm(a, a)
+        times.append((clock() - t0) / per_window)
+    return float(np.median(times))
+
+
 def sync_wait_points(device: torch.device, plan: MeasurePlan,
                      group: dist.ProcessGroup | None = None) -> list[tuple[float, float]]:
     """[(seconds of compute since the ranks last met, seconds a blocking collective then waits beyond the same
@@ -107,11 +120,7 @@ def sync_wait_points(device: torch.device, plan: MeasurePlan,
     a = torch.randn(128, 128, device=device)
     for _ in range(plan.warmup * 8):
         torch.mm(a, a)
-    t0 = time.perf_counter()
-    for _ in range(64):
-        torch.mm(a, a)
-    counts = torch.tensor([max(1, round(t * 64 / (time.perf_counter() - t0))) for t in SYNC_WAIT_COMPUTE_S],
-                          dtype=torch.int64)
+    counts = torch.tensor([max(1, round(t / matmul_seconds(a))) for t in SYNC_WAIT_COMPUTE_S], dtype=torch.int64)
     dist.broadcast(counts, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     repeats = 2 * (plan.collective_repeats or plan.repeats)  # a mean of heavy-tailed waits: twice the samples
 

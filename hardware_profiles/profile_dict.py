@@ -186,7 +186,6 @@ def _attention(d: Any, where: str) -> AttentionModel:
     `kernel` names the one that runs). `head_dims: {64: [forward, backward]}` gives a kernel's efficiencies at
     other head dims than `head_dim` (default 128), the one its main figures are for."""
     hd = int(_pos(d.get("head_dim", 128), f"{where}.head_dim", integer=True)) if isinstance(d, Mapping) else 128
-    effs_keys = (*_ATTN_EFFS, "head_dims")
     if isinstance(d, Mapping) and d.get("kernel") == UNFUSED_ATTENTION:
         # the attention's own kernels (GEMMs and memory-bound passes) price it: no efficiencies to give
         d = _keys(d, where, ("kernel",), ("block", "kernels", "head_dim", *_ATTN_EFFS))

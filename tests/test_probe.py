@@ -189,3 +189,11 @@ def test_several_models_profile_into_one_shape_table():
     assert merged == {"gemms": [(1, 64, 128, 32), (1, 32, 32, 32), (2, 16, 16, 8)],
                       "attentions": [(4, 32, 32, 16, True)],
                       "norms": [(64, 32, 2, "layer_norm"), (8, 16, 1, "rms_norm")]}
+
+
+def test_sync_wait_amounts_come_from_the_median_matmul_window():
+    import torch
+
+    from hardware_profiles.measure_collectives import matmul_seconds
+    ticks = iter([0.0, 1.0, 1.0, 101.0, 101.0, 102.0, 102.0, 103.0, 103.0, 104.0])  # one window 100x slower
+    assert matmul_seconds(torch.zeros(2, 2), windows=5, per_window=4, clock=lambda: next(ticks)) == 0.25
