@@ -86,7 +86,7 @@ def norm_seconds(norms: Sequence[tuple], device: torch.device, sync: Callable[[]
     for rows, width, params, fn in norms:
         x = torch.randn(rows, width, device=device, requires_grad=True)
         w = torch.ones(width, device=device, requires_grad=True) if params >= 1 else None
-        b = torch.zeros(width, device=device, requires_grad=True) if params >= 2 else None
+        b = torch.zeros(width, device=device, requires_grad=True) if params >= 2 and fn == "layer_norm" else None
         g = torch.randn(rows, width, device=device)
         inputs = tuple(t for t in (x, w, b) if t is not None)
 
