@@ -455,9 +455,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "(layout: nn, nt = second operand read transposed as F.linear reads its weight, tn = first) and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s]; norm_shapes: its layer/RMS norms "
              "[rows, width, parameters, function, fp32 (autocast runs norms in fp32), fwd s, bwd s]; expected "
-             "device time (CUDA events "
-             "around calls queued back to back on GPUs; wall clock minus op_overhead on CPUs). kernel_floor (GPUs): "
-             "device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
+             "device time (CUDA events around calls queued back to back on GPUs; wall clock minus op_overhead on "
+             "CPUs). kernel_floor (GPUs): device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "

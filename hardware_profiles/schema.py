@@ -352,11 +352,9 @@ class Cluster:
         att = self.device.attention
         table = att.kernels if att is not None else ()
         listed = [k for k, _, _ in table] or ([att.kernel] if att is not None and att.kernel else [])
-        block = att.block if att is not None else 128
         if kernel == UNFUSED_ATTENTION:
-            new = AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=kernel, kernels=table,
-                                 block=block, head_dim=att.head_dim if att else 128,
-                                 head_dims=att.head_dims if att else ())
+            new = replace(att, forward_efficiency=0.0, backward_efficiency=0.0, kernel=kernel) if att is not None \
+                else AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=kernel)
         elif any(k == kernel for k, _, _ in table):
             f, b = next((f, b) for k, f, b in table if k == kernel)
             new = replace(att, forward_efficiency=f, backward_efficiency=b, kernel=kernel)

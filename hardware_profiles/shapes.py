@@ -4,11 +4,10 @@ The shapes come from the caller (the planner traces the model; this package impo
 (batch, M, N, K, layout) runs as torch.bmm of [batch, M, K] x [batch, K, N] operands stored as its layout says (plain
 mm at batch 1): F.linear reads its weight transposed, and at an unaligned dimension that runs another kernel;
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
-tensors, forward alone and forward + backward (backward = the difference); each layer / RMS norm likewise, in fp32. On
-CUDA the kernels are timed with CUDA
-events around calls queued back to back (device time with the host ahead, as a step runs: `measure.device_seconds`);
-on CPU with the wall clock, minus the measured per-op host overhead (the cost model charges that separately), as
-`measure.linear_rates` does.
+tensors, forward alone and forward + backward (backward = the difference); each layer / RMS norm likewise, in fp32.
+On CUDA the kernels are timed with CUDA events around calls queued back to back (device time with the host ahead, as
+a step runs: `measure.device_seconds`); on CPU with the wall clock, minus the measured per-op host overhead (the cost
+model charges that separately), as `measure.linear_rates` does.
 """
 from __future__ import annotations
 
