@@ -20,18 +20,17 @@ curve (CPU ranks).
 Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d
 forward, 2.5x that backward, the count of Dao 2023, "FlashAttention-2", Sec. 4.1), times the fraction of score
 blocks a causal kernel computes, (n+1)/(2n) for n key blocks (half the dense work at long sequences); priced at the
-profile's forward/backward attention efficiency with wave quantization over batch x heads x query blocks, never
-below the bytes of q, k, v and the output. Published causal throughputs count half the dense FLOPs, so a profile
+profile's forward/backward attention efficiency (by head dim and sequence length where the profile lists them)
+with wave quantization over batch x heads x query blocks, never below the bytes of q, k, v and the output. Published causal throughputs count half the dense FLOPs, so a profile
 derives its efficiency from them through this same model (presets: the efficiency that reproduces the published
 time at the benchmark shape).
 """
 from __future__ import annotations
 
-import bisect
 import math
 from typing import Sequence
 
-from hardware_profiles.schema import DeviceSpec
+from hardware_profiles.schema import DeviceSpec, interp_log
 
 PRECISION_PEAK_KEYS = {"bf16": ("bf16", "fp16", "fp32"), "fp16": ("fp16", "bf16", "fp32"), "fp32": ("fp32",)}
 """Which `DeviceSpec.peak_flops` entry prices matmuls at each precision, in order of preference. fp32 uses the
@@ -44,18 +43,6 @@ Gemm = tuple[int, int, int, int]
 """(batch, M, N, K) of one GEMM: C[M, N] = A[M, K] B[K, N], `batch` times."""
 Attn = tuple[int, int, int, int, bool]
 """(batch x heads, query length, key length, head dim, causal) of one fused attention call."""
-
-
-def interp_log(curve: Sequence[tuple[float, float]], x: float) -> float:
-    """Value of a [size, value] curve at size x, linear in log(size), clamped to the end values."""
-    if x <= curve[0][0]:
-        return curve[0][1]
-    if x >= curve[-1][0]:
-        return curve[-1][1]
-    i = bisect.bisect_right([p[0] for p in curve], x)
-    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
-    w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-    return y0 + w * (y1 - y0)
 
 
 def peak_flops(device: DeviceSpec, precision: str) -> float:
@@ -158,7 +145,8 @@ def attention_time(device: DeviceSpec, a: Attn, flops: float, precision: str, ba
         return 0.0
     if causal:
         flops *= causal_fraction(s_q, s_k, att.block)
-    eff = att.efficiency(d, backward)
+    # forward: each query block loops over the keys; backward (FlashAttention-2/3): each key block over the queries
+    eff = att.efficiency(d, backward, s_q if backward else s_k)
     blocks = bh * math.ceil(s_q / att.block)
     wave = blocks / (math.ceil(blocks / device.sms) * device.sms) if device.sms else 1.0
     # q, k, v, output (+ their gradients and the output gradient in backward)

@@ -171,61 +171,94 @@ def _head_dims(name: str, d: Mapping[str, Any], where: str) -> list[tuple[str, i
     table = d.get("head_dims") or {}
     if not isinstance(table, Mapping):
         raise ProfileError(f"{where}.head_dims: expected a mapping like {{64: [0.37, 0.41]}}")
-    out = []
-    for hd, effs in table.items():
-        w = f"{where}.head_dims.{hd}"
-        if not isinstance(effs, list) or len(effs) != 2:
-            raise ProfileError(f"{w}: expected [forward_efficiency, backward_efficiency]")
-        out.append((name, int(_pos(hd, w, integer=True)), _fraction(effs[0], w), _fraction(effs[1], w)))
-    return out
+    return [(name, int(_pos(hd, f"{where}.head_dims.{hd}", integer=True)),
+             *_effs_pair(effs, f"{where}.head_dims.{hd}")) for hd, effs in table.items()]
+
+
+def _seq_lens(name: str, d: Mapping[str, Any], where: str) -> list[tuple[str, int, int, float, float]]:
+    """A kernel's optional `seq_lens: {head dim: {sequence length: [forward_efficiency, backward_efficiency]}}`."""
+    table = d.get("seq_lens") or {}
+    example = "{128: {8192: [0.56, 0.54]}}"
+    if not isinstance(table, Mapping) or any(not isinstance(v, Mapping) for v in table.values()):
+        raise ProfileError(f"{where}.seq_lens: expected a mapping of head dim to sequence lengths, like {example}")
+    return [(name, int(_pos(hd, f"{where}.seq_lens.{hd}", integer=True)),
+             int(_pos(n, f"{where}.seq_lens.{hd}.{n}", integer=True)), *_effs_pair(effs, f"{where}.seq_lens.{hd}.{n}"))
+            for hd, row in table.items() for n, effs in row.items()]
+
+
+def _effs_pair(effs: Any, where: str) -> tuple[float, float]:
+    if not isinstance(effs, list) or len(effs) != 2:
+        raise ProfileError(f"{where}: expected [forward_efficiency, backward_efficiency]")
+    return _fraction(effs[0], where), _fraction(effs[1], where)
+
+
+_ATTN_TABLES = ("head_dims", "seq_lens")
+"""A kernel's optional tables of efficiencies at other head dims and sequence lengths."""
 
 
 def _attention(d: Any, where: str) -> AttentionModel:
-    """`{forward_efficiency, backward_efficiency[, block, kernel, head_dim, head_dims]}` (one kernel), or `{kernel,
-    kernels: {name: {forward_efficiency, backward_efficiency[, head_dims]}, ...}[, block, head_dim]}` (several;
-    `kernel` names the one that runs). `head_dims: {64: [forward, backward]}` gives a kernel's efficiencies at
-    other head dims than `head_dim` (default 128), the one its main figures are for."""
-    hd = int(_pos(d.get("head_dim", 128), f"{where}.head_dim", integer=True)) if isinstance(d, Mapping) else 128
-    if isinstance(d, Mapping) and d.get("kernel") == UNFUSED_ATTENTION:
+    """`{forward_efficiency, backward_efficiency[, block, kernel, head_dim, seq_len, head_dims, seq_lens]}` (one
+    kernel), or `{kernel, kernels: {name: {forward_efficiency, backward_efficiency[, head_dims, seq_lens]}, ...}[,
+    block, head_dim, seq_len]}` (several; `kernel` names the one that runs). The efficiencies are for head dim
+    `head_dim` (default 128) at sequence length `seq_len` (default 2048); `head_dims: {64: [forward, backward]}`
+    gives a kernel's at other head dims (at `seq_len`), `seq_lens: {128: {8192: [forward, backward]}}` at other
+    sequence lengths."""
+    m = isinstance(d, Mapping)
+    hd = int(_pos(d.get("head_dim", 128), f"{where}.head_dim", integer=True)) if m else 128
+    sl = int(_pos(d.get("seq_len", 2048), f"{where}.seq_len", integer=True)) if m else 2048
+    shared = ("block", "head_dim", "seq_len")
+
+    def tables(ks: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple]:
+        return {"head_dims": tuple(r for k, v in ks.items() for r in _head_dims(k, v, f"{where}.kernels.{k}")),
+                "seq_lens": tuple(r for k, v in ks.items() for r in _seq_lens(k, v, f"{where}.kernels.{k}"))}
+
+    if m and d.get("kernel") == UNFUSED_ATTENTION:
         # the attention's own kernels (GEMMs and memory-bound passes) price it: no efficiencies to give
-        d = _keys(d, where, ("kernel",), ("block", "kernels", "head_dim", *_ATTN_EFFS))
-        ks = {str(k): _keys(v, f"{where}.kernels.{k}", _ATTN_EFFS, ("head_dims",))
+        d = _keys(d, where, ("kernel",), (*shared, "kernels", *_ATTN_EFFS))
+        ks = {str(k): _keys(v, f"{where}.kernels.{k}", _ATTN_EFFS, _ATTN_TABLES)
               for k, v in (d.get("kernels") or {}).items()}
         table = tuple((k, *_attention_effs(v, f"{where}.kernels.{k}")) for k, v in ks.items())
-        dims = tuple(r for k, v in ks.items() for r in _head_dims(k, v, f"{where}.kernels.{k}"))
         return AttentionModel(forward_efficiency=0.0, backward_efficiency=0.0, kernel=UNFUSED_ATTENTION,
                               kernels=table, block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)),
-                              head_dim=hd, head_dims=dims)
-    if isinstance(d, Mapping) and "kernels" in d:
-        d = _keys(d, where, ("kernel", "kernels"), ("block", "head_dim"))
+                              head_dim=hd, seq_len=sl, **tables(ks))
+    if m and "kernels" in d:
+        d = _keys(d, where, ("kernel", "kernels"), shared)
         ks = d["kernels"]
         if not isinstance(ks, Mapping) or not ks:
             raise ProfileError(f"{where}.kernels: expected a mapping of kernel name to "
                                "{forward_efficiency, backward_efficiency}")
-        ks = {str(k): _keys(v, f"{where}.kernels.{k}", _ATTN_EFFS, ("head_dims",)) for k, v in ks.items()}
+        ks = {str(k): _keys(v, f"{where}.kernels.{k}", _ATTN_EFFS, _ATTN_TABLES) for k, v in ks.items()}
         table = tuple((k, *_attention_effs(v, f"{where}.kernels.{k}")) for k, v in ks.items())
-        dims = tuple(r for k, v in ks.items() for r in _head_dims(k, v, f"{where}.kernels.{k}"))
         chosen = [t for t in table if t[0] == str(d["kernel"])]
         if not chosen:
             raise ProfileError(f"{where}.kernel: {d['kernel']!r} is not one of the listed kernels "
                                f"({', '.join(t[0] for t in table)}) nor {UNFUSED_ATTENTION!r}")
         name, f, b = chosen[0]
+        extra = tables(ks)
     else:
-        d = _keys(d, where, _ATTN_EFFS, ("block", "kernel", "head_dim", "head_dims"))
+        d = _keys(d, where, _ATTN_EFFS, (*shared, "kernel", *_ATTN_TABLES))
         (f, b), name, table = _attention_effs(d, where), str(d.get("kernel", "")), ()
-        dims = tuple(_head_dims(name, d, where))
+        extra = {"head_dims": tuple(_head_dims(name, d, where)), "seq_lens": tuple(_seq_lens(name, d, where))}
     return AttentionModel(forward_efficiency=f, backward_efficiency=b, kernel=name, kernels=table,
                           block=int(_pos(d.get("block", 128), f"{where}.block", integer=True)), head_dim=hd,
-                          head_dims=dims)
+                          seq_len=sl, **extra)
 
 
 def _attention_dict(a: AttentionModel) -> dict[str, Any]:
     """Plain-data form of an AttentionModel that `_attention` reads back to an equal one."""
     def dims(kernel: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         table = {d: [f, b] for k, d, f, b in a.head_dims if k == kernel}
-        return {"head_dims": table} if table else {}
+        if table:
+            out["head_dims"] = table
+        for k, d, n, f, b in a.seq_lens:
+            if k == kernel:
+                out.setdefault("seq_lens", {}).setdefault(d, {})[n] = [f, b]
+        return out
 
     head = {"head_dim": a.head_dim} if a.head_dim != 128 else {}
+    if a.seq_len != 2048:
+        head["seq_len"] = a.seq_len
     if a.kernel == UNFUSED_ATTENTION and not a.kernels:
         return {"kernel": a.kernel, "block": a.block, **head}
     if a.kernels:

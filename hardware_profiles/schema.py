@@ -6,9 +6,10 @@ Units are SI everywhere: bytes, seconds, bytes/s, FLOP/s. Bandwidths are per dev
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 """Collectives a profile may carry measured curves for."""
@@ -193,23 +194,46 @@ class AttentionModel:
     head_dim: int = 128
     """Head dimension the efficiencies above were published at."""
     head_dims: tuple[tuple[str, int, float, float], ...] = ()
-    """Efficiencies at other head dimensions, as (kernel name, head dim, forward, backward); a call's head dim
-    interpolates between them and `head_dim`'s in log2 (held flat beyond the listed ones). Smaller heads do less
-    work per byte and per softmax element: FlashAttention-3's H100 figures at head dim 64 are 0.7-0.9x those at
-    128."""
+    """Efficiencies at other head dimensions (at `seq_len`), as (kernel name, head dim, forward, backward); a
+    call's head dim interpolates between them and `head_dim`'s in log2 (held flat beyond the listed ones). Smaller
+    heads do less work per byte and per softmax element: FlashAttention-3's H100 figures at head dim 64 are
+    0.7-0.9x those at 128."""
+    seq_len: int = 2048
+    """Sequence length the efficiencies above (`forward_efficiency`, `backward_efficiency`, `head_dims`) were
+    published at."""
+    seq_lens: tuple[tuple[str, int, int, float, float], ...] = ()
+    """Efficiencies at other sequence lengths, as (kernel name, head dim, sequence length, forward, backward); a
+    call's length interpolates in log2 along its head dim's figures (held flat beyond them), then across head dims
+    as above. Each query block of a fused kernel pays a fixed cost (loading it, the softmax's last rescale, writing
+    the output) that its loop over the key blocks amortises: FlashAttention-3's H100 figures at 512 tokens are
+    0.6-0.8x those at 2k, at 8k 1.03-1.2x."""
 
-    def efficiency(self, head_dim: int, backward: bool) -> float:
-        """The running kernel's efficiency at `head_dim` (forward or backward)."""
-        base = self.backward_efficiency if backward else self.forward_efficiency
-        points = sorted([(self.head_dim, base)] + [(d, b if backward else f) for k, d, f, b in self.head_dims
-                                                  if k == self.kernel and d != self.head_dim])
-        if head_dim <= points[0][0]:
-            return points[0][1]
-        if head_dim >= points[-1][0]:
-            return points[-1][1]
-        (d0, e0), (d1, e1) = next((p, q) for p, q in zip(points, points[1:]) if p[0] <= head_dim <= q[0])
-        x = (math.log2(head_dim) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
-        return e0 + x * (e1 - e0)
+    def efficiency(self, head_dim: int, backward: bool, seq_len: int | None = None) -> float:
+        """The running kernel's efficiency at `head_dim` and `seq_len` (None: `self.seq_len`), forward or
+        backward."""
+        ref = self.seq_len
+        s = ref if seq_len is None else seq_len
+        cols: dict[int, dict[int, float]] = {self.head_dim: {ref: self.backward_efficiency if backward
+                                                              else self.forward_efficiency}}
+        for k, d, f, b in self.head_dims:
+            if k == self.kernel and d != self.head_dim:
+                cols.setdefault(d, {})[ref] = b if backward else f
+        for k, d, n, f, b in self.seq_lens:
+            if k == self.kernel:
+                cols.setdefault(d, {}).setdefault(n, b if backward else f)
+        return interp_log(sorted((d, interp_log(sorted(c.items()), s)) for d, c in cols.items()), head_dim)
+
+
+def interp_log(curve: Sequence[tuple[float, float]], x: float) -> float:
+    """Value of a [size, value] curve (sorted by size) at size x, linear in log(size), clamped to the end values."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    i = bisect.bisect_right([p[0] for p in curve], x)
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + w * (y1 - y0)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -114,40 +114,60 @@ def test_explicit_matmul_attention_is_priced_by_its_parts():
     assert f >= kernels.memory_time(A100, 2 * 64 * 8 * 256 * 256 * 2) * 0.99  # reads and writes the scores
 
 
-def test_h100_attention_kernels_reproduce_the_published_times():
-    """Each kernel of the H100 preset gives back Shah et al. 2024 ("FlashAttention-3", Sec. 4.1) TFLOP/s at the
-    benchmark shape (batch 8 x 16 heads, s = 2048, d = 128; causal FLOPs counted as half the dense)."""
-    att = load_cluster("dgx-h100").device.attention
+FA3_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+FA3_PUBLISHED = {
+    # Shah et al. 2024 ("FlashAttention-3", Sec. 4.1), H100 SXM5, bf16, 16k tokens (batch 16384 / s), hidden 2048:
+    # (kernel, head dim): (causal forward, backward without mask) TFLOP/s at FA3_SEQS
+    ("cudnn", 128): ((315, 410, 484, 518, 529, 539), (305, 408, 465, 499, 518, 516)),
+    ("flash2", 128): ((191, 260, 298, 319, 333, 335), (214, 260, 291, 310, 318, 322)),
+    ("flash3", 128): ((292, 423, 521, 579, 602, 616), (316, 424, 501, 542, 559, 561)),
+    ("cudnn", 64): ((225, 288, 334, 363, 379, 388), (266, 348, 395, 417, 432, 433)),
+    ("flash2", 64): ((180, 229, 262, 284, 295, 299), (198, 238, 264, 279, 287, 291)),
+    ("flash3", 64): ((197, 265, 371, 420, 460, 473), (272, 363, 422, 453, 472, 474)),
+}
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "hgx-h200"])
+def test_h100_attention_kernels_reproduce_the_published_times(preset):
+    """Each kernel of the H100 (and H200) preset gives back the paper's TFLOP/s at every head dim and sequence
+    length it published (causal FLOPs counted as half the dense)."""
+    att = load_cluster(preset).device.attention
     assert att.kernel == "cudnn" and {k for k, _, _ in att.kernels} == {"cudnn", "flash2", "flash3"}
-    published = {"cudnn": (484, 465), "flash2": (298, 291), "flash3": (521, 501)}  # fwd causal, bwd (no mask)
-    bh, s, d = 8 * 16, 2048, 128
-    dense = 4.0 * bh * s * s * d
-    for name, f, b in att.kernels:
-        dev = dataclasses.replace(load_cluster("dgx-h100").device,
-                                  attention=dataclasses.replace(att, forward_efficiency=f, backward_efficiency=b))
-        fwd = kernels.attention_time(dev, (bh, s, s, d, True), dense, "bf16", False)
-        bwd = kernels.attention_time(dev, (bh, s, s, d, False), 2.5 * dense, "bf16", True)
-        assert dense / 2 / fwd / 1e12 == pytest.approx(published[name][0], rel=0.02)
-        assert 2.5 * dense / bwd / 1e12 == pytest.approx(published[name][1], rel=0.02)
+    for (name, d), (fwd_pub, bwd_pub) in FA3_PUBLISHED.items():
+        dev = dataclasses.replace(H100, attention=load_cluster(preset).with_attention_kernel(name).device.attention)
+        for s, pf, pb in zip(FA3_SEQS, fwd_pub, bwd_pub):
+            bh = 16384 // s * (2048 // d)
+            dense = 4.0 * bh * s * s * d
+            fwd = kernels.attention_time(dev, (bh, s, s, d, True), dense, "bf16", False)
+            bwd = kernels.attention_time(dev, (bh, s, s, d, False), 2.5 * dense, "bf16", True)
+            assert dense / 2 / fwd / 1e12 == pytest.approx(pf, rel=0.02), (name, d, s)
+            assert 2.5 * dense / bwd / 1e12 == pytest.approx(pb, rel=0.03), (name, d, s)
 
 
-def test_h100_attention_kernels_at_head_dim_64_reproduce_the_published_times():
-    """The same paper's figures at head dim 64 (its benchmark: 16k tokens, hidden 2048, so 32 heads; s = 2048):
-    each kernel's `head_dims` entry gives them back; a head dim between 64 and 128 lies between the two."""
-    published = {"cudnn": (334, 395), "flash2": (262, 264), "flash3": (371, 422)}  # fwd causal, bwd (no mask)
-    bh, s, d = 8 * 32, 2048, 64
-    dense = 4.0 * bh * s * s * d
-    for name, (pf, pb) in published.items():
-        dev = load_cluster("dgx-h100").with_attention_kernel(name).device
-        fwd = kernels.attention_time(dev, (bh, s, s, d, True), dense, "bf16", False)
-        bwd = kernels.attention_time(dev, (bh, s, s, d, False), 2.5 * dense, "bf16", True)
-        assert dense / 2 / fwd / 1e12 == pytest.approx(pf, rel=0.02)
-        assert 2.5 * dense / bwd / 1e12 == pytest.approx(pb, rel=0.03)
-        att = dev.attention
-        assert att.efficiency(64, False) < att.efficiency(96, False) < att.efficiency(128, False) == \
-            att.forward_efficiency == att.efficiency(256, False)
-    a100 = load_cluster("dgx-a100-80gb").device.attention  # no head-dim figures: one efficiency for all
-    assert a100.efficiency(64, True) == a100.efficiency(128, True) == a100.backward_efficiency
+def test_attention_efficiency_interpolates_head_dim_and_sequence_in_log2_and_holds_beyond():
+    att = load_cluster("dgx-h100").with_attention_kernel("flash3").device.attention
+    e = att.efficiency
+    assert e(128, False) == e(128, False, 2048) == att.forward_efficiency == e(256, False)
+    assert e(64, False) < e(96, False) < e(128, False)
+    assert e(128, False, 2048) < e(128, False, 2896) < e(128, False, 4096)
+    assert e(128, True, 2896) == pytest.approx((e(128, True, 2048) + e(128, True, 4096)) / 2, rel=1e-3)
+    assert e(128, False, 256) == e(128, False, 512) and e(128, False, 65536) == e(128, False, 16384)
+    # between head dims 64 and 128 at 8k: the mean of the two columns at log2-midpoint 90.5
+    assert e(90, False, 8192) == pytest.approx(0.5 * (e(64, False, 8192) + e(128, False, 8192)), rel=0.01)
+    a100 = load_cluster("dgx-a100-80gb").device.attention  # no head-dim or length figures: one efficiency for all
+    assert a100.efficiency(64, True, 512) == a100.efficiency(128, True, 8192) == a100.backward_efficiency
+
+
+def test_attention_time_follows_the_sequence_length():
+    """A causal call at 8k on the H100 preset does its (n+1)/(2n) blocks at the 8k figure, not the 2k one."""
+    bh, d = 132, 128  # whole waves on 132 SMs at both lengths
+    t = {s: kernels.attention_time(H100, (bh, s, s, d, True), 4.0 * bh * s * s * d, "bf16", False)
+         for s in (2048, 8192)}
+    att = H100.attention
+    per_flop = {s: t[s] / (4.0 * bh * s * s * d * kernels.causal_fraction(s, s, 128)) for s in t}
+    assert per_flop[2048] / per_flop[8192] == pytest.approx(att.efficiency(d, False, 8192) / att.forward_efficiency,
+                                                            rel=1e-6)
+    assert per_flop[2048] > per_flop[8192]
 
 
 def test_attention_head_dims_round_trip_and_bad_values_name_the_field():
@@ -164,6 +184,27 @@ def test_attention_head_dims_round_trip_and_bad_values_name_the_field():
     att = cluster_from_dict(flat).device.attention
     assert (att.head_dim, att.head_dims, att.efficiency(128, False)) == (64, (("flash2", 128, 0.8, 0.7),), 0.8)
     assert cluster_from_dict(cluster_to_dict(cluster_from_dict(flat))) == cluster_from_dict(flat)
+
+
+def test_attention_seq_lens_round_trip_and_bad_values_name_the_field():
+    d = cluster_to_dict(load_cluster("dgx-h100"))
+    assert d["device"]["attention"]["kernels"]["flash3"]["seq_lens"][128][8192] == [0.638, 0.583]
+    assert cluster_from_dict(d) == load_cluster("dgx-h100")
+    d["device"]["attention"]["kernels"]["flash3"]["seq_lens"][128][8192] = [0.6]
+    with pytest.raises(ProfileError, match=r"device.attention.kernels.flash3.seq_lens.128.8192: expected \[forward"):
+        cluster_from_dict(d)
+    d["device"]["attention"]["kernels"]["flash3"]["seq_lens"][128] = [0.6, 0.5]
+    with pytest.raises(ProfileError, match=r"device.attention.kernels.flash3.seq_lens: expected a mapping of head"):
+        cluster_from_dict(d)
+    flat = cluster_to_dict(load_cluster("dgx-a100-80gb"))
+    flat["device"]["attention"].update(seq_len=4096, seq_lens={128: {1024: [0.5, 0.4]}})
+    att = cluster_from_dict(flat).device.attention
+    assert (att.seq_len, att.seq_lens) == (4096, (("flash2", 128, 1024, 0.5, 0.4),))
+    assert (att.efficiency(128, False, 1024), att.efficiency(128, False, 4096)) == (0.5, att.forward_efficiency)
+    assert cluster_from_dict(cluster_to_dict(cluster_from_dict(flat))) == cluster_from_dict(flat)
+    flat["device"]["attention"]["seq_len"] = "4k"
+    with pytest.raises(ProfileError, match=r"device.attention.seq_len: got the string"):
+        cluster_from_dict(flat)
 
 
 def test_attention_kernel_is_chosen_by_name_and_bad_names_are_errors():
