@@ -26,6 +26,8 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
                2: "; parameters all-gathered once per step in the first forward",
                3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
                   "(prefetched one block ahead)"}[zero]
+    if zero >= 1:
+        gathers += "; FSDP2's copies around each gather and reduce-scatter at their bytes"
     dp_how = f"fp32 gradients {dp_how}{gathers}" + (
         "; collectives share the ranks' cores with compute (gloo on CPU): serialised, none hidden"
         if sp.serial else f"; overlapped compute {sp.slow:.1%} slower (NCCL contention)" if sp.slow else "")

@@ -17,6 +17,12 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   kept whole between micro-batches; under pipelining each stage's exposed part delays the first micro-batch); ZeRO-3 gathers each unit before its forward and again before its backward in
   every micro-batch (prefetched one ahead), as FSDP2 does with reshard_after_forward; under pipelining once per
   micro-batch (a backward leaves parameters whole, a forward reshards them: 1F1B alternates the two).
+- FSDP2's copies (ZeRO >= 1), memory-bound kernels priced by their bytes (torch's
+  distributed/fsdp/_fully_shard/_fsdp_collectives.py): before each all-gather, on its stream, the parameter shard
+  is cast to the compute dtype and copied into the all-gather input (`all_gather_copy_in`); after it, on the compute
+  stream, the gathered buffer is split into the unsharded parameters (`split_with_sizes_copy`: reads and writes the
+  unit's parameters); before each reduce-scatter, on its stream, the unsharded compute-dtype gradients are copied
+  into the fp32 reduce-scatter input (`chunk_cat`, which converts).
 - A weight tied between the first and the last pipeline stage (embedding and LM head): its fp32 gradient copies
   are all-reduced between the two ranks after the dp reduction, before the optimizer (Megatron-LM's embedding
   all-reduce; executor.pipeline.sum_tied_grads).
@@ -134,6 +140,21 @@ def _overlap(spans: list[tuple[float, float, str]], start: float, end: float) ->
     return sum(max(0.0, min(s + d, end) - max(s, start)) for s, d, _ in spans)
 
 
+def fsdp_gather_copy_bytes(elems: float, dp: int, pbytes: float) -> tuple[float, float]:
+    """Bytes FSDP2 copies around one all-gather of `elems` parameter elements over `dp` ranks in the compute dtype
+    (`pbytes` per element): (on the all-gather stream: the fp32 shard cast to the compute dtype when they differ,
+    then copied into the all-gather input; on the compute stream: the gathered buffer read and split into the
+    unsharded parameters)."""
+    shard = elems / dp
+    return shard * ((4.0 + pbytes if pbytes != 4.0 else 0.0) + 2 * pbytes), 2 * elems * pbytes
+
+
+def fsdp_reduce_copy_bytes(elems: float, pbytes: float) -> float:
+    """Bytes of FSDP2's copy of `elems` unsharded compute-dtype gradient elements into its fp32 reduce-scatter
+    input (`chunk_cat` reads them and writes fp32)."""
+    return elems * (pbytes + GRAD_REDUCE_BYTES)
+
+
 class StepPredictor:
     """Assembles one step's prediction (see the module docstring)."""
 
@@ -179,6 +200,14 @@ class StepPredictor:
     def _coll(self, name: str, nbytes: float) -> float:
         return self.cm.comm.time(name, nbytes, self.groups["dp"])
 
+    def _reduce(self, coll: str, nbytes: float) -> float:
+        """One gradient reduction of `nbytes` fp32 bytes outside the passes: the collective, and under FSDP2
+        (ZeRO >= 1) its copy-in before it on the same stream."""
+        t = self._coll(coll, nbytes)
+        if self.zero >= 1 and nbytes > 0:
+            t += self.cm.compute.memory_time(fsdp_reduce_copy_bytes(nbytes / self.gbytes, self.pbytes))
+        return t
+
     def _chunk(self, layers: list[LayerCost]) -> Chunk:
         ch = Chunk(layers=layers)
         fwd_c = [l.fwd_compute + l.tp_fwd for l in layers]
@@ -189,6 +218,20 @@ class StepPredictor:
         # under pipelining no reduce-scatter runs inside a micro-batch's backward (deferred to the flush)
         reduces = [0.0] * n if self.deferred else \
             [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
+        if zero >= 1:  # FSDP2's copies (module docstring): copy-ins on the collectives' streams
+            mem = self.cm.compute.memory_time
+            copies = [fsdp_gather_copy_bytes(l.param_elems, self.dp, self.pbytes) if l.param_elems else (0.0, 0.0)
+                      for l in layers]
+            gathers = [g + mem(c_in) if c_in else g for g, (c_in, _) in zip(gathers, copies)]
+            reduces = [r + mem(fsdp_reduce_copy_bytes(l.param_elems, self.pbytes)) if r else r
+                       for r, l in zip(reduces, layers)]
+            outs = [mem(c_out) if c_out else 0.0 for _, c_out in copies]
+            if zero == 3:  # the copy-out after each gather runs on the compute stream, in the pass that gathers
+                fwd_c = [c + o for c, o in zip(fwd_c, outs)]
+                bwd_c = bwd_c if self.deferred else [c + o for c, o in zip(bwd_c, outs)]
+                ch.compute_s += sum(outs) * (1 if self.deferred else 2)
+            else:  # ZeRO-1/2: once per step, with the gather
+                gathers = [g + o for g, o in zip(gathers, outs)]
         ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
         if self.serial and zero >= 1:  # shared cores: every ZeRO collective adds to its pass
             # and waits for the ranks after the compute before it: the layer's pass, or its share of it
@@ -329,7 +372,7 @@ class StepPredictor:
             free = float(times.rank_end()[r])
             for c, ch in enumerate(self.chunks[r]):
                 for i, b in self._units(ch):
-                    d = self._coll(coll, b)
+                    d = self._reduce(coll, b)
                     spans.append((free, d, f"{label} grads c{c} " + (f"layer {i}" if i >= 0 else "root")))
                     free += d
             return free, spans, 0.0
@@ -363,7 +406,7 @@ class StepPredictor:
         last_end = max(b for _, b in windows)
         for k, (t, b) in enumerate(ready):
             s = max(free, t + delay)
-            d = self._coll(coll, b)
+            d = self._reduce(coll, b)
             if self.serial and not ddp:  # FSDP2's reductions block: the ranks meet at each
                 d += self.cm.comm.sync_wait(self.groups["dp"], t - met)
                 met = t

@@ -40,22 +40,40 @@ def gpt():
     return trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), batch_size=1, progress=False)
 
 
+def _fsdp_copies(sp, layers):
+    """FSDP2's copies around one gather and one reduce-scatter of `layers`, by hand: (all-gather copy-in: the fp32
+    shard cast to bf16, 6 bytes, then copied, 4; copy-out: the gathered bf16 buffer read and written, 4 bytes per
+    element; reduce-scatter copy-in: bf16 gradients read, fp32 written, 6 bytes)."""
+    mem = sp.cm.compute.memory_time
+    return (sum(mem(l.param_elems / sp.dp * 10) for l in layers), sum(mem(l.param_elems * 4) for l in layers),
+            sum(mem(l.param_elems * 6) for l in layers))
+
+
 def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
     g, cl = megatron_gpt(layers=3), _no_latency(cluster(per_node=2))
     for m in (1, 4):
         sp3 = StepPredictor(CostModel(cl), g, _plan(g, cl, 2 * m, dp=2, zero=3))
         sp1 = StepPredictor(CostModel(cl), g, _plan(g, cl, 2 * m, dp=2, zero=1))
-        gather = sum(sp3._coll("all_gather", l.param_elems * 2) for l in sp3.chunks[0][0].layers)
-        rs = sum(sp3._coll("reduce_scatter", l.param_elems * 4) for l in sp3.chunks[0][0].layers)
+        layers = sp3.chunks[0][0].layers
+        gather = sum(sp3._coll("all_gather", l.param_elems * 2) for l in layers)
+        rs = sum(sp3._coll("reduce_scatter", l.param_elems * 4) for l in layers)
+        copy_in, copy_out, rs_copy = _fsdp_copies(sp3, layers)
         p3, p1 = sp3.run(False), sp1.run(False)
-        # ZeRO-3: per micro-batch a gather before forward, one before backward, a reduce-scatter after backward
-        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (2 * gather + rs))
+        # ZeRO-3: per micro-batch a gather before forward, one before backward, a reduce-scatter after backward,
+        # each with FSDP2's copy-in on its stream; the copy-out after each gather runs on the compute stream
+        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (2 * (gather + copy_in) + rs + rs_copy))
+        plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
+        assert sp3.chunks[0][0].compute_s - sp3.fsdp_overhead(layers) == pytest.approx(plain + 2 * copy_out)
         # ZeRO-1: parameters gathered once per step, gradients reduce-scattered once (fp32) per FSDP2 unit (each
         # block, and the root holding the embedding, final norm and head) in the last backward
         units = [b for _, b in sp1._units(sp1.chunks[0][0])]
         assert len(units) == 4 and sum(units) == pytest.approx(4 * sum(l.param_elems for l in sp1.chunks[0][0].layers))
-        assert sp1.chunks[0][0].gather_once_s == pytest.approx(gather)
-        assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + sum(sp1._coll("reduce_scatter", b) for b in units))
+        assert sp1.chunks[0][0].gather_once_s == pytest.approx(gather + copy_in + copy_out)
+        rs_units = sum(sp1._coll("reduce_scatter", b) + sp1.cm.compute.memory_time(b / 4 * 6) for b in units)
+        assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + copy_in + copy_out + rs_units)
+        l1 = sp1.chunks[0][0].layers  # no copy on ZeRO-1's compute stream
+        assert sp1.chunks[0][0].compute_s - sp1.fsdp_overhead(l1) == \
+            pytest.approx(sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in l1))
 
 
 def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flush(gpt):
@@ -64,7 +82,10 @@ def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flus
     sp = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 2 * m, dp=2, pp=2, zero=3))
     for ch in (sp.chunks[0][0], sp.chunks[1][0]):
         gather = sum(sp._coll("all_gather", l.param_elems * 2) for l in ch.layers)
-        assert ch.zero_comm_s == pytest.approx(gather)  # no reduce-scatter inside a micro-batch
+        copy_in, copy_out, _ = _fsdp_copies(sp, ch.layers)
+        assert ch.zero_comm_s == pytest.approx(gather + copy_in)  # no reduce-scatter inside a micro-batch
+        plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in ch.layers)
+        assert ch.compute_s - sp.fsdp_overhead(ch.layers) == pytest.approx(plain + copy_out)  # one gather
     _, spans, _ = sp.dp_tail(0, sp_times(sp))
     assert spans and all(n.startswith("reduce-scatter") for _, _, n in spans)
 
