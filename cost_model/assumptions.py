@@ -34,7 +34,8 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
     out = [
         _compute_assumption(cl.device, plan.precision, pk),
         f"tp={sp.tp}: collectives on the critical path over {g['tp'].nodes} node(s); one input-gradient "
-        "all-reduce per tensor read by several column-parallel linears (as a fused QKV)",
+        "all-reduce per tensor read by several column-parallel linears (as a fused QKV); a gather or scatter on a "
+        "dim other than 0 also copies the whole tensor (DTensor's functional collectives)",
         *(["ranks sharing the host's cores arrive apart: every blocking collective also waits the profile's "
            "measured sync_wait for the compute since the ranks last met"] if cl.device.sync_wait else []),
         (f"dp={sp.dp}, ZeRO-{zero}: {dp_how}" + (

@@ -35,6 +35,11 @@ def _kind(pl: str) -> str:
     return "P" if pl == "P" else "R"
 
 
+def _shard_dim(pl: str) -> int:
+    """The tensor dim of a `S(d)` placement."""
+    return int(pl[2:-1])
+
+
 class CostModel:
     """Prices ops, resharding and whole plans on one cluster."""
 
@@ -93,14 +98,24 @@ class CostModel:
         S->R all-gather / (slice, or reduce-scatter when the consumer's input gradient is partial); P->R all-reduce /
         nothing (Megatron's g); P->S reduce-scatter / all-gather; R->S slice / all-gather; S(a)->S(b) all-to-all both
         ways; R->R nothing / all-reduce when the consumer is column-parallel, whose input gradient is a partial sum
-        (Megatron's f). `consumer_partial_grad` says the consumer makes such partial input gradients."""
+        (Megatron's f). `consumer_partial_grad` says the consumer makes such partial input gradients.
+
+        DTensor runs an all-gather or reduce-scatter on a dim other than 0 through torch's functional collectives,
+        which gather along dim 0 and then `cat` the chunks along that dim, or `chunk` the input along it and `cat`
+        the chunks before the reduce-scatter: one more copy of the whole tensor (read and written), on the compute
+        stream (torch.distributed._functional_collectives, all_gather_tensor / reduce_scatter_tensor)."""
         if tp <= 1:
             return 0.0, 0.0
         size = tensor_bytes(meta, precision) * microbatch_size / traced_batch_size
         group = self.tp_group(tp)
         extra = self.cluster.device.op_overhead.dtensor_redistribute  # per collective, issued through DTensor
-        t = lambda coll: self.comm.time(coll, size, group) + extra  # noqa: E731
         s, d = _kind(src), _kind(dst)
+        sharded = src if s == "S" else dst
+        copy = self.compute.memory_time(2 * size) if _kind(sharded) == "S" and _shard_dim(sharded) != 0 else 0.0
+
+        def t(coll: str) -> float:
+            return self.comm.time(coll, size, group) + extra + (copy if coll != "all_reduce" else 0.0)
+
         if s == "S" and d == "S":
             return (0.0, 0.0) if src == dst else (t("all_to_all"), t("all_to_all"))
         if d == "R":

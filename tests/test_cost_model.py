@@ -84,8 +84,14 @@ def test_reshard_megatron_operators():
     args = (4, 1, "bf16")
     assert cm.reshard_time(meta, "P", "R", *args) == pytest.approx((ar, 0.0))  # g: all-reduce / identity
     assert cm.reshard_time(meta, "R", "R", *args, consumer_partial_grad=True) == pytest.approx((0.0, ar))  # f
-    assert cm.reshard_time(meta, "P", "S(1)", *args) == pytest.approx((rs, ag))
-    assert cm.reshard_time(meta, "S(1)", "R", *args, consumer_partial_grad=True) == pytest.approx((ag, rs))
+    # a gather or scatter on dim 1 also copies the whole tensor (functional collectives' cat), read and written
+    copy = cm.compute.memory_time(2 * 32 * 64 * 2)
+    assert copy > 0
+    assert cm.reshard_time(meta, "P", "S(1)", *args) == pytest.approx((rs + copy, ag + copy))
+    assert cm.reshard_time(meta, "S(1)", "R", *args, consumer_partial_grad=True) == pytest.approx((ag + copy,
+                                                                                                  rs + copy))
+    assert cm.reshard_time(meta, "P", "S(0)", *args) == pytest.approx((rs, ag))  # on dim 0: no copy
+    assert cm.reshard_time(meta, "S(0)", "R", *args) == pytest.approx((ag, 0.0))
     assert cm.reshard_time(meta, "S(2)", "S(2)", *args) == (0.0, 0.0)
     assert cm.reshard_time(meta, "P", "R", 1, 1, "bf16") == (0.0, 0.0)
 
