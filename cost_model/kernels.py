@@ -17,13 +17,13 @@ A GEMM with a dimension that is not a multiple of 16 bytes runs at the profile's
 instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on the `matmul_efficiency`
 curve (CPU ranks).
 
-Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d
-forward, 2.5x that backward, the count of Dao 2023, "FlashAttention-2", Sec. 4.1), times the fraction of score
-blocks a causal kernel computes, (n+1)/(2n) for n key blocks (half the dense work at long sequences); priced at the
-profile's forward/backward attention efficiency (by head dim and sequence length where the profile lists them)
-with wave quantization over batch x heads x query blocks, never below the bytes of q, k, v and the output. Published causal throughputs count half the dense FLOPs, so a profile
-derives its efficiency from them through this same model (presets: the efficiency that reproduces the published
-time at the benchmark shape).
+Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d forward,
+2.5x that backward, the count of Dao 2023, "FlashAttention-2", Sec. 4.1), times the fraction of score blocks a
+causal kernel computes, (n+1)/(2n) for n key blocks (half the dense work at long sequences); priced at the profile's
+forward/backward attention efficiency (by head dim and sequence length where the profile lists them) with wave
+quantization over batch x heads x query blocks, never below the bytes of q, k, v and the output. Published causal
+throughputs count half the dense FLOPs, so a profile derives its efficiency from them through this same model
+(presets: the efficiency that reproduces the published time at the benchmark shape).
 """
 from __future__ import annotations
 

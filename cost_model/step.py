@@ -6,17 +6,18 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 
 - Dtypes: gradients are reduced in fp32 (`GRAD_REDUCE_BYTES`: FSDP2's reduce_dtype, DDP's fp32 buckets; Megatron-LM
   does the same for bf16 models); ZeRO parameter all-gathers move the compute dtype (FSDP2's param_dtype).
-- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets (the first: 1 MiB) of fp32 gradients
-  during the last micro-batch's backward as they fill, and its reducer's own work (hooks, bucket copies, waits:
-  the profile's `ddp_*` per step, tensor and byte) delays that backward and the reduction; FSDP2 units (each block, then the root holding the rest) reduce when their
-  backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last micro-batch only, ZeRO-2/3 in
-  every micro-batch, on their own stream.
+- Without pipelining: ZeRO 0 with DDP all-reduces DDP_BUCKET_BYTES buckets (the first: 1 MiB) of fp32 gradients during
+  the last micro-batch's backward as they fill, and its reducer's own work (hooks, bucket copies, waits: the profile's
+  `ddp_*` per step, tensor and byte) delays that backward and the reduction; FSDP2 units (each block, then the root
+  holding the rest) reduce when their backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last
+  micro-batch only, ZeRO-2/3 in every micro-batch, on their own stream.
 - With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
   (`PipelineStage.perform_reduce_grad`) and the compute stream waits for it: exposed, serial after the flush.
-- ZeRO-1/2 all-gather parameters once per step, in the first micro-batch's forward (prefetched one unit ahead;
-  kept whole between micro-batches; under pipelining each stage's exposed part delays the first micro-batch); ZeRO-3 gathers each unit before its forward and again before its backward in
-  every micro-batch (prefetched one ahead), as FSDP2 does with reshard_after_forward; under pipelining once per
-  micro-batch (a backward leaves parameters whole, a forward reshards them: 1F1B alternates the two).
+- ZeRO-1/2 all-gather parameters once per step, in the first micro-batch's forward (prefetched one unit ahead; kept
+  whole between micro-batches; under pipelining each stage's exposed part delays the first micro-batch); ZeRO-3 gathers
+  each unit before its forward and again before its backward in every micro-batch (prefetched one ahead), as FSDP2 does
+  with reshard_after_forward; under pipelining once per micro-batch (a backward leaves parameters whole, a forward
+  reshards them: 1F1B alternates the two).
 - FSDP2's copies (ZeRO >= 1), memory-bound kernels priced by their bytes (torch's
   distributed/fsdp/_fully_shard/_fsdp_collectives.py): before each all-gather, on its stream, the parameter shard
   is cast to the compute dtype and copied into the all-gather input (`all_gather_copy_in`); after it, on the compute
