@@ -28,6 +28,10 @@ GROUP_SPAN = "shardwise group"
 """Prefix of the marker span that names a process group's threads."""
 MARKS_PER_GROUP = 4
 """Marker all-reduces per group: issued together, so each of a gloo group's worker threads (2 by default) runs one."""
+MARK_ELEMS = 2**16
+"""Elements of each marker all-reduce: 256 KiB of fp32, a fraction of a millisecond on gloo, so that a worker thread
+busy with one leaves the next to another thread (tiny ones were once all taken by one thread on a loaded machine,
+leaving the other thread's collectives unattributed)."""
 MEASURED_PID = 100
 """Measured rank r is process MEASURED_PID + r in the merged compare.json (predicted pipeline ranks are 0..pp-1)."""
 
@@ -86,7 +90,7 @@ def mark_groups(groups: Mapping[str, Iterable]) -> dict[str, str]:
         for g in gs:
             names[g.group_name] = label
             with record(f"{GROUP_SPAN} {label}"):
-                t = [torch.zeros(1, device=_device(g)) for _ in range(MARKS_PER_GROUP)]
+                t = [torch.zeros(MARK_ELEMS, device=_device(g)) for _ in range(MARKS_PER_GROUP)]
                 works = [dist.all_reduce(x, group=g, async_op=True) for x in t]
                 for w in works:
                     w.wait()
