@@ -212,15 +212,18 @@ class LayerCoster:
             rec_k += kf if rerun else 0.0
             rec_h += (hf if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
-            for src, s_pl, d_pl, ef, eb, nf in edges:
+            for src, s_pl, d_pl, ef, eb, nf, partial in edges:
                 # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
-                # forward and one gradient reduction in backward; a recomputation re-runs each reader's own
+                # forward and one gradient reduction in backward; a recomputation re-runs each reader's own. The
+                # all-reduce of a partial input gradient is charged with the first column-parallel reader
+                # (`_edges`), whether or not a replicated linear read the tensor before it
                 once = op.kind == "linear" and (src, d_pl) in shared
                 if op.kind == "linear":
                     shared.add((src, d_pl))
-                tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + (0.0 if once else eb)
+                back = eb if partial or not once else 0.0
+                tp_fwd, tp_bwd = tp_fwd + (0.0 if once else ef), tp_bwd + back
                 n_fwd += 0 if once else nf
-                n_bwd += 0 if once or eb <= 0 else 1
+                n_bwd += 1 if back > 0 else 0
                 if keep and d_pl == "R" and src not in backward_gathers \
                         and sequence_shard(s_pl, len(g.op(src).output_meta[0].shape)):
                     backward_gathers.add(src)
@@ -304,8 +307,9 @@ class LayerCoster:
         """The placement each input of `op` arrives in (its producer's output, "R" from outside the graph) and,
         per input produced in the graph, (producer, its placement, the one `op` reads, forward and backward tp
         seconds to get it there: Megatron's f/g via `reshard_time`, or a vocabulary-parallel loss's all-reduces;
-        and how many collectives the forward seconds are). `reduced` collects producers whose input-gradient
-        all-reduce is charged (once per tensor)."""
+        and how many collectives the forward seconds are, and whether the backward seconds hold this tensor's
+        input-gradient reduction). `reduced` collects producers whose input-gradient all-reduce is charged (once
+        per tensor)."""
         g, plan, tp = self.graph, self.plan, self.tp
         logits = logits_producer(g, op) if vocab_loss else None
         sources, edges = [], []
@@ -331,7 +335,7 @@ class LayerCoster:
                 ef, eb = self.model.reshard_time(producer.output_meta[0], s_pl, d_pl, tp, self.mbs, moved,
                                                  consumer_partial_grad=partial, traced_batch_size=g.batch_size)
                 calls = 1
-            edges.append((src, s_pl, d_pl, ef, eb, calls if ef > 0 else 0))
+            edges.append((src, s_pl, d_pl, ef, eb, calls if ef > 0 else 0, partial))
         return sources, edges
 
     def _autocast_copies(self, op, pl) -> tuple[float, float]:

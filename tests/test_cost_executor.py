@@ -90,6 +90,28 @@ def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flus
     assert spans and all(n.startswith("reduce-scatter") for _, _, n in spans)
 
 
+def test_a_column_parallel_reader_after_a_replicated_one_still_reduces_its_input_gradient(gpt):
+    """q_proj left replicated, k_proj column-parallel, both reading ln_1's output: the forward redistribution is
+    shared, but k_proj's partial input gradient is all-reduced once in backward (the executor runs it; the step
+    once dropped it because a replicated linear had read the tensor first)."""
+    from planner.plan import OpPlacement
+    cl = _no_latency(cluster(per_node=2))
+    plan = _plan(gpt, cl, 2, tp=2, sp=0)
+    col = OpPlacement(strategy="colwise", module="h.0.attn.k_proj", inputs=("R",), output="S(2)",
+                      params=("S(0)", "S(0)"))
+    k_proj = next(o for o in gpt.ops if o.module_path == "h.0.attn.k_proj")
+    plan = dataclasses.replace(plan, ops={k_proj.name: col})
+    cm = CostModel(cl)
+    coster = LayerCoster(cm, gpt, plan, Group(2, 1))
+    block = next(layer for layer in gpt.layers() if layer.name == "h.0")
+    ln = gpt.op(k_proj.inputs[0])
+    ar = cm.reshard_time(ln.output_meta[0], "R", "R", 2, 1, "bf16", consumer_partial_grad=True)[1]
+    assert ar > 0
+    # backward's only tp collective: the all-reduce of ln_1's output gradient (k's forward all-gather for the
+    # replicated view after it has no backward dual: the view's gradient is sliced)
+    assert coster.cost(block).tp_bwd == pytest.approx(ar)
+
+
 def test_gradients_reduce_in_fp32_at_twice_the_bf16_bytes():
     assert GRAD_REDUCE_BYTES == 4.0
     g, cl = megatron_gpt(layers=2), _no_latency(cluster(per_node=2))
