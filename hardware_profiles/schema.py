@@ -205,8 +205,8 @@ class AttentionModel:
     """Efficiencies at other sequence lengths, as (kernel name, head dim, sequence length, forward, backward); a
     call's length interpolates in log2 along its head dim's figures (held flat beyond them), then across head dims
     as above. Each query block of a fused kernel pays a fixed cost (loading it, the softmax's last rescale, writing
-    the output) that its loop over the key blocks amortises: FlashAttention-3's H100 figures at 512 tokens are
-    0.6-0.8x those at 2k, at 8k 1.03-1.2x."""
+    the output) that its loop over the key blocks amortises: the TFLOP/s FlashAttention-3's paper publishes for H100
+    at 512 tokens are 0.53-0.75x those at 2k, at 8k 1.09-1.24x (all three kernels, head dims 64 and 128)."""
 
     def efficiency(self, head_dim: int, backward: bool, seq_len: int | None = None) -> float:
         """The running kernel's efficiency at `head_dim` and `seq_len` (None: `self.seq_len`), forward or
