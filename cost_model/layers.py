@@ -149,7 +149,17 @@ class LayerCoster:
                                       else "fp32")
         self.extra_reads = extra_reads(graph)
         self.grads = input_grads(graph)
+        self.recomputed = plan.recomputed_blocks(stage_blocks(graph, plan))
         self._cache: dict = {}
+
+    def policy(self, layer: Layer) -> str:
+        """The recompute policy `layer` runs under: the plan's on its blocks (under partial full recomputation,
+        `Plan.recompute_blocks`, only on the blocks it names), none elsewhere."""
+        if layer.block_type is None:
+            return "none"
+        if self.plan.recompute == "full":
+            return "full" if layer.name in self.recomputed else "none"
+        return self.plan.recompute
 
     def cost(self, layer: Layer) -> LayerCost:
         """The cost of one layer (cached per block type and placement pattern)."""
@@ -159,17 +169,19 @@ class LayerCoster:
         # embedding's output (a vocabulary-parallel partial sum, say), later ones the previous block's
         # (and the last block's output, read once, sums no gradients where the others' do)
         reads = tuple(self.extra_reads.get(self.graph.ops[i].name, 0) for i in layer.ops)
-        key = (layer.block_type, pattern, self._inputs_from_outside(layer), reads) if layer.block_type else None
+        policy = self.policy(layer)
+        key = (layer.block_type, pattern, self._inputs_from_outside(layer), reads, policy) \
+            if layer.block_type else None
         if key is not None and key in self._cache:
             return self._cache[key]
-        c = self._compute(layer)
-        if self.plan.recompute == "selective" and layer.block_type is not None:
+        c = self._compute(layer, policy)
+        if policy == "selective":
             c = replace(c, act_bytes=min(c.act_full_bytes, self._sac_kept_bytes(layer)))
         if key is not None:
             self._cache[key] = c
         return c
 
-    def _compute(self, layer: Layer) -> LayerCost:
+    def _compute(self, layer: Layer, policy: str) -> LayerCost:
         g, plan, tp, m = self.graph, self.plan, self.tp, self.model
         traced = g.batch_size
         names = {g.ops[i].name for i in layer.ops}
@@ -178,8 +190,7 @@ class LayerCoster:
         tensors: dict[str, bool] = {}
         partial_elems: dict[str, float] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
-        full = plan.recompute == "full" and layer.block_type is not None
-        selective = plan.recompute == "selective" and layer.block_type is not None
+        full, selective = policy == "full", policy == "selective"
         stop = recompute_stop(g, layer) if full or selective else -1
         kept = sac_kept(g, layer.ops) if selective else frozenset()
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
@@ -204,7 +215,7 @@ class LayerCoster:
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hb = kf + cf, kb + cb + af, hb + ah
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
-            ck_f, ck_b = self._checkpoint_host(op.kind) if full or selective else (0.0, 0.0)
+            ck_f, ck_b = self._checkpoint_host(op.kind, policy) if full or selective else (0.0, 0.0)
             host_f += ck_f
             # views launch nothing, so re-running them costs nothing either
             rerun = pos <= stop and (full or (i not in kept and op.kind not in FREE_KINDS))
@@ -294,12 +305,12 @@ class LayerCoster:
                           if not self.on_dtensors(p)))
         return len(tops)
 
-    def _checkpoint_host(self, kind: str) -> tuple[float, float]:
+    def _checkpoint_host(self, kind: str, policy: str) -> tuple[float, float]:
         """(forward, backward) host seconds checkpointing adds to one op of a checkpointed block beyond its plain
         forward, backward and re-run (the profile's `checkpoint_*` / `sac_*` per op, the `*_linear_*` figures for
         a linear; see the module docstring); backward applies to the ops the re-run reaches."""
         ov = self.model.cluster.device.op_overhead
-        key = "sac" if self.plan.recompute == "selective" else "checkpoint"
+        key = "sac" if policy == "selective" else "checkpoint"
         lin = "linear_" if kind == "linear" else ""
         return getattr(ov, f"{key}_{lin}forward"), getattr(ov, f"{key}_{lin}backward")
 
@@ -529,6 +540,14 @@ def extra_reads(graph: OpGraph) -> dict[str, int]:
             out[name] = n - 1
     graph.__dict__["_shardwise_extra_reads"] = out
     return out
+
+
+def stage_blocks(graph: OpGraph, plan: Plan) -> list[list[str]]:
+    """Each pipeline stage's blocks in model order (one list, every block, without stages), the form
+    `Plan.recomputed_blocks` takes."""
+    layers = graph.layers()
+    spans = [(s.start_layer, s.end_layer) for s in plan.stages] or [(0, len(layers))]
+    return [[l.name for l in layers[a:b] if l.block_type is not None] for a, b in spans]
 
 
 def recompute_stop(graph: OpGraph, layer: Layer) -> int:

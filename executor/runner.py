@@ -195,6 +195,7 @@ class Runner:
                 for t in list(model.parameters()) + list(model.buffers()):
                     dist.broadcast(t.data, src=0)
         self.block_paths = [p for p, _ in parallel.blocks(model)]
+        self.recomputed_paths = self._recomputed_paths(model)
         self.canonical = _canonical_names(model)
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
         self.vocab_parallel_loss = False  # set once a loss ran on vocabulary-sharded logits
@@ -231,7 +232,7 @@ class Runner:
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
-        parallel.apply_ac(module, plan.recompute, self.block_paths)
+        parallel.apply_ac(module, plan.recompute, self.recomputed_paths)
         if self.compile:
             parallel.apply_compile(module, self.block_paths, self.compile)
             note = (f"blocks compiled (torch.compile, backend {self.compile}); the prediction prices eager kernels, "
@@ -244,6 +245,16 @@ class Runner:
             return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths,
                                       mp_dtype=self.amp)
         return module
+
+    def _recomputed_paths(self, model: nn.Module) -> list[str]:
+        """The blocks activation checkpointing wraps: every block, or under partial full recomputation
+        (`Plan.recompute_blocks`) the first ones of each pipeline stage, as `Plan.recomputed_blocks` says."""
+        plan = self.plan
+        if plan.recompute != "full" or not plan.recompute_blocks:
+            return self.block_paths
+        mods = pipeline.stage_modules(model, plan) if plan.mesh.pp * plan.virtual_stages > 1 else [self.block_paths]
+        chosen = plan.recomputed_blocks([[b for b in self.block_paths if b in set(m)] for m in mods])
+        return [b for b in self.block_paths if b in chosen]
 
     def _place_ops(self, model: nn.Module, root: bool, root_specs: dict | None = None) -> str | None:
         """`graph_ops.place_ops` on `model` (pipelining: the whole model, before the cut: its blocks are what the

@@ -106,6 +106,10 @@ class Plan:
     """Shard norm/dropout activations along the sequence dim over the tp axis (Korthikanti et al.)."""
     recompute: str = field(default="none", metadata=_meta(enum=list(RECOMPUTE)))
     """Activation recomputation: none, selective or full."""
+    recompute_blocks: tuple[int, ...] = field(default=(), metadata=_meta(items={"type": "integer", "minimum": 0}))
+    """With recompute `full`: how many blocks of each pipeline stage, its first ones, are recomputed (one count per
+    stage in model order; one count without pipelining); the others keep their activations (Megatron-LM's
+    `--recompute-method block --recompute-num-layers`, per stage). Empty: every block."""
     schedule: str = field(default="1f1b", metadata=_meta(enum=list(SCHEDULES)))
     """Pipeline schedule: gpipe, 1f1b or interleaved."""
     virtual_stages: int = field(default=1, metadata=_meta(minimum=1))
@@ -164,6 +168,15 @@ class Plan:
             raise PlanError(
                 f"plan: global_batch_size {self.global_batch_size} != dp {m.dp} x microbatch_size "
                 f"{self.microbatch_size} x num_microbatches {self.num_microbatches} (= {expected})")
+        if self.recompute_blocks:
+            want = m.pp * self.virtual_stages
+            if self.recompute != "full":
+                raise PlanError(f"plan: recompute_blocks needs recompute 'full', got {self.recompute!r} (or drop it)")
+            if len(self.recompute_blocks) != want:
+                raise PlanError(f"plan: recompute_blocks gives {len(self.recompute_blocks)} counts, one per pipeline "
+                                f"stage needs {want}")
+            if min(self.recompute_blocks) < 0:
+                raise PlanError(f"plan: recompute_blocks must be >= 0, got {list(self.recompute_blocks)}")
         if self.stages and len(self.stages) != m.pp * self.virtual_stages:
             raise PlanError(f"plan: {len(self.stages)} stages given, mesh.pp x virtual_stages needs "
                             f"{m.pp * self.virtual_stages}")
@@ -172,6 +185,15 @@ class Plan:
     def world_size(self) -> int:
         """Devices the plan needs."""
         return self.mesh.world_size
+
+    def recomputed_blocks(self, stage_blocks: Sequence[Sequence[str]]) -> set[str]:
+        """The blocks full recomputation re-runs, given each stage's blocks in model order (one list without
+        pipelining): the first `recompute_blocks[k]` of stage k, or all of them. The cost model and the executor
+        both ask this, so they recompute the same blocks."""
+        if self.recompute != "full":
+            return set()
+        counts = self.recompute_blocks or tuple(len(b) for b in stage_blocks)
+        return {b for blocks, n in zip(stage_blocks, counts) for b in list(blocks)[:n]}
 
     def placement(self, op_name: str) -> OpPlacement | None:
         """The op's placement, or None when it is replicated over tp."""
@@ -207,6 +229,8 @@ class Plan:
             for k in ("zero_stage", "virtual_stages", "global_batch_size", "microbatch_size", "num_microbatches"):
                 if k in d:
                     d[k] = int(d[k])  # the schema accepts 2.0 as an integer, as JSON Schema does
+            if "recompute_blocks" in d:
+                d["recompute_blocks"] = tuple(int(n) for n in d["recompute_blocks"])
             return cls(mesh=mesh, stages=stages, ops=ops, **d)
         except PlanError as e:  # validate()'s consistency checks, said of this file
             msg = str(e)

@@ -20,6 +20,7 @@ TOL = 1e-5
 SPECS_2 = [
     {"name": "dp", "dp": 2},
     {"name": "dp_full_recompute", "dp": 2, "rc": "full"},
+    {"name": "dp_partial_recompute", "dp": 2, "rc": "full", "rcb": [2]},
     {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
     {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
     {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
@@ -28,6 +29,7 @@ SPECS_2 = [
     {"name": "tp_sp", "tp": 2, "sp": True},
     {"name": "pp_gpipe", "pp": 2, "nmb": 2, "schedule": "gpipe"},
     {"name": "pp_1f1b", "pp": 2, "nmb": 2, "schedule": "1f1b"},
+    {"name": "pp_partial_recompute", "pp": 2, "nmb": 2, "schedule": "1f1b", "rc": "full", "rcb": [1, 0]},
     {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
 ]
 SPECS_4 = [
@@ -107,6 +109,20 @@ def test_matches_single_process(results, name):
 def test_sequence_parallel_shards_norms_and_recompute_saves_memory(results):
     assert results["tp_sp"]["norm_is_dtensor"] and not results["tp"]["norm_is_dtensor"]
     assert 0 < results["dp_full_recompute"]["activations"] < results["dp"]["activations"] / 2
+
+
+def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
+    # Plan.recompute_blocks: the first 2 of 4 blocks without pipelining; with two stages of two blocks, the first
+    # block of stage 0 and none of stage 1. The bytes autograd saves lie between full recompute's and none's
+    blocks = [f"h.{i}" for i in range(4)]
+    def wrapped(name):  # module paths under DDP / the pipeline's stage modules end in the block's own
+        return [".".join(path.split(".")[-2:]) for path in results[name]["checkpointed"]]
+    assert wrapped("dp_full_recompute") == blocks
+    assert wrapped("dp_partial_recompute") == blocks[:2]
+    assert wrapped("pp_partial_recompute") == blocks[:1]
+    assert wrapped("pp_1f1b") == []
+    assert results["dp_full_recompute"]["saved"] < results["dp_partial_recompute"]["saved"] < results["dp"]["saved"]
+    assert results["pp_partial_recompute"]["saved"] < results["pp_1f1b"]["saved"]
 
 
 def test_colwise_head_feeds_a_vocabulary_parallel_loss(results):

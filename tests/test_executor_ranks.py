@@ -65,6 +65,7 @@ def make_plan(spec):
     return Plan(mesh=Mesh(dp=dp, tp=tp, pp=pp), zero_stage=spec.get("zero", 0),
                 sequence_parallel=spec.get("sp", False), schedule=spec.get("schedule", "1f1b"),
                 virtual_stages=spec.get("vs", 1), recompute=spec.get("rc", "none"),
+                recompute_blocks=tuple(spec.get("rcb", ())),
                 global_batch_size=GLOBAL_BATCH, microbatch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
                 precision="fp32", ops=ops, parameters=layout.get("parameters", {}))
 
@@ -108,6 +109,7 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
         runner.save(ckpt)
     mem = runner.memory_bytes()
     out["activations"] = mem["activations"]
+    out["saved"] = mem["saved_activations"]
     out["report_ok"] = "step time" in runner.report(warmup=1)
     mods = dict(m for part in runner.parts for m in part.named_modules())
     norm = next((m for n, m in mods.items() if n.endswith("ln_1")), None)
@@ -130,6 +132,15 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     flag = torch.tensor([float(runner.vocab_parallel_loss and not runner.gather_logits)])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the loss runs on the last pipeline stage's ranks only
     out["vocab_parallel_loss"] = bool(flag.item())
+    # the blocks activation checkpointing wrapped (executor.parallel.apply_ac), over every rank
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+    wrapped = sorted(n for n, m in mods.items()
+                     if isinstance(m.__dict__.get("forward"), functools.partial) and m.forward.func is checkpoint)
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, wrapped)
+    out["checkpointed"] = sorted({n for names in everyone for n in names})
     return out
 
 
