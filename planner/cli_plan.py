@@ -15,7 +15,7 @@ from planner.errors import PlanError
 
 FORCE_KEYS = {
     "dp": int, "tp": int, "pp": int, "zero": int, "mbs": int, "recompute": str, "schedule": str, "vp": int,
-    "sp": int,
+    "sp": int, "recompute_blocks": int,
 }
 """`--force` keys and their types (see `plan --help`)."""
 
@@ -52,6 +52,11 @@ def parse_force(text: str | None) -> dict[str, Any]:
         if key == "schedule" and v not in ("gpipe", "1f1b", "interleaved"):
             raise PlanError(f"--force: schedule={v!r}; use gpipe, 1f1b or interleaved")
         out[key] = v
+    if "recompute_blocks" in out:
+        if out.setdefault("recompute", "full") != "full":
+            raise PlanError(f"--force recompute_blocks={out['recompute_blocks']} needs recompute=full, not "
+                            f"recompute={out['recompute']} (it is how many blocks of each stage full recomputation "
+                            "re-runs)")
     return out
 
 
@@ -160,7 +165,10 @@ def build_parser() -> ArgParser:
                         "or fp32 on a device whose profile measured bf16 slower than fp32 (CPU ranks)")
     p.add_argument("--force", metavar="K=V,...",
                    help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|selective|full), "
-                        "schedule (gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1)")
+                        "schedule (gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1), recompute_blocks (N: "
+                        "full recomputation of only the first N blocks of each pipeline stage, as Megatron-LM's "
+                        "--recompute-method block; unforced, the search recomputes only the blocks each "
+                        "stage's memory needs)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="show the K best candidates (default 5)")
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runner-up")
     p.add_argument("--time-budget", type=float, default=60.0, metavar="S",

@@ -256,6 +256,14 @@ def _mesh(cluster: Cluster, forced: Mapping[str, Any]) -> Mesh:
     return mesh
 
 
+def forced_recompute_blocks(forced: Mapping[str, Any], stages: int) -> tuple[int, ...]:
+    """`--force recompute_blocks=N`: N blocks of each of the plan's stages (Megatron-LM's `--recompute-method
+    block --recompute-num-layers N`); () when not forced."""
+    if "recompute_blocks" not in forced or forced.get("recompute", "full") != "full":
+        return ()
+    return (int(forced["recompute_blocks"]),) * stages
+
+
 def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: str, forced: Mapping[str, Any],
                  model_path: str, notes: list[str] | None = None) -> Plan:
     """The plan `--force` pins, with simple defaults for the rest (all devices to dp, ZeRO-0, mbs 1, no
@@ -296,6 +304,7 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
     ops = megatron_placements(graph, mesh.tp, sp)
     return Plan(
         mesh=mesh, zero_stage=zero, sequence_parallel=sp, recompute=forced.get("recompute", "none"),
+        recompute_blocks=forced_recompute_blocks(forced, mesh.pp * vp),
         schedule=schedule, virtual_stages=vp, global_batch_size=batch_size, microbatch_size=mbs,
         num_microbatches=m, precision=precision, stages=even_stages(graph, mesh.pp, vp),
         ops=ops, parameters=parameter_placements(graph, ops),

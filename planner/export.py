@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.errors import PlanError
-from planner.plan import Plan
+from planner.plan import Plan, recompute_counts
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 """Frameworks `plan export` writes for."""
@@ -110,7 +110,7 @@ def describe(plan: Plan) -> str:
     sched = f" schedule={plan.schedule}" + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
     return (f"dp={m.dp} tp={m.tp} pp={m.pp} zero={plan.zero_stage} mbs={plan.microbatch_size} x "
             f"{plan.num_microbatches} micro-batches (global batch {plan.global_batch_size}) "
-            f"recompute={plan.recompute}{sched if m.pp > 1 else ''} sp={int(plan.sequence_parallel)} "
+            f"recompute={plan.recompute}{recompute_counts(plan)}{sched if m.pp > 1 else ''} sp={int(plan.sequence_parallel)} "
             f"{plan.precision}")
 
 
@@ -212,6 +212,9 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
                  mixed_precision_reduce="float32")
     ac: dict[str, object] = {"mode": plan.recompute}
+    if plan.recompute_blocks:
+        notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: torchtitan's full activation checkpointing "
+                     "wraps every block, so more blocks are recomputed than planned (less memory, a slower step)")
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"  # torchtitan's op-level policy: the executor's selective recomputation
     head = [f"torchtitan job config for a shardwise plan: {describe(plan)}",
@@ -270,7 +273,15 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
         raise PlanError("cannot export to Megatron-LM: its selective recomputation re-runs only the attention core "
                         "and keeps every linear's output, more memory than the plan's op-level policy (every other "
                         "linear kept); re-plan with --force recompute=full (or none) or export to torchtitan")
-    if plan.recompute == "full":
+    if plan.recompute == "full" and plan.recompute_blocks:
+        # Megatron-LM's block method re-runs the first N layers of every pipeline stage (model chunk): one N
+        n = max(plan.recompute_blocks)
+        flags += [("--recompute-granularity", "full"), ("--recompute-method", "block"), ("--recompute-num-layers", n)]
+        if min(plan.recompute_blocks) != n:
+            notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: Megatron-LM takes one count for every "
+                         f"stage, so each recomputes its first {n} layers, more than planned on the later ones "
+                         "(less memory, a slower step)")
+    elif plan.recompute == "full":
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", 1)]
     if plan.precision != "fp32":
@@ -361,8 +372,9 @@ def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
     if plan.recompute == "full":
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False}
+        which = f"the first {plan.recompute_blocks[0]} blocks" if plan.recompute_blocks else "each block"
         notes.append("recompute=full: DeepSpeed recomputes only what the model wraps; call "
-                     "deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on each block")
+                     f"deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on {which}")
     notes.append(f"launch {m.world_size} ranks: DeepSpeed checks train_batch_size = micro-batch x accumulation "
                  "x data-parallel ranks")
     return Export(json.dumps(config, indent=2) + "\n", tuple(notes), commented=False)
@@ -401,11 +413,15 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
         else:
             notes.append("fsdp_transformer_layer_cls_to_wrap is left out (model file not read): Accelerate then "
                          "wraps the classes in the model's _no_split_modules")
+        if plan.recompute_blocks:
+            notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: fsdp_activation_checkpointing wraps "
+                         "every block, more than planned (less memory, a slower step)")
         fsdp += [f"fsdp_activation_checkpointing: {'true' if plan.recompute == 'full' else 'false'}",
                  "fsdp_offload_params: false", "fsdp_state_dict_type: SHARDED_STATE_DICT"]
         lines += ["fsdp_config:"] + [f"  {x}" for x in fsdp]
     elif plan.recompute == "full":
-        notes.append("recompute=full under DDP: wrap each block with torch.utils.checkpoint in the model")
+        which = f"the first {plan.recompute_blocks[0]} blocks" if plan.recompute_blocks else "each block"
+        notes.append(f"recompute=full under DDP: wrap {which} with torch.utils.checkpoint in the model")
     notes.append(f"micro-batching is set in your script: DataLoader(batch_size={plan.microbatch_size}) and "
                  f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})")
     head = [f"Accelerate config for a shardwise plan: {describe(plan)}",

@@ -264,6 +264,15 @@ class Plan:
         return cls.from_json(text, where=str(path))
 
 
+def recompute_counts(plan: Plan) -> str:
+    """`Plan.recompute_blocks` in a few characters, `[3/2/1/0]` (the middle elided past 8 stages), or "" when
+    full recomputation covers every block."""
+    n = [str(c) for c in plan.recompute_blocks]
+    if not n:
+        return ""
+    return "[" + "/".join(n if len(n) <= 8 else n[:3] + ["..."] + n[-2:]) + "]"
+
+
 def model_fingerprint(named_shapes: "Iterable[tuple[str, Sequence[int]]]") -> str:
     """A short digest of a model's parameter names and shapes (`Plan.model["fingerprint"]`), so a plan made for
     one model is refused for another. Tied parameters count once, in `named_parameters()` order."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.plan import recompute_counts
+
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
@@ -18,8 +20,14 @@ def format_plan(plan) -> str:
     m = plan.mesh
     sched = plan.schedule + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
     return (f"dp={m.dp} tp={m.tp} pp={m.pp}  zero={plan.zero_stage}  mbs={plan.microbatch_size} x "
-            f"{plan.num_microbatches} micro-batches  recompute={plan.recompute}  schedule={sched}  "
+            f"{plan.num_microbatches} micro-batches  recompute={plan.recompute}{_blocks(plan)}  schedule={sched}  "
             f"sp={int(plan.sequence_parallel)}  {plan.precision}")
+
+
+def _blocks(plan) -> str:
+    """Partial full recomputation's blocks per stage, as format_plan says them."""
+    counts = recompute_counts(plan)
+    return f" (first blocks per stage: {counts[1:-1]})" if counts else ""
 
 
 def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:
@@ -54,7 +62,7 @@ TOTALS = ("tp_comm_s", "dp_comm_s", "pp_comm_s", "recompute_s")
 def _config(plan) -> dict[str, str]:
     m = plan.mesh
     return {"mesh": f"{m.dp}x{m.tp}x{m.pp}", "ZeRO": str(plan.zero_stage),
-            "mbs": f"{plan.microbatch_size}x{plan.num_microbatches}", "recompute": plan.recompute,
+            "mbs": f"{plan.microbatch_size}x{plan.num_microbatches}", "recompute": plan.recompute + recompute_counts(plan),
             "schedule": "-" if m.pp == 1 else plan.schedule + (f"(v{plan.virtual_stages})"
                                                                 if plan.virtual_stages > 1 else ""),
             "sp": "on" if plan.sequence_parallel else "off"}
@@ -162,7 +170,8 @@ def report_dict(result: Any, explain: bool = False, top: int | None = None) -> d
         d = plan.to_dict()
         cands.append({"rank": i, "label": candidate_label(plan), "mesh": d["mesh"], "zero_stage": plan.zero_stage,
                       "microbatch_size": plan.microbatch_size, "num_microbatches": plan.num_microbatches,
-                      "recompute": plan.recompute, "schedule": plan.schedule,
+                      "recompute": plan.recompute, "recompute_blocks": list(plan.recompute_blocks),
+                      "schedule": plan.schedule,
                       "virtual_stages": plan.virtual_stages, "sequence_parallel": plan.sequence_parallel,
                       "step_time_s": p.step_time_s, "tflops_per_device": p.tflops_per_device, "mfu": p.mfu,
                       "peak_memory_bytes": p.peak_memory_bytes, "fits": p.fits})

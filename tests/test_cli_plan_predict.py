@@ -72,6 +72,20 @@ def test_bad_force_is_one_line(capsys):
     assert rc == 2 and err.count("\n") == 1 and "batch" in err
 
 
+def test_force_recompute_blocks_recomputes_that_many_blocks_per_stage(tmp_path, capsys):
+    # Megatron-LM's --recompute-method block --recompute-num-layers 1: one block of each stage re-run
+    out = tmp_path / "plan.json"
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force",
+               "dp=4,tp=1,pp=2,mbs=2,schedule=1f1b,recompute_blocks=1", "-o", str(out), "--no-check"])
+    text = capsys.readouterr().out
+    plan = Plan.load(out)
+    assert rc == 0 and (plan.recompute, plan.recompute_blocks) == ("full", (1, 1))
+    assert "recompute=full (first blocks per stage: 1/1)" in text
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", "recompute=none,recompute_blocks=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "needs recompute=full" in err
+
+
 def test_attention_flag_picks_the_profiles_kernel_or_unfused(tmp_path, capsys):
     """`--attention unfused` prices SDPA as separate kernels (slower than FlashAttention-2 on a 2048-token GPT);
     a kernel the profile does not list is one line and exit 2."""

@@ -165,6 +165,24 @@ def test_megatron_needs_no_note_for_gradients_or_loss():
     assert not export(plan(precision="fp32"), "megatron", FACTS).notes
 
 
+def test_partial_recompute_exports_as_each_trainer_can():
+    # Megatron-LM's block method re-runs the first N layers of every stage: exact for equal counts, the largest
+    # count (with a note) otherwise; torchtitan and Accelerate wrap every block (a note says so); DeepSpeed and DDP
+    # are told which blocks to wrap
+    even = megatron_args(export(plan(dp=2, pp=2, recompute="full", recompute_blocks=(1, 1)), "megatron", FACTS).text)
+    assert (even.recompute_granularity, even.recompute_method, even.recompute_num_layers) == ("full", "block", 1)
+    uneven = export(plan(dp=2, pp=2, recompute="full", recompute_blocks=(2, 1)), "megatron", FACTS)
+    a = megatron_args(uneven.text)
+    assert (a.recompute_method, a.recompute_num_layers) == ("block", 2) and "[2, 1]" in " ".join(uneven.notes)
+    assert "[2, 1]" in uneven.text  # the header's plan description
+    one = plan(recompute="full", recompute_blocks=(3,))
+    titan = export(one, "torchtitan", FACTS)
+    assert tomllib.loads(titan.text)["activation_checkpoint"] == {"mode": "full"}
+    assert any("every block" in n for n in titan.notes)
+    assert any("the first 3 blocks" in n for n in export(one, "deepspeed", FACTS).notes)
+    assert any("every block" in n for n in export(one, "accelerate", FACTS).notes)
+
+
 def test_torchtitan_selective_is_the_executors_op_policy():
     ac = tomllib.loads(export(plan(recompute="selective"), "torchtitan", FACTS).text)["activation_checkpoint"]
     assert ac == {"mode": "selective", "selective_ac_option": "op"}

@@ -47,3 +47,24 @@ def test_bad_json_is_one_clear_error(tmp_path):
 def test_virtual_stages_need_interleaved():
     with pytest.raises(PlanError, match="interleaved"):
         _plan(schedule="1f1b")
+
+
+def test_recompute_blocks_round_trip_and_checks(tmp_path):
+    p = _plan(recompute="full", recompute_blocks=(2, 1, 1, 0))
+    path = tmp_path / "plan.json"
+    p.save(path)
+    assert Plan.load(path) == p
+    # the first blocks of each stage, or every block without counts
+    stages = [["h.0", "h.1"], ["h.2"], ["h.3", "h.4"], ["h.5"]]
+    assert p.recomputed_blocks(stages) == {"h.0", "h.1", "h.2", "h.3"}
+    assert _plan(recompute="full").recomputed_blocks(stages) == {f"h.{i}" for i in range(6)}
+    assert _plan().recomputed_blocks(stages) == set()
+    for bad, match in (({"recompute_blocks": (1, 1, 1, 1)}, "needs recompute 'full'"),
+                       ({"recompute": "full", "recompute_blocks": (1, 1)}, "gives 2 counts, one per pipeline stage "
+                                                                          "needs 4")):
+        with pytest.raises(PlanError, match=match):
+            _plan(**bad)
+    d = p.to_dict()
+    d["recompute_blocks"] = [1, -1, 0, 0]
+    with pytest.raises(PlanError, match=r"recompute_blocks\[1\]"):
+        Plan.from_dict(d)

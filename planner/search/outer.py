@@ -39,10 +39,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from hardware_profiles.schema import Cluster
+from planner.defaults import forced_recompute_blocks
 from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.layout import parameter_placements
-from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
+from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint, recompute_counts
 from planner.search.ilp import ILPError
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
@@ -256,6 +257,7 @@ class OuterSearch:
         leanest."""
         found: list[Scored] = []
         leanest = None
+        preds: dict[tuple[int, str], Any] = {}  # (ZeRO stage, recompute) -> prediction, for `_partial`
         kth = self._top[-1] * (1 + 1e-6) if len(self._top) >= self.top_k else math.inf
         self.stats["groups_bounded"] += max(lb, self.placed_bound(g, arrays, stages)) > kth
         todo = zero_stages(g.dp, self.forced)  # leanest first
@@ -269,6 +271,7 @@ class OuterSearch:
             for k, zero in enumerate(todo):
                 plan = self.build(g, placement, stages, zero, recompute)
                 pred = self.predict(plan, level_lb)
+                preds[(zero, recompute)] = pred
                 if leanest is None or pred.peak_memory_bytes < leanest[0].peak_memory_bytes:
                     leanest = (pred, plan)
                 if not pred.fits:
@@ -280,7 +283,49 @@ class OuterSearch:
             if not failed:
                 break
             todo = failed
+        found += self._partial(g, lb, placement, stages, preds, kth, bool(found))
         return found, leanest
+
+    def _partial(self, g: Group, lb: float, placement: PlacementResult, stages: tuple[StageSpec, ...],
+                 preds: dict[tuple[int, str], Any], kth: float, fitted: bool) -> list[Scored]:
+        """Partial full recomputation (`Plan.recompute_blocks`) for each ZeRO stage that does not fit without
+        recomputation but fits with full: each pipeline rank re-runs the share of its stages' blocks its memory
+        needs, (peak without - usable) / (peak without - peak with full recomputation), rounded up; a rank still
+        over gets one more block per stage until the plan fits. Early 1F1B ranks hold more micro-batches, so they
+        recompute more than late ones. Skipped when the recompute level is forced or no candidate of it could
+        enter the top `top_k`."""
+        nblocks = [sum(1 for l in self.layers[s.start_layer:s.end_layer] if l.block_type) for s in stages]
+        bound = max(lb, self.placed_bound(g, self._placed_arrays(g), stages, "none"))
+        if "recompute" in self.forced or max(nblocks) < 2 or (fitted and bound > kth):
+            return []
+        usable = self.cluster.device.usable_memory_bytes
+        out: list[Scored] = []
+        for zero in zero_stages(g.dp, self.forced):
+            ends = []
+            for rc in ("none", "full"):
+                if (zero, rc) not in preds:
+                    preds[(zero, rc)] = self.predict(self.build(g, placement, stages, zero, rc), bound)
+                ends.append(preds[(zero, rc)])
+            none, full = ends
+            if none.fits or not full.fits:
+                continue
+            share = [min(1.0, max(0.0, (hi - usable) / (hi - lo))) if hi > lo else 1.0
+                     for hi, lo in zip(none.memory_per_device_bytes, full.memory_per_device_bytes)]
+            counts = [min(n, math.ceil(share[s.rank] * n - 1e-9)) for s, n in zip(stages, nblocks)]
+            base = self.build(g, placement, stages, zero, "full")
+            while counts != nblocks:
+                plan = replace(base, recompute_blocks=tuple(counts))
+                pred = self.predict(plan, bound)
+                if pred.fits:
+                    out.append(Scored(plan, pred, bound))
+                    break
+                over = {r for r, b in enumerate(pred.memory_per_device_bytes) if b > usable}
+                counts = [min(n, c + 1) if s.rank in over else c for s, n, c in zip(stages, nblocks, counts)]
+        return out
+
+    def _placed_arrays(self, g: Group) -> _Layers:
+        """The per-layer arrays of the group's placement (`placed`, cached)."""
+        return self.placed(g.tp, g.mbs, g.sp)[1]
 
     def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
                       leanest: tuple[Any, Plan]) -> list[Scored]:
@@ -476,6 +521,7 @@ class OuterSearch:
         c = self.cluster
         return Plan(mesh=Mesh(dp=g.dp, tp=g.tp, pp=g.pp), zero_stage=zero,
                     sequence_parallel=g.sp and placement.sequence_parallel, recompute=recompute,
+                    recompute_blocks=forced_recompute_blocks(self.forced, len(stages)) if recompute == "full" else (),
                     schedule=g.schedule, virtual_stages=g.vp, global_batch_size=batch or self.batch,
                     microbatch_size=g.mbs,
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
@@ -540,7 +586,7 @@ def candidate_label(plan: Plan) -> str:
     m = plan.mesh
     parts = [f"{m.dp}x{m.tp}x{m.pp}", f"Z{plan.zero_stage}", f"{plan.microbatch_size}x{plan.num_microbatches}"]
     if plan.recompute != "none":
-        parts.append("sel" if plan.recompute == "selective" else "full")
+        parts.append("sel" if plan.recompute == "selective" else f"full{recompute_counts(plan)}")
     if m.pp > 1:
         parts.append(f"int{plan.virtual_stages}" if plan.schedule == "interleaved" else plan.schedule)
     if plan.sequence_parallel:
