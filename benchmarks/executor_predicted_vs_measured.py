@@ -53,6 +53,7 @@ MATRIX = [
     ("tp2 sp", "dp=1,tp=2,pp=1,mbs=8,recompute=none,sp=1"),
     ("pp2 1f1b mbs2", "dp=1,tp=1,pp=2,mbs=2,recompute=none,schedule=1f1b"),
     ("dp2 recompute", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full"),
+    ("dp2 recompute 2/4", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute_blocks=2"),
     ("dp2 selective", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=selective"),
 ]
 BATCH = 8

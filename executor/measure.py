@@ -281,6 +281,7 @@ def compare(plan: Plan, measured: Mapping[str, Any]) -> dict[str, Any]:
     return {"predicted": pred, "measured": dict(measured), "error": error, "memory": memory,
             "plan": {"mesh": plan.to_dict()["mesh"], "zero_stage": plan.zero_stage,
                      "schedule": plan.schedule, "recompute": plan.recompute,
+                     "recompute_blocks": list(plan.recompute_blocks),
                      "num_microbatches": plan.num_microbatches, "global_batch_size": plan.global_batch_size}}
 
 

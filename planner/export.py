@@ -110,7 +110,8 @@ def describe(plan: Plan) -> str:
     sched = f" schedule={plan.schedule}" + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
     return (f"dp={m.dp} tp={m.tp} pp={m.pp} zero={plan.zero_stage} mbs={plan.microbatch_size} x "
             f"{plan.num_microbatches} micro-batches (global batch {plan.global_batch_size}) "
-            f"recompute={plan.recompute}{recompute_counts(plan)}{sched if m.pp > 1 else ''} sp={int(plan.sequence_parallel)} "
+            f"recompute={plan.recompute}{recompute_counts(plan)}{sched if m.pp > 1 else ''} "
+            f"sp={int(plan.sequence_parallel)} "
             f"{plan.precision}")
 
 

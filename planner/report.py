@@ -62,7 +62,8 @@ TOTALS = ("tp_comm_s", "dp_comm_s", "pp_comm_s", "recompute_s")
 def _config(plan) -> dict[str, str]:
     m = plan.mesh
     return {"mesh": f"{m.dp}x{m.tp}x{m.pp}", "ZeRO": str(plan.zero_stage),
-            "mbs": f"{plan.microbatch_size}x{plan.num_microbatches}", "recompute": plan.recompute + recompute_counts(plan),
+            "mbs": f"{plan.microbatch_size}x{plan.num_microbatches}",
+            "recompute": plan.recompute + recompute_counts(plan),
             "schedule": "-" if m.pp == 1 else plan.schedule + (f"(v{plan.virtual_stages})"
                                                                 if plan.virtual_stages > 1 else ""),
             "sp": "on" if plan.sequence_parallel else "off"}

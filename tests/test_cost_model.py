@@ -236,7 +236,7 @@ def test_repeated_blocks_reuse_a_cost_only_where_their_inputs_arrive_alike(monke
     cl = load_cluster("dgx-h100")
     plan = default_plan(graph, cl, 8, "bf16", {"dp": 4, "tp": 2, "pp": 1, "sp": 1, "mbs": 2}, "llama.py")
     cached = CostModel(cl).predict(graph, plan)
-    monkeypatch.setattr(LayerCoster, "cost", lambda self, layer: self._compute(layer))
+    monkeypatch.setattr(LayerCoster, "cost", lambda self, layer: self._compute(layer, self.policy(layer)))
     fresh = CostModel(cl).predict(graph, plan)
     assert cached.breakdown["tp_comm_s"] == pytest.approx(fresh.breakdown["tp_comm_s"])
     assert cached.step_time_s == pytest.approx(fresh.step_time_s)

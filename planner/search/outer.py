@@ -15,7 +15,8 @@ Order of work (cheap to expensive):
 4. In a group: placements from the ILP (cached), stages from the DP on the placed layer times, then ZeRO stages
    leanest first (3, 2, 1, 0) for each recompute level (none, selective, full): once a ZeRO stage does not fit,
    the less sharded ones cannot either; a ZeRO stage that fits is not retried with more recompute, which can
-   only be slower. A group
+   only be slower. A ZeRO stage that fits with full recompute but not without gets partial full recompute too
+   (`_partial`: each pipeline rank re-runs only the blocks its memory needs). A group
    whose leanest candidate does not fit is retried once with memory-aware stage cuts and a memory-budgeted ILP.
 5. Before a group's sweep, a second, tighter bound from its actual placements and stage cuts (`placed_bound`):
    per layer the compute plus re-sharding time the ILP priced (`op_time` + `reshard_time` of the chosen
@@ -283,19 +284,19 @@ class OuterSearch:
             if not failed:
                 break
             todo = failed
-        found += self._partial(g, lb, placement, stages, preds, kth, bool(found))
+        found += self._partial(g, lb, placement, arrays, stages, preds, kth, bool(found))
         return found, leanest
 
-    def _partial(self, g: Group, lb: float, placement: PlacementResult, stages: tuple[StageSpec, ...],
+    def _partial(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers, stages: tuple[StageSpec, ...],
                  preds: dict[tuple[int, str], Any], kth: float, fitted: bool) -> list[Scored]:
         """Partial full recomputation (`Plan.recompute_blocks`) for each ZeRO stage that does not fit without
         recomputation but fits with full: each pipeline rank re-runs the share of its stages' blocks its memory
         needs, (peak without - usable) / (peak without - peak with full recomputation), rounded up; a rank still
-        over gets one more block per stage until the plan fits. Early 1F1B ranks hold more micro-batches, so they
+        over re-estimates its share from where it stands (at least one more block a stage) until the plan fits. Early 1F1B ranks hold more micro-batches, so they
         recompute more than late ones. Skipped when the recompute level is forced or no candidate of it could
         enter the top `top_k`."""
         nblocks = [sum(1 for l in self.layers[s.start_layer:s.end_layer] if l.block_type) for s in stages]
-        bound = max(lb, self.placed_bound(g, self._placed_arrays(g), stages, "none"))
+        bound = max(lb, self.placed_bound(g, arrays, stages, "none"))
         if "recompute" in self.forced or max(nblocks) < 2 or (fitted and bound > kth):
             return []
         usable = self.cluster.device.usable_memory_bytes
@@ -319,13 +320,13 @@ class OuterSearch:
                 if pred.fits:
                     out.append(Scored(plan, pred, bound))
                     break
-                over = {r for r, b in enumerate(pred.memory_per_device_bytes) if b > usable}
-                counts = [min(n, c + 1) if s.rank in over else c for s, n, c in zip(stages, nblocks, counts)]
+                # a rank still over: the same estimate from where it now stands, at least one more block a stage
+                share = [x + (1 - x) * (b - usable) / (b - lo) if b > usable and b > lo else (1.0 if b > usable else x)
+                         for x, b, lo in zip(share, pred.memory_per_device_bytes, full.memory_per_device_bytes)]
+                counts = [min(n, max(c + (pred.memory_per_device_bytes[s.rank] > usable),
+                                     math.ceil(share[s.rank] * n - 1e-9)))
+                          for s, n, c in zip(stages, nblocks, counts)]
         return out
-
-    def _placed_arrays(self, g: Group) -> _Layers:
-        """The per-layer arrays of the group's placement (`placed`, cached)."""
-        return self.placed(g.tp, g.mbs, g.sp)[1]
 
     def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
                       leanest: tuple[Any, Plan]) -> list[Scored]:
