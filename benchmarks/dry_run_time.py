@@ -17,6 +17,7 @@ from cost_model.model import CostModel
 from executor.dry_run import dry_run, run_plan
 from hardware_profiles.load import load_cluster
 from planner.model_file import load_model_file
+from planner.plan import recompute_counts
 from planner.search import search
 from planner.trace import trace_model
 
@@ -69,7 +70,7 @@ def main(names: list[str]) -> None:
         m, run = plan.mesh, run_plan(plan).mesh
         desc = (f"dp={m.dp}{f' (run as {run.dp})' if run.dp != m.dp else ''} tp={m.tp} pp={m.pp} "
                 f"v={plan.virtual_stages} zero={plan.zero_stage} sp={int(plan.sequence_parallel)} "
-                f"recompute={plan.recompute} mbs={plan.microbatch_size} {plan.precision}")
+                f"recompute={plan.recompute}{recompute_counts(plan)} mbs={plan.microbatch_size} {plan.precision}")
         print(f"{name:<28} {plan.world_size:>6} {took:>10.2f} {_rss_mib() - rss0:>14.0f}  "
               f"{'ok' if not problems else problems[0][:100]}  {desc}  (load {os.getloadavg()[0]:.2f})", flush=True)
 

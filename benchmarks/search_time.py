@@ -12,6 +12,7 @@ from search_common import gpt_graph
 
 from cost_model.model import CostModel
 from hardware_profiles.load import load_cluster
+from planner.plan import recompute_counts
 from planner.search import search
 
 CASES = [
@@ -36,7 +37,7 @@ def main() -> None:
         t2 = time.perf_counter()
         p, s = res.best, res.stats
         chosen = (f"dp={p.mesh.dp} tp={p.mesh.tp} pp={p.mesh.pp} zero={p.zero_stage} mbs={p.microbatch_size} "
-                  f"{p.recompute} {p.schedule}{'(v%d)' % p.virtual_stages if p.virtual_stages > 1 else ''} "
+                  f"{p.recompute}{recompute_counts(p)} {p.schedule}{'(v%d)' % p.virtual_stages if p.virtual_stages > 1 else ''} "
                   f"sp={int(p.sequence_parallel)}: {res.best_prediction.step_time_s:.3f} s/step")
         print(f"{name:<26} {t1 - t0:8.1f} {t2 - t1:9.2f} {target:9.0f}  {s['groups_evaluated']:>8}/{s['groups']:<13} "
               f"{s['predictions']:>11} {s['ilp_solves']:>5}  {chosen}  (load {os.getloadavg()[0]:.2f})", flush=True)

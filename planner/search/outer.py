@@ -284,34 +284,50 @@ class OuterSearch:
             if not failed:
                 break
             todo = failed
-        found += self._partial(g, lb, placement, arrays, stages, preds, kth, bool(found))
+        found += self._partial(g, lb, placement, arrays, stages, preds, kth)
         return found, leanest
 
     def _partial(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers, stages: tuple[StageSpec, ...],
-                 preds: dict[tuple[int, str], Any], kth: float, fitted: bool) -> list[Scored]:
-        """Partial full recomputation (`Plan.recompute_blocks`) for each ZeRO stage that does not fit without
-        recomputation but fits with full: each pipeline rank re-runs the share of its stages' blocks its memory
-        needs, (peak without - usable) / (peak without - peak with full recomputation), rounded up; a rank still
-        over re-estimates its share from where it stands (at least one more block a stage) until the plan fits. Early 1F1B ranks hold more micro-batches, so they
-        recompute more than late ones. Skipped when the recompute level is forced or no candidate of it could
-        enter the top `top_k`."""
+                 preds: dict[tuple[int, str], Any], kth: float) -> list[Scored]:
+        """Partial full recomputation (`Plan.recompute_blocks`) for the ZeRO stages that fit with full recomputation
+        but not without: each pipeline rank re-runs the share of its stages' blocks its memory needs,
+        (peak without - usable) / (peak without - peak with full recomputation), rounded up; a rank still over
+        re-estimates its share from where it stands (at least one more block a stage) until the plan fits. Early
+        1F1B ranks hold more micro-batches, so they recompute more than late ones.
+
+        A rank's peak without recomputation, where the sweep did not predict it, is its peak with full recomputation
+        plus what recomputation saved it at the leanest ZeRO stage that did not fit (the activations, which ZeRO
+        does not shard). Skipped when the recompute level is
+        forced, and for a ZeRO stage that cannot enter the top `top_k`: its step is at least the bound without
+        recomputation and at least its full-recompute step less the recompute seconds (with a pipeline's fill and
+        drain)."""
         nblocks = [sum(1 for l in self.layers[s.start_layer:s.end_layer] if l.block_type) for s in stages]
         bound = max(lb, self.placed_bound(g, arrays, stages, "none"))
-        if "recompute" in self.forced or max(nblocks) < 2 or (fitted and bound > kth):
+        if "recompute" in self.forced or max(nblocks) < 2 or bound > kth:
             return []
         usable = self.cluster.device.usable_memory_bytes
         out: list[Scored] = []
-        for zero in zero_stages(g.dp, self.forced):
-            ends = []
-            for rc in ("none", "full"):
-                if (zero, rc) not in preds:
-                    preds[(zero, rc)] = self.predict(self.build(g, placement, stages, zero, rc), bound)
-                ends.append(preds[(zero, rc)])
-            none, full = ends
-            if none.fits or not full.fits:
+        saved = None  # per rank: peak without recomputation - peak with full, at the last ZeRO stage predicted so
+        for zero in zero_stages(g.dp, self.forced):  # leanest first
+            without = preds.get((zero, "none"))
+            if without is not None and without.fits:
                 continue
-            share = [min(1.0, max(0.0, (hi - usable) / (hi - lo))) if hi > lo else 1.0
-                     for hi, lo in zip(none.memory_per_device_bytes, full.memory_per_device_bytes)]
+            if without is None and saved is None:
+                break  # the none level stopped before any ZeRO stage failed: nothing to estimate from
+            if (zero, "full") not in preds:
+                preds[(zero, "full")] = self.predict(self.build(g, placement, stages, zero, "full"), bound)
+            full = preds[(zero, "full")]
+            if not full.fits:
+                break  # less sharding needs more memory
+            lo = full.memory_per_device_bytes
+            if without is not None:
+                saved = [hi - b for hi, b in zip(without.memory_per_device_bytes, lo)]
+            none = [b + d for b, d in zip(lo, saved)]
+            # recompute seconds are m passes of one rank's; a pipeline's fill and drain repeat them pp - 1 times
+            dropped = full.breakdown.get("recompute_s", 0.0) * (g.num_microbatches + g.pp - 1) / g.num_microbatches
+            if max(bound, full.step_time_s - dropped) > kth:
+                continue
+            share = [min(1.0, max(0.0, (hi - usable) / (hi - b))) if hi > b else 1.0 for hi, b in zip(none, lo)]
             counts = [min(n, math.ceil(share[s.rank] * n - 1e-9)) for s, n in zip(stages, nblocks)]
             base = self.build(g, placement, stages, zero, "full")
             while counts != nblocks:
@@ -321,10 +337,10 @@ class OuterSearch:
                     out.append(Scored(plan, pred, bound))
                     break
                 # a rank still over: the same estimate from where it now stands, at least one more block a stage
-                share = [x + (1 - x) * (b - usable) / (b - lo) if b > usable and b > lo else (1.0 if b > usable else x)
-                         for x, b, lo in zip(share, pred.memory_per_device_bytes, full.memory_per_device_bytes)]
-                counts = [min(n, max(c + (pred.memory_per_device_bytes[s.rank] > usable),
-                                     math.ceil(share[s.rank] * n - 1e-9)))
+                now = pred.memory_per_device_bytes
+                share = [x + (1 - x) * (b - usable) / (b - f) if b > usable and b > f else (1.0 if b > usable else x)
+                         for x, b, f in zip(share, now, lo)]
+                counts = [min(n, max(c + (now[s.rank] > usable), math.ceil(share[s.rank] * n - 1e-9)))
                           for s, n, c in zip(stages, nblocks, counts)]
         return out
 
