@@ -5,6 +5,7 @@ from typing import Any
 
 from cost_model.memory import DDP_BUCKET_BYTES
 from hardware_profiles.schema import UNFUSED_ATTENTION
+from planner.plan import recompute_counts
 
 
 def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
@@ -65,7 +66,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         f"activations: the traced graph's saved tensors at {plan.precision}"
         + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
         + " (masks 1 byte), recompute "
-        f"{plan.recompute}, sequence parallel "
+        f"{plan.recompute}"
+        + (f" on the first blocks of each stage only {recompute_counts(plan)}" if plan.recompute_blocks else "")
+        + ", sequence parallel "
         + ("on (outside checkpointed blocks gathered inputs are saved as their shard, gathered again in "
            "backward)" if plan.sequence_parallel else "off") + "; in-flight "
         f"micro-batches per {plan.schedule}" + (
