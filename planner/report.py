@@ -27,7 +27,11 @@ def format_plan(plan) -> str:
 def _blocks(plan) -> str:
     """Partial full recomputation's blocks per stage, as format_plan says them."""
     counts = recompute_counts(plan)
-    return f" (first blocks per stage: {counts[1:-1]})" if counts else ""
+    if not counts:
+        return ""
+    if len(plan.recompute_blocks) == 1:
+        return f" (the first {counts[1:-1]} blocks)"
+    return f" (the first blocks of each stage: {counts[1:-1]})"
 
 
 def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:

@@ -80,7 +80,7 @@ def test_force_recompute_blocks_recomputes_that_many_blocks_per_stage(tmp_path, 
     text = capsys.readouterr().out
     plan = Plan.load(out)
     assert rc == 0 and (plan.recompute, plan.recompute_blocks) == ("full", (1, 1))
-    assert "recompute=full (first blocks per stage: 1/1)" in text
+    assert "recompute=full (the first blocks of each stage: 1/1)" in text
     rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", "recompute=none,recompute_blocks=1"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "needs recompute=full" in err
