@@ -121,9 +121,11 @@ def runs_on_dtensors(plan: Plan) -> Callable[[str], bool]:
         return lambda path: False
     placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
     placed |= {name.rpartition(".")[0] for name in plan.parameters}
+    # a path runs on DTensors when it is a placed module or one of their ancestors: every such path, once
+    ancestors = {".".join(parts[:k]) for q in placed for parts in [q.split(".")] for k in range(1, len(parts) + 1)}
 
     def on(path: str) -> bool:
-        return not path or any(q == path or q.startswith(path + ".") for q in placed)
+        return not path or path in ancestors
     return on
 
 

@@ -70,6 +70,8 @@ def test_only_wholly_replicated_modules_run_on_plain_tensors():
     on = runs_on_dtensors(plan)
     placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
     assert placed and all(on(m) for m in placed)
+    some = sorted(placed)[0]
+    assert on(some.rpartition(".")[0]) and not on(some[:-1])  # an ancestor module, not a name's prefix
     assert on("")  # the root's own ops (embedding sums, the loss) see its DTensor activations
     plain = {op.module_path for op in g.ops if op.module_path and not any(
         q == op.module_path or q.startswith(op.module_path + ".") for q in placed)}
