@@ -37,6 +37,7 @@ SPECS_4 = [
     {"name": "dp_pp", "dp": 2, "pp": 2, "nmb": 2},
     {"name": "tp_pp_sp", "tp": 2, "pp": 2, "nmb": 2, "sp": True},
     {"name": "zero3_tp", "dp": 2, "tp": 2, "zero": 3, "rc": "selective"},
+    {"name": "zero3_tp_partial_recompute", "dp": 2, "tp": 2, "zero": 3, "rc": "full", "rcb": [2]},
     {"name": "pp_interleaved", "dp": 2, "pp": 2, "vs": 2, "nmb": 2, "schedule": "interleaved"},
     {"name": "load_into_tp_pp", "tp": 2, "pp": 2, "nmb": 2, "load": True},
 ]
@@ -121,6 +122,7 @@ def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
     assert wrapped("dp_partial_recompute") == blocks[:2]
     assert wrapped("pp_partial_recompute") == blocks[:1]
     assert wrapped("pp_1f1b") == []
+    assert wrapped("zero3_tp_partial_recompute") == blocks[:2]  # under FSDP2 and tp too
     assert results["dp_full_recompute"]["saved"] < results["dp_partial_recompute"]["saved"] < results["dp"]["saved"]
     assert results["pp_partial_recompute"]["saved"] < results["pp_1f1b"]["saved"]
 
