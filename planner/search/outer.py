@@ -37,8 +37,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from hardware_profiles.schema import Cluster
 from planner.defaults import forced_recompute_blocks
 from planner.errors import PlanError
@@ -46,10 +44,11 @@ from planner.graph import OpGraph
 from planner.layout import parameter_placements
 from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint, recompute_counts
 from planner.search.ilp import ILPError
+from planner.search.layer_costs import LayerArrays, LayerCosts
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
-from planner.strategies import plan_tp_problems, strategies_for
+from planner.strategies import plan_tp_problems
 
 
 
@@ -94,26 +93,6 @@ class OuterResult:
     """Every candidate predicted, in search order."""
 
 
-@dataclass
-class _Layers:
-    """Per-layer arrays for one (tp, mbs, sp) placement (one micro-batch)."""
-
-    time: np.ndarray
-    """Compute (`op_time`, forward + backward) plus re-sharding into each op (`reshard_time`), seconds."""
-    param: np.ndarray
-    """Parameter bytes (`op_memory`)."""
-    act: np.ndarray
-    """Saved activation bytes (`op_memory`)."""
-    refwd: np.ndarray
-    """What full recomputation adds to a block layer's backward: its forward up to the cost model's
-    `recompute_stop` (torch checkpoint's early stop) run again, kernels and host set against the backward's as
-    `predict` does; 0 elsewhere."""
-    bound: np.ndarray
-    """What `placed_bound` sums: like `time`, but a block's re-sharding into its first op is the smaller of its
-    first and second copy's (the first copy's inputs come from the ops before the blocks, the others' from the
-    previous copy; `time` prices every copy like the first)."""
-
-
 class OuterSearch:
     """One search: graph, cluster, cost model, batch and forced keys; `run()` returns an OuterResult.
     `on_progress(groups done, groups in all, best step so far or inf)` is called as groups are visited."""
@@ -129,14 +108,14 @@ class OuterSearch:
         self.budget_s, self.model_path, self.on_progress = time_budget_s, model_path, on_progress
         self.layers = graph.layers()
         self.placer = PlacementSolver(graph, cost_model)
+        self.layer_costs = LayerCosts(graph, cost_model, precision)
         self.notes: list[str] = []
         self.stats = {"groups": 0, "groups_evaluated": 0, "groups_bounded": 0, "predictions": 0,
                       "bound_violations": 0}
-        self._op_min: dict[tuple, np.ndarray] = {}
         self._bottleneck: dict[tuple, float] = {}
         self._cuts: dict[tuple, tuple[StageSpec, ...] | None] = {}
-        self._tight: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
-        self._placed: dict[tuple, tuple[PlacementResult, _Layers] | None] = {}
+        self._tight: dict[tuple, tuple[PlacementResult, LayerArrays] | None] = {}
+        self._placed: dict[tuple, tuple[PlacementResult, LayerArrays] | None] = {}
         self._leanest: tuple[float, Plan] | None = None
         self.evaluated: list[Evaluated] = []
         self._modules = [_layer_modules(graph, layer) for layer in self.layers]
@@ -191,32 +170,9 @@ class OuterSearch:
         return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats, evaluated=self.evaluated)
 
     # ---- bounds ---------------------------------------------------------------------------------------------------
-    def op_min_times(self, tp: int, mbs: int) -> np.ndarray:
-        """Per layer: sum over its ops of the fastest strategy's forward + backward time (a compute lower bound)."""
-        key = (tp, mbs)
-        if key not in self._op_min:
-            by_type: dict[str, float] = {}
-            out = []
-            for layer in self.layers:
-                if layer.block_type is not None and layer.block_type in by_type:
-                    out.append(by_type[layer.block_type])
-                    continue
-                # each of kernels and host dispatch at its fastest strategy, combined per layer as `predict`
-                # does (max on GPUs): a sum of per-op maxima would exceed the layer's max of sums
-                parts = np.zeros(4)
-                for op in self.graph.layer_ops(layer):
-                    parts += np.min([self.cm.op_parts(op, None if p.strategy == "replicate" else p, tp, mbs,
-                                                      self.precision) for p in strategies_for(op, tp)], axis=0)
-                t = self.cm.compute.combine(parts[0], parts[2]) + self.cm.compute.combine(parts[1], parts[3])
-                if layer.block_type is not None:
-                    by_type[layer.block_type] = t
-                out.append(t)
-            self._op_min[key] = np.array(out)
-        return self._op_min[key]
-
     def lower_bound(self, g: Group) -> float:
         """A step time no plan of the group can beat (see the module docstring)."""
-        t = self.op_min_times(g.tp, g.mbs)
+        t = self.layer_costs.op_min_times(g.tp, g.mbs)
         if g.pp == 1:
             return float(t.sum()) * g.num_microbatches
         if g.schedule == "interleaved":
@@ -242,7 +198,7 @@ class OuterSearch:
             return found
         return self._retry_leaner(g, lb, placement, arrays, leanest)
 
-    def placed_bound(self, g: Group, arrays: _Layers, stages: tuple[StageSpec, ...], recompute: str = "none"
+    def placed_bound(self, g: Group, arrays: LayerArrays, stages: tuple[StageSpec, ...], recompute: str = "none"
                      ) -> float:
         """A step time no candidate with these placements (per-layer `arrays`), stage cuts and recompute level can
         beat (step 5 of the module docstring)."""
@@ -250,7 +206,7 @@ class OuterSearch:
         times = [float(per_layer[s.start_layer:s.end_layer].sum()) for s in stages]
         return pipeline_bound(times, g.pp, g.num_microbatches)
 
-    def _sweep(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
+    def _sweep(self, g: Group, lb: float, placement: PlacementResult, arrays: LayerArrays,
                stages: tuple[StageSpec, ...]) -> tuple[list[Scored], Any]:
         """Predict ZeRO x recompute leanest first (module docstring, step 4). A recompute level whose
         `placed_bound` shows that none of its candidates can enter the top `top_k` (step 5) is swept only up to
@@ -287,7 +243,7 @@ class OuterSearch:
         found += self._partial(g, lb, placement, arrays, stages, preds, kth)
         return found, leanest
 
-    def _partial(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers, stages: tuple[StageSpec, ...],
+    def _partial(self, g: Group, lb: float, placement: PlacementResult, arrays: LayerArrays, stages: tuple[StageSpec, ...],
                  preds: dict[tuple[int, str], Any], kth: float) -> list[Scored]:
         """Partial full recomputation (`Plan.recompute_blocks`) for the ZeRO stages that fit with full recomputation
         but not without: each pipeline rank re-runs the share of its stages' blocks its memory needs,
@@ -344,7 +300,7 @@ class OuterSearch:
                           for s, n, c in zip(stages, nblocks, counts)]
         return out
 
-    def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: _Layers,
+    def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: LayerArrays,
                       leanest: tuple[Any, Plan]) -> list[Scored]:
         """Nothing fitted: cut stages and place ops under a memory limit scaled by usable / predicted peak."""
         pred, plan = leanest
@@ -355,7 +311,7 @@ class OuterSearch:
         key = (g.tp, g.mbs, g.sp, level)
         if key not in self._tight:
             tight = self.solve_placement(g.tp, g.mbs, g.sp, budget_scale=level) if g.tp > 1 else None
-            self._tight[key] = None if tight is None else (tight, self.layer_arrays(g.tp, g.mbs, tight))
+            self._tight[key] = None if tight is None else (tight, self.layer_costs.placed(g.tp, g.mbs, tight))
         if self._tight[key] is not None:
             placement, arrays = self._tight[key]
         infl = inflight_microbatches(g.schedule, g.pp, g.num_microbatches, g.vp)
@@ -372,12 +328,12 @@ class OuterSearch:
         return found
 
     # ---- pieces ---------------------------------------------------------------------------------------------------
-    def placed(self, tp: int, mbs: int, sp: bool) -> tuple[PlacementResult, _Layers] | None:
+    def placed(self, tp: int, mbs: int, sp: bool) -> tuple[PlacementResult, LayerArrays] | None:
         """Placements (ILP) and the per-layer arrays they give, cached per (tp, mbs, sp); None: not a candidate."""
         key = (tp, mbs, sp)
         if key not in self._placed:
             placement = self.solve_placement(tp, mbs, sp)
-            self._placed[key] = None if placement is None else (placement, self.layer_arrays(tp, mbs, placement))
+            self._placed[key] = None if placement is None else (placement, self.layer_costs.placed(tp, mbs, placement))
         return self._placed[key]
 
     def solve_placement(self, tp: int, mbs: int, sp: bool, budget_scale: float | None = None
@@ -452,65 +408,7 @@ class OuterSearch:
             self._problems[key] = plan_tp_problems(self.graph, ops, tp, self.placer.tp_modules)
         return self._problems[key]
 
-    def layer_arrays(self, tp: int, mbs: int, placement: PlacementResult) -> _Layers:
-        """Per layer: compute + re-sharding time, parameter bytes, activation bytes (one micro-batch)."""
-        args = (tp, mbs, self.precision)
-        first: dict[str, tuple[float, ...]] = {}  # block type -> its first copy's row (`_layer_row`)
-        second: dict[str, float] = {}  # block type -> its second copy's re-sharding
-        rows = []
-        for layer in self.layers:
-            bt = layer.block_type
-            if bt is None or bt not in first or bt not in second:
-                row = self._layer_row(layer, placement, args)
-                if bt is not None and bt in first:
-                    second[bt] = row[4]
-                elif bt is not None:
-                    first[bt] = row
-            rows.append(first[bt] if bt is not None else row)
-        out = []
-        for layer, (t, p, a, c, r, f) in zip(self.layers, rows):
-            r = min(r, second.get(layer.block_type, r)) if layer.block_type is not None else r
-            out.append((t, p, a, f if layer.block_type is not None else 0.0, c + r))
-        return _Layers(*(np.array(col) for col in zip(*out)))
-
-    def _layer_row(self, layer, placement: PlacementResult, args: tuple) -> tuple[float, ...]:
-        """One layer's (compute + re-sharding, parameter bytes, activation bytes, compute, re-sharding, forward
-        compute)."""
-        p = a = r = 0.0
-        parts = np.zeros(4)  # kernels and host dispatch, forward and backward, combined per layer as `predict` does
-        rerun = np.zeros(4)  # the same for the ops a full-recompute re-run executes (up to the early stop)
-        stop_of = getattr(self.cm, "recompute_stop", None)
-        stop = stop_of(self.graph, layer) if stop_of is not None else len(layer.ops) - 1
-        for pos, op in enumerate(self.graph.layer_ops(layer)):
-            pl = placement.ops.get(op.name)
-            op_parts = np.asarray(self.cm.op_parts(op, pl, *args))
-            parts += op_parts
-            if pos <= stop:
-                rerun += op_parts
-            pb, ab = self.cm.op_memory(op, pl, *args)
-            p, a = p + pb, a + ab
-            r += self._reshard_in(op, pl, placement, args)
-        combine = self.cm.compute.combine
-        f = combine(parts[0], parts[2])
-        c = f + combine(parts[1], parts[3])
-        # predict sets the re-run against the backward (cost_model's `ComputeModel.added`, written here with the
-        # `combine` this search is passed); bound + re-run is then combine(backward + re-run), which only grows with
-        # each part: a sound bound
-        return c + r, p, a, c, r, combine(parts[1] + rerun[0], parts[3] + rerun[2]) - combine(parts[1], parts[3])
-
-    def _reshard_in(self, op, pl: OpPlacement | None, placement: PlacementResult, args: tuple) -> float:
-        total = 0.0
-        for k, src in enumerate(op.inputs):
-            if src not in self.graph.index:
-                continue
-            producer = self.graph.op(src)
-            have = placement.ops[src].output if src in placement.ops else "R"
-            want = pl.inputs[k] if pl is not None and k < len(pl.inputs) else "R"
-            if have != want and producer.output_meta:
-                total += sum(self.cm.reshard_time(producer.output_meta[0], have, want, *args))
-        return total
-
-    def stages(self, g: Group, arrays: _Layers, mem_limit: float) -> tuple[StageSpec, ...] | None:
+    def stages(self, g: Group, arrays: LayerArrays, mem_limit: float) -> tuple[StageSpec, ...] | None:
         """Stage specs from the DP cut of the placed layer times (one stage when pp = 1)."""
         n_stages = g.pp * g.vp
         if n_stages == 1:
