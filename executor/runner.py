@@ -253,7 +253,7 @@ class Runner:
         if plan.recompute != "full" or not plan.recompute_blocks:
             return self.block_paths
         mods = pipeline.stage_modules(model, plan) if plan.mesh.pp * plan.virtual_stages > 1 else [self.block_paths]
-        chosen = plan.recomputed_blocks([[b for b in self.block_paths if b in set(m)] for m in mods])
+        chosen = plan.recomputed_blocks([[b for b in self.block_paths if b in held] for held in map(set, mods)])
         return [b for b in self.block_paths if b in chosen]
 
     def _place_ops(self, model: nn.Module, root: bool, root_specs: dict | None = None) -> str | None:

@@ -243,8 +243,8 @@ class OuterSearch:
         found += self._partial(g, lb, placement, arrays, stages, preds, kth)
         return found, leanest
 
-    def _partial(self, g: Group, lb: float, placement: PlacementResult, arrays: LayerArrays, stages: tuple[StageSpec, ...],
-                 preds: dict[tuple[int, str], Any], kth: float) -> list[Scored]:
+    def _partial(self, g: Group, lb: float, placement: PlacementResult, arrays: LayerArrays,
+                 stages: tuple[StageSpec, ...], preds: dict[tuple[int, str], Any], kth: float) -> list[Scored]:
         """Partial full recomputation (`Plan.recompute_blocks`) for the ZeRO stages that fit with full recomputation
         but not without: each pipeline rank re-runs the share of its stages' blocks its memory needs,
         (peak without - usable) / (peak without - peak with full recomputation), rounded up; a rank still over
@@ -253,13 +253,14 @@ class OuterSearch:
 
         A rank's peak without recomputation, where the sweep did not predict it, is its peak with full recomputation
         plus what recomputation saved it at the leanest ZeRO stage that did not fit (the activations, which ZeRO
-        does not shard). Skipped when the recompute level is
-        forced, and for a ZeRO stage that cannot enter the top `top_k`: its step is at least the bound without
-        recomputation and at least its full-recompute step less the recompute seconds (with a pipeline's fill and
-        drain)."""
+        does not shard). Skipped when the recompute level is forced, and for a ZeRO stage that cannot enter the top
+        `top_k`: its step is at least the bound without recomputation and at least its full-recompute step less the
+        recompute seconds (with a pipeline's fill and drain)."""
+        if "recompute" in self.forced:
+            return []
         nblocks = [sum(1 for l in self.layers[s.start_layer:s.end_layer] if l.block_type) for s in stages]
         bound = max(lb, self.placed_bound(g, arrays, stages, "none"))
-        if "recompute" in self.forced or max(nblocks) < 2 or bound > kth:
+        if max(nblocks) < 2 or bound > kth:
             return []
         usable = self.cluster.device.usable_memory_bytes
         out: list[Scored] = []
