@@ -8,6 +8,10 @@ non-reentrant checkpoint replays the block's forward in backward and stops as so
 saved is regenerated (early stop, on by default): ops after the last one producing a saved tensor do not re-run
 (in a GPT block, the MLP's output projection and the residual add). Up to there:
 - `full` re-runs every op, attention and tp collectives included;
+- `attention` (Megatron-LM's selective) checkpoints each SDPA call on its own (executor.parallel): the attention
+  kernel's forward re-runs, its output and internals are not kept (its inputs q, k, v are), and each call pays a
+  checkpoint call's start-up (the profile's `checkpoint_call_*`), no early stop involved; the TorchFunctionMode
+  that finds those calls adds the profile's `function_mode_op` to every op of the block's forward;
 - `selective` is torchtitan's op-level policy (executor.parallel.selective_context), priced per op from the graph's
   op order (`cost_model.ops.sac_kept`): the outputs of the attention kernel (SDPA), of a full `max` and of every
   other mm/addmm (the 1st, 3rd, ... linear or folding matmul in forward order) are kept; every other op (norms,
@@ -47,7 +51,7 @@ from typing import Callable
 
 from cost_model.dtypes import autocast_dtypes
 from cost_model.work import FREE_KINDS, floating, split_inputs, tensor_bytes
-from cost_model.ops import logits_producer, sac_kept, sequence_shard, shards_last_dim
+from cost_model.ops import attention_core, logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.autocast import AUTOCAST_LOWER_KINDS
 from planner.graph import Layer, OpGraph, dtype_bytes
 from planner.plan import OpPlacement, Plan
@@ -192,7 +196,7 @@ class LayerCoster:
         tensors: dict[str, bool] = {}
         partial_elems: dict[str, float] = {}
         reduced: set[str] = set()  # producers whose input-gradient reduction is already charged
-        full, selective = policy == "full", policy == "selective"
+        full, selective, attn = policy == "full", policy == "selective", policy == "attention"
         stop = recompute_stop(g, layer) if full or selective else -1
         kept = sac_kept(g, layer.ops) if selective else frozenset()
         regathered: set[str] = set()  # producers whose tp collective a re-run already repeats
@@ -217,13 +221,15 @@ class LayerCoster:
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hb = kf + cf, kb + cb + af, hb + ah
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
-            ck_f, ck_b = self._checkpoint_host(op.kind, policy) if full or selective else (0.0, 0.0)
-            host_f += ck_f
+            core = attn and attention_core(op)  # one checkpoint call of its own, re-run in backward
+            ck_f, ck_b = self._checkpoint_host(op.kind, policy) if full or selective or core else (0.0, 0.0)
+            # under `attention` a Python TorchFunctionMode sees every call of the block's forward
+            host_f += ck_f + (m.cluster.device.op_overhead.function_mode_op if attn else 0.0)
             # views launch nothing, so re-running them costs nothing either
-            rerun = pos <= stop and (full or (i not in kept and op.kind not in FREE_KINDS))
+            rerun = core or (pos <= stop and (full or (i not in kept and op.kind not in FREE_KINDS)))
             # the re-run's kernels and host dispatch (its own and checkpointing's) join the backward's
             rec_k += kf if rerun else 0.0
-            rec_h += (hf if rerun else 0.0) + (ck_b if pos <= stop else 0.0)
+            rec_h += (hf if rerun else 0.0) + (ck_b if pos <= stop or core else 0.0)
             sources, edges = self._edges(op, pl, vocab_loss is not None, reduced)
             for src, s_pl, d_pl, ef, eb, nf, partial in edges:
                 # executor.tp: linears reading one tensor in one placement (q, k, v) share one redistribution in
@@ -250,7 +256,9 @@ class LayerCoster:
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                                input_sources=tuple(sources), keep_shards=keep, dtypes=self.dtypes.get(op.name))
             act_full += a
-            act += a
+            # a checkpointed SDPA call keeps only its inputs (q, k, v), not its output or the kernel's internals
+            act += m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, input_sources=tuple(sources),
+                               keep_shards=keep, dtypes=self.dtypes.get(op.name), inputs_only=True)[1] if core else a
             params.update(_local_params(op, pl, tp))
             kind = _tensor_kind(pl, dt, plan.sequence_parallel)
             local = _local_params(op, pl, tp)
@@ -312,6 +320,8 @@ class LayerCoster:
         forward, backward and re-run (the profile's `checkpoint_*` / `sac_*` per op, the `*_linear_*` figures for
         a linear; see the module docstring); backward applies to the ops the re-run reaches."""
         ov = self.model.cluster.device.op_overhead
+        if policy == "attention":  # a checkpoint call around one op: its own start-up, not spread over a block
+            return ov.checkpoint_call_forward, ov.checkpoint_call_backward
         key = "sac" if policy == "selective" else "checkpoint"
         lin = "linear_" if kind == "linear" else ""
         return getattr(ov, f"{key}_{lin}forward"), getattr(ov, f"{key}_{lin}backward")

@@ -133,7 +133,7 @@ class CostModel:
 
     def op_memory(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
                   *, traced_batch_size: int = 1, input_sources: tuple[str, ...] | None = None,
-                  keep_shards: bool = False, dtypes=None) -> tuple[float, float]:
+                  keep_shards: bool = False, dtypes=None, inputs_only: bool = False) -> tuple[float, float]:
         """(parameter bytes, saved activation bytes) of one op on one tp rank for one micro-batch.
 
         Parameter bytes are the weights alone at the training precision (model states with gradients and Adam
@@ -143,7 +143,8 @@ class CostModel:
         (`input_sources`: the placement each input arrives in), which is saved as that shard and gathered again in
         backward; when it is the output and the output is S(d); otherwise (masks, internals) when the op itself
         is split. `dtypes` (`cost_model.dtypes.OpDtypes`): a saved input or output at its own precision under
-        autocast (an fp32 residual stream saves 4 bytes an element), else the op's."""
+        autocast (an fp32 residual stream saves 4 bytes an element), else the op's. `inputs_only`: only the saved
+        tensors that are the op's inputs (a checkpointed call keeps its inputs and recomputes the rest)."""
         bytes_per = 4 if precision == "fp32" else 2
         pls = list(placement.params) if placement is not None else []
         par = 0.0
@@ -165,13 +166,15 @@ class CostModel:
                 sharded = d.startswith("S") or (keep_shards and d == "R" and input_sources is not None
                                                 and k < len(input_sources)
                                                 and sequence_shard(input_sources[k], len(t.shape)))
+            elif inputs_only:
+                continue
             elif op.output_meta and t.shape == op.output_meta[0].shape:
                 at = dtypes.output if dtypes is not None else saved_at
                 sharded = placement is not None and placement.output.startswith("S")
             else:
                 sharded = split
             total += tensor_bytes(t, at) * scale / (tp if sharded and tp > 1 else 1)
-        if op.kind == "attention" and self.compute.unfused_attention and len(metas) >= 2:
+        if op.kind == "attention" and self.compute.unfused_attention and len(metas) >= 2 and not inputs_only:
             # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
             # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither
             scores = kernel_elems(op, acts, scale, tp if split and tp > 1 else 1)

@@ -106,6 +106,34 @@ def sac_class(op: OpNode) -> str | None:
     return None
 
 
+SDPA_CALLS = frozenset({"scaled_dot_product_attention", "scaled_dot_product_flash_attention",
+                        "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
+                        "scaled_dot_product_flash_attention_for_cpu"})
+"""Call names of `F.scaled_dot_product_attention` and the aten kernels a trace records for it: the calls
+`recompute: attention` checkpoints one by one (executor.parallel.checkpoint_attention)."""
+
+
+def attention_core(op: OpNode) -> bool:
+    """Whether `recompute: attention` re-runs `op` in backward: an SDPA call (Megatron-LM's core attention)."""
+    return op.kind == "attention" and call_name(op) in SDPA_CALLS
+
+
+def attention_recompute_problem(graph: OpGraph) -> str | None:
+    """Why `recompute: attention` cannot apply to this model (one line naming the fix), or None: it re-runs the
+    blocks' SDPA calls, so each block needs one and no other attention op (nn.MultiheadAttention's projections,
+    or a hand-written matmul/softmax, would be priced as re-run but are not)."""
+    in_blocks = [op for op in graph.ops if op.block is not None]
+    other = next((op for op in in_blocks if op.kind == "attention" and not attention_core(op)), None)
+    if other is not None:
+        return (f"recompute=attention re-runs F.scaled_dot_product_attention calls, but {other.module_path or other.name} "
+                f"computes attention with {other.target}; use recompute=selective or full")
+    if not any(attention_core(op) for op in in_blocks):
+        how = " (its attention is hand-written matmul/softmax)" if any(op.kind == "softmax" for op in in_blocks) else ""
+        return (f"recompute=attention re-runs F.scaled_dot_product_attention calls, but the model's blocks make "
+                f"none{how}; use recompute=selective or full")
+    return None
+
+
 def sac_kept(graph: OpGraph, ops: Sequence[int]) -> frozenset[int]:
     """Indices (into `graph.ops`) among `ops` — one checkpointed block, in forward order — whose outputs the
     executor's selective policy keeps: every "save" op and the 1st, 3rd, ... "mm" op (`sac_class`)."""

@@ -93,11 +93,53 @@ def selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+SDPA_CALLS = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+              "_scaled_dot_product_flash_attention_for_cpu")
+"""aten SDPA ops a model or its exported graph may call directly (`cost_model.ops.SDPA_CALLS`)."""
+
+
+def _sdpa_functions() -> set:
+    return {torch.nn.functional.scaled_dot_product_attention} | _aten_ops(SDPA_CALLS)
+
+
+class _CheckpointAttention(torch.overrides.TorchFunctionMode):
+    """Runs every SDPA call made under it through a non-reentrant checkpoint of its own (see
+    `checkpoint_attention`); other calls pass through."""
+
+    def __init__(self):
+        super().__init__()
+        self.sdpa = _sdpa_functions()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch.utils.checkpoint import checkpoint
+        kwargs = kwargs or {}
+        if func in self.sdpa:
+            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+        return func(*args, **kwargs)
+
+
+def checkpoint_attention() -> torch.overrides.TorchFunctionMode:
+    """`recompute: attention` (Megatron-LM's `--recompute-granularity selective`, Korthikanti et al.): within it
+    each `F.scaled_dot_product_attention` call (or the aten SDPA kernel an exported graph calls) keeps only its
+    inputs q, k, v and re-runs in backward; everything else saves what autograd saves. A TorchFunctionMode, so it
+    finds the calls in any model code and in the placed graphs tp runs."""
+    return _CheckpointAttention()
+
+
+def _attention_checkpointed(inner):
+    def forward(*args, **kwargs):
+        with checkpoint_attention():
+            return inner(*args, **kwargs)
+    return forward
+
+
 def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
     """Activation checkpointing on every repeated block, keeping module paths unchanged (the block's forward is
     wrapped in place, so checkpoints and placements keep their names).
 
     `full` keeps only each block's input and re-runs the whole block forward (attention included) in backward.
+    `attention` re-runs only each SDPA call of the block (`checkpoint_attention`).
     `selective` is torchtitan's op-level selective checkpointing (`selective_context`): it keeps the outputs of
     the attention kernel and of every other matmul and recomputes the rest (norms, activations, residual adds, the
     other matmuls; a hand-written attention's score matmuls and softmax, as in Korthikanti et al.).
@@ -111,6 +153,8 @@ def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
         inner = block.forward
         if recompute == "full":
             block.forward = partial(checkpoint, inner, use_reentrant=False)  # type: ignore[method-assign]
+        elif recompute == "attention":
+            block.forward = _attention_checkpointed(inner)  # type: ignore[method-assign]
         else:
             block.forward = partial(checkpoint, inner, use_reentrant=False,  # type: ignore[method-assign]
                                     context_fn=selective_context)

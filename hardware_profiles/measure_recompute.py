@@ -90,7 +90,44 @@ def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: M
             out[f"{key}_{kind}forward"] = max(f - f0, 0.0) / CKPT_CHAIN
             # backward beyond the plain backward and one plain re-run of the forward
             out[f"{key}_{kind}backward"] = max((fb - f) - (fb0 - f0) - f0, 0.0) / CKPT_CHAIN
+    out.update(_call_overheads(w, device, sync, plan))
     return out
+
+
+def _call_overheads(w: torch.Tensor, device: torch.device, sync: Callable[[], None], plan: MeasurePlan
+                    ) -> dict[str, float]:
+    """`recompute: attention`'s host costs (executor.parallel.checkpoint_attention): a checkpoint call around one
+    op (`checkpoint_call_*`, one tiny multiplication: the call's whole start-up lands on it), and a Python
+    TorchFunctionMode that looks each call up in a set, as the executor's does to find the SDPA calls, per op it
+    sees in a block's forward (`function_mode_op`)."""
+    from torch.overrides import TorchFunctionMode
+    x = torch.ones(1, device=device, requires_grad=True)
+    watched = {torch.nn.functional.scaled_dot_product_attention}
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in watched:
+                pass
+            return func(*args, **(kwargs or {}))
+
+    def one(t):
+        return t * w
+
+    def muls(t):
+        for _ in range(CKPT_CHAIN):
+            t = t * w
+        return t
+
+    def moded(t):
+        with Mode():
+            return muls(t)
+    f0, fb0 = _times(one, x, "plain", sync, plan)
+    f, fb = _times(one, x, "full", sync, plan)
+    m0 = _cpu_seconds(lambda: muls(x), sync, plan)
+    m = _cpu_seconds(lambda: moded(x), sync, plan)
+    return {"checkpoint_call_forward": max(f - f0, 0.0),
+            "checkpoint_call_backward": max((fb - f) - (fb0 - f0) - f0, 0.0),
+            "function_mode_op": max(m - m0, 0.0) / CKPT_CHAIN}
 
 
 def mesh_slice_seconds(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> float:

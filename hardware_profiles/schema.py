@@ -136,6 +136,14 @@ class OpOverhead:
     """As `sac_forward` for an F.linear call (its four aten ops through the mode)."""
     sac_linear_backward: float = 0.0
     """As `sac_backward` for an F.linear call."""
+    checkpoint_call_forward: float = 0.0
+    """Seconds of one checkpoint call around a single op (recompute `attention`: each SDPA call) beyond the op's
+    plain forward: the call's own start-up, which a block's checkpoint spreads over its ops; 0 when unknown."""
+    checkpoint_call_backward: float = 0.0
+    """As `checkpoint_call_forward` in backward, beyond the op's plain backward and one plain re-run of it."""
+    function_mode_op: float = 0.0
+    """Seconds per op of a block's forward under `recompute: attention`, whose Python TorchFunctionMode sees every
+    torch call to find the SDPA ones (executor.parallel.checkpoint_attention); 0 when unknown."""
     mesh_slice: float = 0.0
     """Seconds of one data-parallel sub-mesh lookup and local rank (`mesh["dp"].get_local_rank()` on a (pp, dp, tp)
     DeviceMesh, which rebuilds the sub-mesh's layout in Python each time): the executor's runner makes one per step

@@ -16,9 +16,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import PlanError
 
-RECOMPUTE = ("none", "selective", "full")
-"""Activation recomputation choices: keep everything, drop attention internals (Korthikanti et al.), keep only
-each block's input."""
+RECOMPUTE = ("none", "attention", "selective", "full")
+"""Activation recomputation, least recomputed first (the search tries them in this order): keep everything;
+re-run only the attention core (Megatron-LM's selective, Korthikanti et al.); torchtitan's op-level selective
+policy; keep only each block's input."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 """Pipeline schedules."""
 STRATEGIES = {
@@ -105,7 +106,9 @@ class Plan:
     sequence_parallel: bool = False
     """Shard norm/dropout activations along the sequence dim over the tp axis (Korthikanti et al.)."""
     recompute: str = field(default="none", metadata=_meta(enum=list(RECOMPUTE)))
-    """Activation recomputation: none, selective or full."""
+    """Activation recomputation: none; attention (only the attention core, each SDPA call, re-runs in backward:
+    Megatron-LM's `--recompute-granularity selective`); selective (torchtitan's op-level policy); or full (each
+    block's forward re-runs)."""
     recompute_blocks: tuple[int, ...] = field(default=(), metadata=_meta(items={"type": "integer", "minimum": 0}))
     """With recompute `full`: how many blocks of each pipeline stage, its first ones, are recomputed (one count per
     stage in model order; one count without pipelining); the others keep their activations (Megatron-LM's

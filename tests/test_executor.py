@@ -24,6 +24,8 @@ SPECS_2 = [
     {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
     {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
     {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
+    {"name": "dp_attention_recompute", "dp": 2, "nmb": 2, "rc": "attention"},
+    {"name": "tp_sp_attention_recompute", "tp": 2, "sp": True, "rc": "attention"},
     {"name": "zero3", "dp": 2, "zero": 3},
     {"name": "tp", "tp": 2},
     {"name": "tp_sp", "tp": 2, "sp": True},
@@ -125,6 +127,16 @@ def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
     assert wrapped("zero3_tp_partial_recompute") == blocks[:2]  # under FSDP2 and tp too
     assert results["dp_full_recompute"]["saved"] < results["dp_partial_recompute"]["saved"] < results["dp"]["saved"]
     assert results["pp_partial_recompute"]["saved"] < results["pp_1f1b"]["saved"]
+
+
+def test_attention_recompute_checkpoints_each_sdpa_call(results):
+    # recompute: attention checkpoints each block's SDPA call on its own (4 blocks x 2 micro-batches; under tp the
+    # exported graph's aten SDPA op), wraps no block, and saves less than no recompute (not the SDPA output)
+    assert results["dp_attention_recompute"]["checkpoint_calls_per_step"] == 4 * 2
+    assert results["tp_sp_attention_recompute"]["checkpoint_calls_per_step"] == 4
+    assert results["dp"]["checkpoint_calls_per_step"] == 0
+    assert results["dp_attention_recompute"]["checkpointed"] == []
+    assert results["dp_attention_recompute"]["saved"] < results["dp"]["saved"]
 
 
 def test_colwise_head_feeds_a_vocabulary_parallel_loss(results):
