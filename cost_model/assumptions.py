@@ -67,13 +67,17 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
         + " (masks 1 byte), recompute "
         f"{plan.recompute}"
+        + (" (each SDPA call checkpointed on its own: its forward re-runs, only q, k, v kept)"
+           if plan.recompute == "attention" else "")
         + (f" on the first blocks of each stage only {recompute_counts(plan)}" if plan.recompute_blocks else "")
         + ", sequence parallel "
         + ("on (outside checkpointed blocks gathered inputs are saved as their shard, gathered again in "
            "backward)" if plan.sequence_parallel else "off") + "; in-flight "
         f"micro-batches per {plan.schedule}" + (
-            "; checkpointing's measured host cost per op of a checkpointed block"
-            if plan.recompute != "none" and _checkpoint_priced(cl.device.op_overhead, plan.recompute) else ""),
+            ("; checkpointing's measured host cost per checkpoint call and per op under its function mode"
+             if plan.recompute == "attention" else "; checkpointing's measured host cost per op of a checkpointed "
+             "block") if plan.recompute != "none" and _checkpoint_priced(cl.device.op_overhead, plan.recompute)
+            else ""),
         f"memory: usable {cl.device.usable_memory_fraction:.0%} of {cl.device.memory_bytes / 2**30:.0f} GiB "
         "per device (the profile's allocator headroom)",
     ]
@@ -82,6 +86,8 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
 
 def _checkpoint_priced(ov, recompute: str) -> bool:
     """Whether the profile has checkpointing's measured per-op host cost for this recompute policy."""
+    if recompute == "attention":
+        return bool(ov.checkpoint_call_forward or ov.checkpoint_call_backward or ov.function_mode_op)
     key = "sac" if recompute == "selective" else "checkpoint"
     return any(getattr(ov, f"{key}_{k}") for k in ("forward", "backward", "linear_forward", "linear_backward"))
 

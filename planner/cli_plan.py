@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from planner.cli import ArgParser
 from planner.errors import PlanError
+from planner.plan import RECOMPUTE
 
 FORCE_KEYS = {
     "dp": int, "tp": int, "pp": int, "zero": int, "mbs": int, "recompute": str, "schedule": str, "vp": int,
@@ -47,8 +48,8 @@ def parse_force(text: str | None) -> dict[str, Any]:
             raise PlanError(f"--force: zero={v}; ZeRO stages are 0, 1, 2, 3")
         if key == "sp" and v not in (0, 1):
             raise PlanError(f"--force: sp={v}; use sp=0 or sp=1")
-        if key == "recompute" and v not in ("none", "selective", "full"):
-            raise PlanError(f"--force: recompute={v!r}; use none, selective or full")
+        if key == "recompute" and v not in RECOMPUTE:
+            raise PlanError(f"--force: recompute={v!r}; use none, attention, selective or full")
         if key == "schedule" and v not in ("gpipe", "1f1b", "interleaved"):
             raise PlanError(f"--force: schedule={v!r}; use gpipe, 1f1b or interleaved")
         out[key] = v
@@ -164,9 +165,10 @@ def build_parser() -> ArgParser:
                    help="training precision (bf16/fp16 keep fp32 master weights and Adam state); default bf16, "
                         "or fp32 on a device whose profile measured bf16 slower than fp32 (CPU ranks)")
     p.add_argument("--force", metavar="K=V,...",
-                   help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|selective|full), "
-                        "schedule (gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1), recompute_blocks (N: "
-                        "full recomputation of only the first N blocks of each pipeline stage, as Megatron-LM's "
+                   help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|attention|selective|full; "
+                        "attention: only the SDPA calls re-run, Megatron-LM's selective), schedule "
+                        "(gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1), recompute_blocks (N: full "
+                        "recomputation of only the first N blocks of each pipeline stage, as Megatron-LM's "
                         "--recompute-method block; unforced, the search recomputes only the blocks each "
                         "stage's memory needs)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="show the K best candidates (default 5)")

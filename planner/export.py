@@ -23,9 +23,10 @@ plan runs as written and was chosen because it fits: the export refuses when the
 2. more memory per device than the plan predicts because of the strategy: less sharding of model states (ZeRO-2/3
    through Megatron-FSDP together with pp, which its guide does not cover) or less recomputation (Megatron-LM's
    `--recompute-granularity selective` re-runs only the attention core and keeps every linear's output, where the
-   plan's selective recomputation is torchtitan's op-level policy, which keeps only every other one);
-3. more compute than planned: selective recomputation where the target only recomputes whole blocks (DeepSpeed,
-   Accelerate);
+   plan's selective recomputation is torchtitan's op-level policy, which keeps only every other one; the plan's
+   `attention` recomputation is Megatron-LM's selective);
+3. more compute than planned: selective or attention-only recomputation where the target only recomputes whole
+   blocks (DeepSpeed's selective, Accelerate) or has no attention-only policy (torchtitan);
 4. other training math: a precision the target lacks (fp16 in torchtitan).
 
 It exports with a note when the target runs the same mesh, stages, tp layout, precision and recomputation, holds
@@ -212,6 +213,10 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
         notes.append("seq_len is left out: the model file was not read; set it to the length the plan was made for")
     train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
                  mixed_precision_reduce="float32")
+    if plan.recompute == "attention":
+        raise PlanError("cannot export to torchtitan: its activation checkpointing has no attention-only policy "
+                        "(its selective one also re-runs every other linear); re-plan with --force "
+                        "recompute=selective (or none, full) or export to megatron")
     ac: dict[str, object] = {"mode": plan.recompute}
     if plan.recompute_blocks:
         notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: torchtitan's full activation checkpointing "
@@ -273,7 +278,8 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
     if plan.recompute == "selective":
         raise PlanError("cannot export to Megatron-LM: its selective recomputation re-runs only the attention core "
                         "and keeps every linear's output, more memory than the plan's op-level policy (every other "
-                        "linear kept); re-plan with --force recompute=full (or none) or export to torchtitan")
+                        "linear kept); re-plan with --force recompute=attention (Megatron-LM's selective), full or "
+                        "none, or export to torchtitan")
     if plan.recompute == "full" and plan.recompute_blocks:
         # Megatron-LM's block method re-runs the first N layers of every pipeline stage (model chunk): one N
         n = max(plan.recompute_blocks)
@@ -285,6 +291,8 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
     elif plan.recompute == "full":
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", 1)]
+    elif plan.recompute == "attention":  # Megatron-Core's selective re-runs the core attention (core_attn)
+        flags.append(("--recompute-granularity", "selective"))
     if plan.precision != "fp32":
         flags.append((f"--{plan.precision}", None))
     if facts is not None and facts.seq_len is not None:
@@ -376,6 +384,9 @@ def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
         which = f"the first {plan.recompute_blocks[0]} blocks" if plan.recompute_blocks else "each block"
         notes.append("recompute=full: DeepSpeed recomputes only what the model wraps; call "
                      f"deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on {which}")
+    elif plan.recompute == "attention":
+        notes.append("recompute=attention: DeepSpeed recomputes only what the model wraps; call "
+                     "torch.utils.checkpoint.checkpoint on each F.scaled_dot_product_attention call of the blocks")
     notes.append(f"launch {m.world_size} ranks: DeepSpeed checks train_batch_size = micro-batch x accumulation "
                  "x data-parallel ranks")
     return Export(json.dumps(config, indent=2) + "\n", tuple(notes), commented=False)
@@ -391,9 +402,9 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
         raise PlanError(f"cannot export to Accelerate: {axis} is not an FSDP/DDP option (Accelerate's tensor "
                         "parallelism applies a Hugging Face model's own tp plan; it has no pipeline schedule); "
                         "re-plan with --force tp=1,pp=1 or export to megatron/torchtitan")
-    if plan.recompute == "selective":
-        raise PlanError("cannot export to Accelerate: fsdp_activation_checkpointing recomputes whole blocks, no "
-                        "selective recomputation; re-plan with --force recompute=full (or none) or export to "
+    if plan.recompute in ("selective", "attention"):
+        raise PlanError(f"cannot export to Accelerate: fsdp_activation_checkpointing recomputes whole blocks, no "
+                        f"{plan.recompute} recomputation; re-plan with --force recompute=full (or none) or export to "
                         "megatron/torchtitan")
     nodes = int(plan.cluster.get("nodes", 1)) if plan.cluster else 1
     # 'no' is quoted: YAML 1.1 reads a bare no as false

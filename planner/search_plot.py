@@ -72,7 +72,7 @@ def plot_search(result: Any, usable_bytes: float, path: str | os.PathLike, top_k
     ax.add_patch(Rectangle((window[0][0], window[1][0]), window[0][1] - window[0][0], window[1][1] - window[1][0],
                            fill=False, ls=":", lw=1.0, color="0.25", zorder=6))
     key = ("labels: dp x tp x pp, Z = ZeRO stage, micro-batch size x count,\n"
-           "recompute sel/full (full[N]: the first N blocks of each stage),\n"
+           "recompute attn/sel/full (full[N]: the first N blocks of each stage),\n"
            "intV = interleaved (v = V), sp = sequence parallel")
     for a, sub in ((ax, f"all {len(ev)} candidates predicted\n\n"), (az, f"zoom: the top {len(top)}\n{key}")):
         a.set_xlabel("predicted peak memory per device (GiB)")

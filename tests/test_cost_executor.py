@@ -205,6 +205,45 @@ def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(g
     assert costs["none"].recompute == 0.0
 
 
+def test_attention_recompute_reruns_only_the_sdpa_call_and_drops_what_it_saves(gpt):
+    # recompute=attention (Megatron-LM's selective): each block's SDPA call is checkpointed on its own, so its
+    # forward re-runs in backward (nothing else does) and it keeps only its inputs q, k, v: the flash kernel's
+    # output and log-sum-exp go, and under unfused attention the s x s probabilities (and dropout mask) too
+    cl = cluster(per_node=1)
+    block = next(l for l in gpt.layers() if l.block_type)
+    sdpa = next(gpt.ops[i] for i in block.ops if gpt.ops[i].kind == "attention")
+    drops = {}
+    for kernel in (None, "unfused"):
+        c = cl.with_attention_kernel(kernel) if kernel else cl
+        cm = CostModel(c)
+        costs = {rc: LayerCoster(cm, gpt, _plan(gpt, c, 1, recompute=rc), cm.tp_group(1)).cost(block)
+                 for rc in ("none", "attention", "selective")}
+        coster = LayerCoster(cm, gpt, _plan(gpt, c, 1), cm.tp_group(1))
+        kf, _, hf, _ = cm.op_parts(sdpa, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size,
+                                   dtypes=coster.dtypes.get(sdpa.name))
+        assert costs["attention"].recompute == pytest.approx(cm.compute.combine(kf, hf))
+        assert costs["none"].fwd_compute == pytest.approx(costs["attention"].fwd_compute)  # no profile costs here
+        mem = [cm.op_memory(sdpa, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size,
+                            dtypes=coster.dtypes.get(sdpa.name), inputs_only=only)[1] for only in (False, True)]
+        drops[kernel] = costs["none"].act_bytes - costs["attention"].act_bytes
+        assert drops[kernel] == pytest.approx(mem[0] - mem[1]) and drops[kernel] > 0
+    assert drops["unfused"] > drops[None]  # and the s x s probabilities
+
+
+def test_attention_recompute_needs_sdpa_calls_in_every_block():
+    from cost_model.ops import attention_recompute_problem
+    from planner.errors import PlanError
+    from planner.search import search
+    g = megatron_gpt(layers=2)  # hand-written attention: matmul, softmax, dropout, matmul
+    problem = attention_recompute_problem(g)
+    assert "hand-written" in problem and "recompute=selective or full" in problem
+    cl = cluster(per_node=2)
+    with pytest.raises(PlanError, match="recompute=attention re-runs F.scaled_dot_product_attention"):
+        search(g, cl, CostModel(cl), batch_size=2, forced={"recompute": "attention"})
+    result = search(g, cl, CostModel(cl), batch_size=2, top_k=50)  # not offered unforced
+    assert result.evaluated and all("attn" not in e.label for e in result.evaluated)
+
+
 def test_a_recomputed_blocks_host_work_joins_its_backward_on_gpus(gpt):
     # on GPUs (async host) the re-run's kernels and host work (its dispatches, checkpointing's hooks) are set
     # against the backward's as a whole: hidden while the kernels outlast the host, all of it once the host is

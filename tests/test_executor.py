@@ -24,7 +24,7 @@ SPECS_2 = [
     {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
     {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
     {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
-    {"name": "dp_attention_recompute", "dp": 2, "nmb": 2, "rc": "attention"},
+    {"name": "dp_attention_recompute", "dp": 2, "rc": "attention"},
     {"name": "tp_sp_attention_recompute", "tp": 2, "sp": True, "rc": "attention"},
     {"name": "zero3", "dp": 2, "zero": 3},
     {"name": "tp", "tp": 2},
@@ -130,9 +130,9 @@ def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
 
 
 def test_attention_recompute_checkpoints_each_sdpa_call(results):
-    # recompute: attention checkpoints each block's SDPA call on its own (4 blocks x 2 micro-batches; under tp the
-    # exported graph's aten SDPA op), wraps no block, and saves less than no recompute (not the SDPA output)
-    assert results["dp_attention_recompute"]["checkpoint_calls_per_step"] == 4 * 2
+    # recompute: attention checkpoints each block's SDPA call on its own (4 blocks; under tp the exported graph's
+    # aten SDPA op), wraps no block, and saves less than no recompute (not the SDPA output)
+    assert results["dp_attention_recompute"]["checkpoint_calls_per_step"] == 4
     assert results["tp_sp_attention_recompute"]["checkpoint_calls_per_step"] == 4
     assert results["dp"]["checkpoint_calls_per_step"] == 0
     assert results["dp_attention_recompute"]["checkpointed"] == []

@@ -188,6 +188,19 @@ def test_torchtitan_selective_is_the_executors_op_policy():
     assert ac == {"mode": "selective", "selective_ac_option": "op"}
 
 
+def test_attention_recompute_is_megatrons_selective():
+    # recompute=attention re-runs only each SDPA call: Megatron-LM's --recompute-granularity selective (core
+    # attention); DeepSpeed is told what to wrap; torchtitan and Accelerate have no such policy and refuse
+    a = megatron_args(export(plan(recompute="attention"), "megatron", FACTS).text)
+    assert a.recompute_granularity == "selective" and a.recompute_method is None
+    assert any("scaled_dot_product_attention" in n for n in export(plan(recompute="attention"), "deepspeed", FACTS).notes)
+    for target in ("torchtitan", "accelerate"):
+        with pytest.raises(PlanError, match="attention"):
+            export(plan(recompute="attention"), target, FACTS)
+    with pytest.raises(PlanError, match="recompute=attention"):  # the plan's selective points to it
+        export(plan(recompute="selective"), "megatron", FACTS)
+
+
 def test_megatron_unequal_stages_get_a_layout():
     p = plan(dp=4, pp=2, stages=stages([1, 3]))
     a = megatron_args(export(p, "megatron", FACTS).text)

@@ -104,7 +104,7 @@ BROKEN = [
     (_set(["mesh", "cp"], 2), "mesh: unknown key 'cp' (known: dp, pp, tp)"),
     (_set(["mesh"], [2, 2, 2]), "mesh: expected an object, got [2, 2, 2]"),
     (_set(["zero_stage"], 4), "zero_stage: expected one of 0, 1, 2, 3, got 4"),
-    (_set(["recompute"], "some"), 'recompute: expected one of none, selective, full, got "some"'),
+    (_set(["recompute"], "some"), 'recompute: expected one of none, attention, selective, full, got "some"'),
     (_set(["sequence_parallel"], "yes"), 'sequence_parallel: expected true or false, got "yes"'),
     (_set(["microbatch_size"], 1.5), "microbatch_size: expected an integer >= 1, got 1.5"),
     (_set(["global_batch_size"], KeyError), "missing key 'global_batch_size'"),

@@ -13,7 +13,8 @@ Order of work (cheap to expensive):
 3. Visit groups in increasing bound; stop when the bound reaches the best predicted step found (nothing left can
    win) or the time budget runs out.
 4. In a group: placements from the ILP (cached), stages from the DP on the placed layer times, then ZeRO stages
-   leanest first (3, 2, 1, 0) for each recompute level (none, selective, full): once a ZeRO stage does not fit,
+   leanest first (3, 2, 1, 0) for each recompute level (none, attention where SDPA is priced unfused, selective,
+   full): once a ZeRO stage does not fit,
    the less sharded ones cannot either; a ZeRO stage that fits is not retried with more recompute, which can
    only be slower. A ZeRO stage that fits with full recompute but not without gets partial full recompute too
    (`_partial`: each pipeline rank re-runs only the blocks its memory needs). A group
@@ -37,7 +38,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from hardware_profiles.schema import Cluster
+from cost_model.ops import attention_recompute_problem
+from hardware_profiles.schema import UNFUSED_ATTENTION, Cluster
 from planner.defaults import forced_recompute_blocks
 from planner.errors import PlanError
 from planner.graph import OpGraph
@@ -124,6 +126,12 @@ class OuterSearch:
         self._problems: dict[tuple, list[str]] = {}
         self._noted: set[tuple] = set()
         self._skipped: list[str] = []  # notes saying a tp was skipped, for infeasible_message
+        # recompute=attention re-runs the blocks' SDPA calls: possible only where every block makes them, and tried
+        # unforced only where SDPA is priced unfused, whose s x s scores it frees (Korthikanti et al.); a fused
+        # kernel's call keeps just its output and log-sum-exp, which selective and full free along with more
+        self._attention_problem = attention_recompute_problem(graph)
+        att = cluster.device.attention
+        self._try_attention = att is not None and att.kernel == UNFUSED_ATTENTION
 
     # ---- driver ---------------------------------------------------------------------------------------------------
     def run(self) -> OuterResult:
@@ -132,6 +140,8 @@ class OuterSearch:
         if self.batch < 1:
             raise PlanError(f"--batch-size must be >= 1, got {self.batch}")
         self.notes += check_forced(self.forced, self.cluster, self.batch)
+        if self.forced.get("recompute") == "attention" and self._attention_problem:
+            raise PlanError(self._attention_problem)
         todo = []
         for mesh in meshes(self.cluster, len(self.layers), self.batch, self.forced):
             todo += groups(mesh, self.batch, len(self.layers), self.forced)
@@ -219,6 +229,9 @@ class OuterSearch:
         self.stats["groups_bounded"] += max(lb, self.placed_bound(g, arrays, stages)) > kth
         todo = zero_stages(g.dp, self.forced)  # leanest first
         for recompute in recomputes(self.forced):
+            if recompute == "attention" and (self._attention_problem or not (self._try_attention
+                                                                             or "recompute" in self.forced)):
+                continue
             level_lb = max(lb, self.placed_bound(g, arrays, stages, recompute))
             out_of_top = level_lb > kth
             if out_of_top and found:
@@ -502,7 +515,8 @@ def candidate_label(plan: Plan) -> str:
     m = plan.mesh
     parts = [f"{m.dp}x{m.tp}x{m.pp}", f"Z{plan.zero_stage}", f"{plan.microbatch_size}x{plan.num_microbatches}"]
     if plan.recompute != "none":
-        parts.append("sel" if plan.recompute == "selective" else f"full{recompute_counts(plan)}")
+        short = {"attention": "attn", "selective": "sel"}
+        parts.append(short.get(plan.recompute, f"full{recompute_counts(plan)}"))
     if m.pp > 1:
         parts.append(f"int{plan.virtual_stages}" if plan.schedule == "interleaved" else plan.schedule)
     if plan.sequence_parallel:
