@@ -55,6 +55,7 @@ MATRIX = [
     ("dp2 recompute", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full"),
     ("dp2 recompute 2/4", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute_blocks=2"),
     ("dp2 selective", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=selective"),
+    ("dp2 attention", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=attention"),
 ]
 BATCH = 8
 
@@ -177,7 +178,7 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: s
 
 
 def report(rows: list[dict]) -> None:
-    print(f"{'plan':15} {'predicted':>9} {'measured':>9} {'error':>6} {'spread':>8} {'mem pred':>9} "
+    print(f"{'plan':17} {'predicted':>9} {'measured':>9} {'error':>6} {'spread':>8} {'mem pred':>9} "
           f"{'mem meas':>9} {'mem err':>7}  {'load before/after':>17} {'machine':>7}  memory by category "
           "(predicted/measured MiB)")
     errs, mem_errs = [], []
@@ -186,7 +187,7 @@ def report(rows: list[dict]) -> None:
     speed = lambda v: "-" if v is None else f"{v:.2f}x"
     for r in rows:
         if "predicted_s" not in r:
-            print(f"{r['plan']:15} failed: {r['error']}")
+            print(f"{r['plan']:17} failed: {r['error']}")
             continue
         if r["error"] is not None:
             errs.append(abs(r["error"]))
@@ -194,7 +195,7 @@ def report(rows: list[dict]) -> None:
             mem_errs.append(abs(r["mem_error"]))
         m = r["memory"]
         cats = "  ".join(f"{k[:5]} {mib(v['predicted'])}/{mib(v['measured'])}" for k, v in m.items() if k != "peak")
-        print(f"{r['plan']:15} {ms(r['predicted_s']):>6} ms {ms(r['measured_s']):>6} ms {pct(r['error']):>6} "
+        print(f"{r['plan']:17} {ms(r['predicted_s']):>6} ms {ms(r['measured_s']):>6} ms {pct(r['error']):>6} "
               f"{ms(r['spread_s']):>5} ms {mib(m['peak']['predicted']):>5} MiB {mib(m['peak']['measured']):>5} MiB "
               f"{pct(r['mem_error']):>7}  {r['load'][0]:8.2f}/{r['load'][1]:<8.2f} {speed(r.get('speed')):>7}  {cats}")
     if errs:
@@ -204,11 +205,11 @@ def report(rows: list[dict]) -> None:
     traced = [r for r in rows if "tracks" in r]
     if traced:
         tracks = ("compute", "tp comm", "dp comm", "pp comm", "optimizer")
-        print(f"\nms per step by track on rank 0, predicted/measured (measured under torch.profiler)\n{'plan':15} "
+        print(f"\nms per step by track on rank 0, predicted/measured (measured under torch.profiler)\n{'plan':17} "
               + " ".join(f"{t:>15}" for t in tracks))
         for r in traced:
             pred, meas = r["tracks"]
-            print(f"{r['plan']:15} " + " ".join(f"{pred.get(t, 0.0):7.1f}/{meas.get(t, 0.0):<7.1f}" for t in tracks))
+            print(f"{r['plan']:17} " + " ".join(f"{pred.get(t, 0.0):7.1f}/{meas.get(t, 0.0):<7.1f}" for t in tracks))
 
 
 def ddp_rank(steps: int) -> None:
