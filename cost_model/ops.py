@@ -125,8 +125,9 @@ def attention_recompute_problem(graph: OpGraph) -> str | None:
     in_blocks = [op for op in graph.ops if op.block is not None]
     other = next((op for op in in_blocks if op.kind == "attention" and not attention_core(op)), None)
     if other is not None:
-        return (f"recompute=attention re-runs F.scaled_dot_product_attention calls, but {other.module_path or other.name} "
-                f"computes attention with {other.target}; use recompute=selective or full")
+        where = other.module_path or other.name
+        return (f"recompute=attention re-runs F.scaled_dot_product_attention calls, but {where} computes attention "
+                f"with {other.target}; use recompute=selective or full")
     if not any(attention_core(op) for op in in_blocks):
         how = " (its attention is hand-written matmul/softmax)" if any(op.kind == "softmax" for op in in_blocks) else ""
         return (f"recompute=attention re-runs F.scaled_dot_product_attention calls, but the model's blocks make "

@@ -193,7 +193,8 @@ def test_attention_recompute_is_megatrons_selective():
     # attention); DeepSpeed is told what to wrap; torchtitan and Accelerate have no such policy and refuse
     a = megatron_args(export(plan(recompute="attention"), "megatron", FACTS).text)
     assert a.recompute_granularity == "selective" and a.recompute_method is None
-    assert any("scaled_dot_product_attention" in n for n in export(plan(recompute="attention"), "deepspeed", FACTS).notes)
+    ds = export(plan(recompute="attention"), "deepspeed", FACTS)
+    assert any("scaled_dot_product_attention" in n for n in ds.notes)
     for target in ("torchtitan", "accelerate"):
         with pytest.raises(PlanError, match="attention"):
             export(plan(recompute="attention"), target, FACTS)
