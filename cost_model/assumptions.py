@@ -67,7 +67,7 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
         + " (masks 1 byte), recompute "
         f"{plan.recompute}"
-        + (" (each SDPA call checkpointed on its own: its forward re-runs, only q, k, v kept)"
+        + (" (each SDPA call checkpointed on its own: its forward re-runs, its internals are not kept)"
            if plan.recompute == "attention" else "")
         + (f" on the first blocks of each stage only {recompute_counts(plan)}" if plan.recompute_blocks else "")
         + ", sequence parallel "

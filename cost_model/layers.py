@@ -9,7 +9,8 @@ saved is regenerated (early stop, on by default): ops after the last one produci
 (in a GPT block, the MLP's output projection and the residual add). Up to there:
 - `full` re-runs every op, attention and tp collectives included;
 - `attention` (Megatron-LM's selective) checkpoints each SDPA call on its own (executor.parallel): the attention
-  kernel's forward re-runs, its output and internals are not kept (its inputs q, k, v are), and each call pays a
+  kernel's forward re-runs and its internals are not kept (the log-sum-exp; priced unfused, the s x s
+  probabilities), while q, k, v (the checkpoint's inputs) and its output (which its reader saves) are; each call pays a
   checkpoint call's start-up (the profile's `checkpoint_call_*`), no early stop involved; the TorchFunctionMode
   that finds those calls adds the profile's `function_mode_op` to every op of the block's forward;
 - `selective` is torchtitan's op-level policy (executor.parallel.selective_context), priced per op from the graph's
@@ -256,7 +257,7 @@ class LayerCoster:
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
                                input_sources=tuple(sources), keep_shards=keep, dtypes=self.dtypes.get(op.name))
             act_full += a
-            # a checkpointed SDPA call keeps only its inputs (q, k, v), not its output or the kernel's internals
+            # a checkpointed SDPA call keeps its inputs and output, not the kernel's internals
             act += m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, input_sources=tuple(sources),
                                keep_shards=keep, dtypes=self.dtypes.get(op.name), inputs_only=True)[1] if core else a
             params.update(_local_params(op, pl, tp))

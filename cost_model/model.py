@@ -143,8 +143,11 @@ class CostModel:
         (`input_sources`: the placement each input arrives in), which is saved as that shard and gathered again in
         backward; when it is the output and the output is S(d); otherwise (masks, internals) when the op itself
         is split. `dtypes` (`cost_model.dtypes.OpDtypes`): a saved input or output at its own precision under
-        autocast (an fp32 residual stream saves 4 bytes an element), else the op's. `inputs_only`: only the saved
-        tensors that are the op's inputs (a checkpointed call keeps its inputs and recomputes the rest)."""
+        autocast (an fp32 residual stream saves 4 bytes an element), else the op's. `inputs_only`: what is left when
+        the op is checkpointed on its own: its inputs (the checkpoint keeps them, q, k and v in whatever layout the
+        kernel saved them) and its output (its reader keeps it: the output projection after SDPA saves it, and a
+        flash kernel's (b, s, h, d) output transposes back without a copy), not the kernel's internals (the
+        log-sum-exp, RNG state, and priced unfused the s x s probabilities)."""
         bytes_per = 4 if precision == "fp32" else 2
         pls = list(placement.params) if placement is not None else []
         par = 0.0
@@ -166,8 +169,8 @@ class CostModel:
                 sharded = d.startswith("S") or (keep_shards and d == "R" and input_sources is not None
                                                 and k < len(input_sources)
                                                 and sequence_shard(input_sources[k], len(t.shape)))
-            elif inputs_only:
-                continue
+            elif inputs_only and all(t.numel != m.numel for m in (*metas, *op.output_meta[:1])):
+                continue  # a kernel internal (log-sum-exp, RNG state)
             elif op.output_meta and t.shape == op.output_meta[0].shape:
                 at = dtypes.output if dtypes is not None else saved_at
                 sharded = placement is not None and placement.output.startswith("S")

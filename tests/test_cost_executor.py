@@ -207,8 +207,9 @@ def test_selective_recompute_reruns_every_other_linear_and_never_the_attention(g
 
 def test_attention_recompute_reruns_only_the_sdpa_call_and_drops_what_it_saves(gpt):
     # recompute=attention (Megatron-LM's selective): each block's SDPA call is checkpointed on its own, so its
-    # forward re-runs in backward (nothing else does) and it keeps only its inputs q, k, v: the flash kernel's
-    # output and log-sum-exp go, and under unfused attention the s x s probabilities (and dropout mask) too
+    # forward re-runs in backward (nothing else does); q, k, v stay (the checkpoint's inputs) and so does its
+    # output (the output projection saves it), so a flash kernel frees only its log-sum-exp, and under unfused
+    # attention the s x s probabilities (and dropout mask) go too
     cl = cluster(per_node=1)
     block = next(l for l in gpt.layers() if l.block_type)
     sdpa = next(gpt.ops[i] for i in block.ops if gpt.ops[i].kind == "attention")
@@ -227,7 +228,7 @@ def test_attention_recompute_reruns_only_the_sdpa_call_and_drops_what_it_saves(g
                             dtypes=coster.dtypes.get(sdpa.name), inputs_only=only)[1] for only in (False, True)]
         drops[kernel] = costs["none"].act_bytes - costs["attention"].act_bytes
         assert drops[kernel] == pytest.approx(mem[0] - mem[1]) and drops[kernel] > 0
-    assert drops["unfused"] > drops[None]  # and the s x s probabilities
+    assert drops["unfused"] > 10 * drops[None]  # the s x s probabilities, against the log-sum-exp
 
 
 def test_attention_recompute_needs_sdpa_calls_in_every_block():
