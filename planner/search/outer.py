@@ -128,7 +128,7 @@ class OuterSearch:
         self._skipped: list[str] = []  # notes saying a tp was skipped, for infeasible_message
         # recompute=attention re-runs the blocks' SDPA calls: possible only where every block makes them, and tried
         # unforced only where SDPA is priced unfused, whose s x s scores it frees (Korthikanti et al.); a fused
-        # kernel's call keeps just its output and log-sum-exp, which selective and full free along with more
+        # kernel's call frees only its log-sum-exp, a re-run for almost nothing
         self._attention_problem = attention_recompute_problem(graph)
         att = cluster.device.attention
         self._try_attention = att is not None and att.kernel == UNFUSED_ATTENTION
