@@ -7,8 +7,8 @@ machine with one GPU:
 1. `plan profile --backend nccl --model MODEL ...` once: this GPU's matmul and memory curves plus the models' own
    GEMM and attention shapes (the profile the plans are made with; DIR/profile.yaml, with the date and the GPU
    written in, to ship as a preset update);
-2. for each model, bf16, one micro-batch, with and without full recompute: `plan --force dp=1,...` writes the plan
-   (its prediction) and `plan measure` runs it (CUDA events, `torch.cuda.max_memory_allocated`);
+2. for each model, bf16, one micro-batch, without and with full recompute (`--recompute` picks the levels):
+   `plan --force dp=1,...` writes the plan (its prediction) and `plan measure` runs it (CUDA events, `torch.cuda.max_memory_allocated`);
 3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step;
 4. with `--trace-run RUN`, that run once more under `plan measure --trace`, and its device time by kernel family.
 
@@ -146,6 +146,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--no-profile", action="store_true", help="plan with --cluster instead of profiling")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
+    ap.add_argument("--recompute", default="none,full", metavar="LEVELS",
+                    help="comma-separated recompute levels to measure each model at (none, attention, selective, "
+                         "full; default none,full)")
     ap.add_argument("--cluster", default="dgx-h100",
                     help="profile used with --no-profile, and whose links a one-GPU profile keeps (default dgx-h100)")
     ap.add_argument("--deadline", type=float, default=None, metavar="S",
@@ -161,6 +164,9 @@ def main() -> int:
     late = lambda: args.deadline is not None and time.perf_counter() - t_start > args.deadline  # noqa: E731
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     models = TINY if args.tiny else MODELS
+    levels = args.recompute.split(",")
+    if any(r not in ("none", "attention", "selective", "full") for r in levels):
+        ap.error(f"--recompute {args.recompute}: use none, attention, selective and/or full")
     names = args.only.split(",") if args.only else list(models)
     import torch
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
@@ -176,8 +182,8 @@ def main() -> int:
     def jobs_for(name: str, model: str, cluster: str, batch: int) -> None:
         """Plan this model's runs in the background (CPU), to be measured later (GPU)."""
         cluster = clusters[name] = one_device(args.out, cluster)
-        variants = [("none", False), ("full", False)] + ([("none", True)] if name == names[0] and not args.no_compile
-                                                         else [])
+        variants = [(r, False) for r in levels] + ([("none", True)] if name == names[0] and not args.no_compile
+                                                   else [])
         for recompute, compiled in variants:
             tag = f"{name} {recompute}" + (" compiled" if compiled else "")
             jobs.append((model, planner.submit(make_plan, args.out, tag, model, cluster, batch, recompute, precision),
