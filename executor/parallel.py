@@ -110,11 +110,13 @@ class _CheckpointAttention(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.sdpa = _sdpa_functions()
+        self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         from torch.utils.checkpoint import checkpoint
         kwargs = kwargs or {}
         if func in self.sdpa:
+            self.calls += 1
             return checkpoint(func, *args, use_reentrant=False, **kwargs)
         return func(*args, **kwargs)
 
@@ -127,10 +129,21 @@ def checkpoint_attention() -> torch.overrides.TorchFunctionMode:
     return _CheckpointAttention()
 
 
-def _attention_checkpointed(inner):
+def _attention_checkpointed(inner, path: str):
+    """`inner` (a block's forward) under `checkpoint_attention`; a forward that made no SDPA call the mode could see
+    (one made inside another torch function, as nn.MultiheadAttention's, runs with the mode off) is an error, which
+    the dry run reports before a plan is written, rather than a plan that recomputes less than it was priced at."""
+    from executor.errors import ExecutorError
+
     def forward(*args, **kwargs):
-        with checkpoint_attention():
-            return inner(*args, **kwargs)
+        mode = checkpoint_attention()
+        with mode:
+            out = inner(*args, **kwargs)
+        if not mode.calls:
+            raise ExecutorError(f"recompute=attention: block {path} made no F.scaled_dot_product_attention call "
+                                "the executor can checkpoint (a call inside another torch function, as "
+                                "nn.MultiheadAttention's, is out of its reach); use recompute=selective or full")
+        return out
     return forward
 
 
@@ -149,12 +162,14 @@ def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
     from functools import partial
 
     from torch.utils.checkpoint import checkpoint
-    for block in _present(model, block_paths):
+    mods = dict(model.named_modules())
+    for path in [p for p in block_paths if p in mods]:
+        block = mods[path]
         inner = block.forward
         if recompute == "full":
             block.forward = partial(checkpoint, inner, use_reentrant=False)  # type: ignore[method-assign]
         elif recompute == "attention":
-            block.forward = _attention_checkpointed(inner)  # type: ignore[method-assign]
+            block.forward = _attention_checkpointed(inner, path)  # type: ignore[method-assign]
         else:
             block.forward = partial(checkpoint, inner, use_reentrant=False,  # type: ignore[method-assign]
                                     context_fn=selective_context)

@@ -245,6 +245,25 @@ def test_attention_recompute_needs_sdpa_calls_in_every_block():
     assert result.evaluated and all("attn" not in e.label for e in result.evaluated)
 
 
+def test_executor_attention_recompute_refuses_a_block_whose_sdpa_call_it_cannot_reach():
+    # nn.MultiheadAttention calls SDPA inside F.multi_head_attention_forward, where a TorchFunctionMode is off: the
+    # block's forward raises (the dry run reports it before a plan is written) instead of recomputing nothing
+    from executor import parallel
+    from executor.errors import ExecutorError
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return x + self.attn(x, x, x, need_weights=False)[0]
+    model = torch.nn.Sequential(Block())
+    parallel.apply_ac(model, "attention", ["0"])
+    with pytest.raises(ExecutorError, match="block 0 made no F.scaled_dot_product_attention call"):
+        model(torch.randn(2, 4, 8))
+
+
 def test_a_recomputed_blocks_host_work_joins_its_backward_on_gpus(gpt):
     # on GPUs (async host) the re-run's kernels and host work (its dispatches, checkpointing's hooks) are set
     # against the backward's as a whole: hidden while the kernels outlast the host, all of it once the host is
