@@ -134,17 +134,18 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert all(0 < t < 0.1 for r in c.device.attention_shapes for t in r[6:]) and not c.device.async_host
 
     # The profile's all-reduce points (run A, after the YAML round trip) against a second measurement (run B) made
-    # in the same launch: the expected times of A must lie inside B's min-max spread, widened by 3x each way, at
+    # in the same launch: the expected times of A must lie inside B's min-max spread, widened by 10x each way, at
     # half the sizes at least (gloo on loopback on a 2-core machine moved single points by up to 4x between runs,
-    # two neighbouring points at once on 2026-11-25, and, beside the other pytest worker on 2026-11-26, run A's
-    # 4 KiB-1 MiB points to 1.2 ms against 0.27-0.5 ms in run B); a wrong unit moves every point by 1000x.
+    # two neighbouring points at once on 2026-11-25; beside the other pytest worker, run A's 4 KiB-1 MiB points
+    # to 1.2 ms against 0.27-0.5 ms in run B on 2026-11-26, and to 2.5 ms against 0.2-0.6 ms on 2026-11-27); a
+    # wrong unit moves every point by 1000x.
     curve = load_cluster(str(path)).curve("all_reduce", "intra_node", 2)
     run_a, run_b = result.raw["all_reduce_runs"]
     assert [s for s, _ in curve.points] == sorted(run_a) == sorted(run_b)
     misses = []
     assert [t for _, t in curve.points] == [t for _, t in expected_curve(run_a)]
     for size, t in curve.points:
-        if not min(run_b[size]) / 3 <= t <= max(run_b[size]) * 3:
+        if not min(run_b[size]) / 10 <= t <= max(run_b[size]) * 10:
             misses.append((size, t, run_b[size]))
     assert len(misses) <= len(curve.points) // 2, misses  # a burst of other work may hit a point or two
     # the fitted link reproduces the largest message's time within a factor 10: a fit over noisy loopback points
