@@ -8,7 +8,8 @@ machine with one GPU:
    GEMM and attention shapes (the profile the plans are made with; DIR/profile.yaml, with the date and the GPU
    written in, to ship as a preset update);
 2. for each model, bf16, one micro-batch, without and with full recompute (`--recompute` picks the levels):
-   `plan --force dp=1,...` writes the plan (its prediction) and `plan measure` runs it (CUDA events, `torch.cuda.max_memory_allocated`);
+   `plan --force dp=1,...` writes the plan (its prediction) and `plan measure` runs it (CUDA events,
+   `torch.cuda.max_memory_allocated`);
 3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step;
 4. with `--trace-run RUN`, that run once more under `plan measure --trace`, and its device time by kernel family.
 
@@ -165,8 +166,9 @@ def main() -> int:
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     models = TINY if args.tiny else MODELS
     levels = args.recompute.split(",")
-    if any(r not in ("none", "attention", "selective", "full") for r in levels):
-        ap.error(f"--recompute {args.recompute}: use none, attention, selective and/or full")
+    from planner.plan import RECOMPUTE
+    if any(r not in RECOMPUTE for r in levels):
+        ap.error(f"--recompute {args.recompute}: use any of {', '.join(RECOMPUTE)}")
     names = args.only.split(",") if args.only else list(models)
     import torch
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"

@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import Sequence
 
 from planner.graph import OpGraph, OpNode
+from planner.op_kinds import SDPA_CALLS
 
 VIEW_KINDS = frozenset({"reshape"})
 """Kinds that only re-view a tensor."""
@@ -104,13 +105,6 @@ def sac_class(op: OpNode) -> str | None:
     if name == "max" and tuple(a for a in op.args if a != "T") == ():
         return "save"
     return None
-
-
-SDPA_CALLS = frozenset({"scaled_dot_product_attention", "scaled_dot_product_flash_attention",
-                        "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
-                        "scaled_dot_product_flash_attention_for_cpu"})
-"""Call names of `F.scaled_dot_product_attention` and the aten kernels a trace records for it: the calls
-`recompute: attention` checkpoints one by one (executor.parallel.checkpoint_attention)."""
 
 
 def attention_core(op: OpNode) -> bool:

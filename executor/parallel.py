@@ -30,6 +30,7 @@ Plain data parallelism uses DDP when no parameter is a DTensor and there is no p
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
 import torch
@@ -93,14 +94,13 @@ def selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-SDPA_CALLS = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-              "_scaled_dot_product_flash_attention_for_cpu")
-"""aten SDPA ops a model or its exported graph may call directly (`cost_model.ops.SDPA_CALLS`)."""
-
-
-def _sdpa_functions() -> set:
-    return {torch.nn.functional.scaled_dot_product_attention} | _aten_ops(SDPA_CALLS)
+@functools.cache
+def _sdpa_functions() -> frozenset:
+    """F.scaled_dot_product_attention and the aten SDPA ops a model or its exported graph may call directly
+    (`planner.op_kinds.SDPA_CALLS`, public or with their leading underscore)."""
+    from planner.op_kinds import SDPA_CALLS
+    return frozenset({torch.nn.functional.scaled_dot_product_attention}
+                     | _aten_ops(SDPA_CALLS) | _aten_ops("_" + n for n in SDPA_CALLS))
 
 
 class _CheckpointAttention(torch.overrides.TorchFunctionMode):
@@ -113,9 +113,9 @@ class _CheckpointAttention(torch.overrides.TorchFunctionMode):
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from torch.utils.checkpoint import checkpoint
         kwargs = kwargs or {}
         if func in self.sdpa:
+            from torch.utils.checkpoint import checkpoint
             self.calls += 1
             return checkpoint(func, *args, use_reentrant=False, **kwargs)
         return func(*args, **kwargs)

@@ -90,16 +90,16 @@ def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: M
             out[f"{key}_{kind}forward"] = max(f - f0, 0.0) / CKPT_CHAIN
             # backward beyond the plain backward and one plain re-run of the forward
             out[f"{key}_{kind}backward"] = max((fb - f) - (fb0 - f0) - f0, 0.0) / CKPT_CHAIN
-    out.update(_call_overheads(w, device, sync, plan))
+    out.update(_call_overheads(w, muls, device, sync, plan))
     return out
 
 
-def _call_overheads(w: torch.Tensor, device: torch.device, sync: Callable[[], None], plan: MeasurePlan
-                    ) -> dict[str, float]:
+def _call_overheads(w: torch.Tensor, muls: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+                    sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
     """`recompute: attention`'s host costs (executor.parallel.checkpoint_attention): a checkpoint call around one
     op (`checkpoint_call_*`, one tiny multiplication: the call's whole start-up lands on it), and a Python
     TorchFunctionMode that looks each call up in a set, as the executor's does to find the SDPA calls, per op it
-    sees in a block's forward (`function_mode_op`)."""
+    sees in a block's forward (`function_mode_op`), on `muls`, a chain of `CKPT_CHAIN` multiplications by `w`."""
     from torch.overrides import TorchFunctionMode
     x = torch.ones(1, device=device, requires_grad=True)
     watched = {torch.nn.functional.scaled_dot_product_attention}
@@ -112,11 +112,6 @@ def _call_overheads(w: torch.Tensor, device: torch.device, sync: Callable[[], No
 
     def one(t):
         return t * w
-
-    def muls(t):
-        for _ in range(CKPT_CHAIN):
-            t = t * w
-        return t
 
     def moded(t):
         with Mode():

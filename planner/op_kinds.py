@@ -19,6 +19,12 @@ KINDS = ("linear", "matmul", "embedding", "norm", "softmax", "attention", "conv"
 _MATMULS = {"mm", "matmul", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv", "addmv", "dot", "tensordot"}
 """Matrix products: `linear` when one operand is a parameter (HF GPT-2's Conv1D is an addmm), else `matmul`."""
 
+SDPA_CALLS = frozenset({"scaled_dot_product_attention", "scaled_dot_product_flash_attention",
+                        "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
+                        "scaled_dot_product_flash_attention_for_cpu"})
+"""Normalised names of `F.scaled_dot_product_attention` and the aten kernels it dispatches to: the calls
+`recompute: attention` checkpoints one by one (the cost model prices it, executor.parallel applies it)."""
+
 _BY_NAME: dict[str, str] = {}
 for _kind, _names in {
     "linear": "linear bilinear",
@@ -27,9 +33,7 @@ for _kind, _names in {
             "native_batch_norm_legit native_batch_norm_legit_functional native_batch_norm_legit_no_training "
             "group_norm native_group_norm instance_norm local_response_norm normalize",
     "softmax": "softmax log_softmax safe_softmax softmin",
-    "attention": "scaled_dot_product_attention scaled_dot_product_flash_attention "
-                 "scaled_dot_product_efficient_attention scaled_dot_product_cudnn_attention "
-                 "scaled_dot_product_flash_attention_for_cpu multi_head_attention_forward fused_sdpa",
+    "attention": " ".join(sorted(SDPA_CALLS)) + " multi_head_attention_forward fused_sdpa",
     "conv": "conv1d conv2d conv3d convolution conv_transpose1d conv_transpose2d conv_transpose3d",
     "pool": "max_pool1d max_pool2d max_pool3d avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d "
             "adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d "

@@ -14,10 +14,9 @@ Order of work (cheap to expensive):
    win) or the time budget runs out.
 4. In a group: placements from the ILP (cached), stages from the DP on the placed layer times, then ZeRO stages
    leanest first (3, 2, 1, 0) for each recompute level (none, attention where SDPA is priced unfused, selective,
-   full): once a ZeRO stage does not fit,
-   the less sharded ones cannot either; a ZeRO stage that fits is not retried with more recompute, which can
-   only be slower. A ZeRO stage that fits with full recompute but not without gets partial full recompute too
-   (`_partial`: each pipeline rank re-runs only the blocks its memory needs). A group
+   full): once a ZeRO stage does not fit, the less sharded ones cannot either; a ZeRO stage that fits is not retried
+   with more recompute, which can only be slower. A ZeRO stage that fits with full recompute but not without gets
+   partial full recompute too (`_partial`: each pipeline rank re-runs only the blocks its memory needs). A group
    whose leanest candidate does not fit is retried once with memory-aware stage cuts and a memory-budgeted ILP.
 5. Before a group's sweep, a second, tighter bound from its actual placements and stage cuts (`placed_bound`):
    per layer the compute plus re-sharding time the ILP priced (`op_time` + `reshard_time` of the chosen
