@@ -177,7 +177,7 @@ def main() -> int:
           flush=True)
     from concurrent.futures import ThreadPoolExecutor
     planner = ThreadPoolExecutor(max_workers=4)
-    jobs: list[tuple[str, object, bool]] = []  # (model file, future plan, compiled)
+    jobs: list[tuple[str, object, bool, int]] = []  # (model file, future plan, compiled, level's index)
     clusters: dict[str, str] = {}  # model name -> the one-device profile its plans were made with
     rows: list[dict] = []
 
@@ -189,7 +189,7 @@ def main() -> int:
         for recompute, compiled in variants:
             tag = f"{name} {recompute}" + (" compiled" if compiled else "")
             jobs.append((model, planner.submit(make_plan, args.out, tag, model, cluster, batch, recompute, precision),
-                         compiled))
+                         compiled, levels.index(recompute)))
 
     # GPU work one job at a time: the profile first (all the models' shapes in one), planning on the CPU beside
     # the measurements
@@ -211,8 +211,10 @@ def main() -> int:
             print(f"  profiled {', '.join(names)} in {time.perf_counter() - t0:.0f} s", flush=True)
     for name in names:
         jobs_for(name, files[name], cluster, models[name][2])
-    jobs.sort(key=lambda j: j[2])  # the compiled run last
-    for model, future, compiled in jobs:
+    # level by level (every model at the first level, then the next), the compiled run last: a deadline drops the
+    # last levels, not the last models
+    jobs.sort(key=lambda j: (j[2], j[3]))
+    for model, future, compiled, _ in jobs:
         planned = future.result()
         if late():
             rows.append({"run": planned["run"], "error": "not run (deadline)"})
