@@ -29,6 +29,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # planner.plan, from this checkout, installed or not
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 PLAN = [sys.executable, "-m", "planner.cli"]  # this checkout's code
 GPT = """
