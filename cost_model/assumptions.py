@@ -67,14 +67,14 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
         + " (masks 1 byte), recompute "
         f"{plan.recompute}"
-        + (" (each SDPA call checkpointed on its own: its forward re-runs, its internals are not kept)"
+        + (" (each SDPA call re-run on its own in backward: its internals are not kept)"
            if plan.recompute == "attention" else "")
         + (f" on the first blocks of each stage only {recompute_counts(plan)}" if plan.recompute_blocks else "")
         + ", sequence parallel "
         + ("on (outside checkpointed blocks gathered inputs are saved as their shard, gathered again in "
            "backward)" if plan.sequence_parallel else "off") + "; in-flight "
         f"micro-batches per {plan.schedule}" + (
-            ("; checkpointing's measured host cost per checkpoint call and per op under its function mode"
+            ("; the measured host cost of each SDPA call's re-run and of every op under the function mode"
              if plan.recompute == "attention" else "; checkpointing's measured host cost per op of a checkpointed "
              "block") if plan.recompute != "none" and _checkpoint_priced(cl.device.op_overhead, plan.recompute)
             else ""),

@@ -8,10 +8,10 @@ non-reentrant checkpoint replays the block's forward in backward and stops as so
 saved is regenerated (early stop, on by default): ops after the last one producing a saved tensor do not re-run
 (in a GPT block, the MLP's output projection and the residual add). Up to there:
 - `full` re-runs every op, attention and tp collectives included;
-- `attention` (Megatron-LM's selective) checkpoints each SDPA call on its own (executor.parallel): the attention
-  kernel's forward re-runs and its internals are not kept (the log-sum-exp; priced unfused, the s x s
-  probabilities), while q, k, v (the checkpoint's inputs) and its output (which its reader saves) are; each call pays a
-  checkpoint call's start-up (the profile's `checkpoint_call_*`), no early stop involved; the TorchFunctionMode
+- `attention` (Megatron-LM's selective) re-runs each SDPA call on its own in backward (executor.parallel): the
+  attention kernel's forward re-runs and its internals are not kept (the log-sum-exp; priced unfused, the s x s
+  probabilities), while q, k, v (the call's inputs) and its output (which its reader saves) are; each call pays
+  its re-run call's host cost (the profile's `checkpoint_call_*`), no early stop involved; the TorchFunctionMode
   that finds those calls adds the profile's `function_mode_op` to every op of the block's forward;
 - `selective` is torchtitan's op-level policy (executor.parallel.selective_context), priced per op from the graph's
   op order (`cost_model.ops.sac_kept`): the outputs of the attention kernel (SDPA), of a full `max` and of every
@@ -222,7 +222,7 @@ class LayerCoster:
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hb = kf + cf, kb + cb + af, hb + ah
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
-            core = attn and attention_core(op)  # one checkpoint call of its own, re-run in backward
+            core = attn and attention_core(op)  # re-run in backward on its own
             ck_f, ck_b = self._checkpoint_host(op.kind, policy) if full or selective or core else (0.0, 0.0)
             # under `attention` a Python TorchFunctionMode sees every call of the block's forward
             host_f += ck_f + (m.cluster.device.op_overhead.function_mode_op if attn else 0.0)
@@ -321,7 +321,7 @@ class LayerCoster:
         forward, backward and re-run (the profile's `checkpoint_*` / `sac_*` per op, the `*_linear_*` figures for
         a linear; see the module docstring); backward applies to the ops the re-run reaches."""
         ov = self.model.cluster.device.op_overhead
-        if policy == "attention":  # a checkpoint call around one op: its own start-up, not spread over a block
+        if policy == "attention":  # one re-run call around one SDPA call, not spread over a block
             return ov.checkpoint_call_forward, ov.checkpoint_call_backward
         key = "sac" if policy == "selective" else "checkpoint"
         lin = "linear_" if kind == "linear" else ""

@@ -144,7 +144,7 @@ class CostModel:
         backward; when it is the output and the output is S(d); otherwise (masks, internals) when the op itself
         is split. `dtypes` (`cost_model.dtypes.OpDtypes`): a saved input or output at its own precision under
         autocast (an fp32 residual stream saves 4 bytes an element), else the op's. `inputs_only`: what is left when
-        the op is checkpointed on its own: its inputs (the checkpoint keeps them, q, k and v in whatever layout the
+        the op is re-run on its own in backward: its inputs (the re-run keeps them, q, k and v in whatever layout the
         kernel saved them) and its output (its reader keeps it: the output projection after SDPA saves it, and a
         flash kernel's (b, s, h, d) output transposes back without a copy), not the kernel's internals (the
         log-sum-exp, RNG state, and priced unfused the s x s probabilities)."""

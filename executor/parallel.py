@@ -103,9 +103,75 @@ def _sdpa_functions() -> frozenset:
                      | _aten_ops(SDPA_CALLS) | _aten_ops("_" + n for n in SDPA_CALLS))
 
 
+def _dropout_p(func, args: tuple, kwargs: dict) -> float | None:
+    """The dropout probability an SDPA call was given (0 when it gave none), None where it cannot be read."""
+    if "dropout_p" in kwargs:
+        return kwargs["dropout_p"]
+    schema = getattr(func, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else \
+        ["query", "key", "value", "attn_mask", "dropout_p"]  # F.scaled_dot_product_attention's order
+    if "dropout_p" not in names:
+        return 0.0
+    i = names.index("dropout_p")
+    return args[i] if i < len(args) else 0.0
+
+
+class _Recomputed(torch.autograd.Function):
+    """One SDPA call that keeps only its tensor inputs: forward runs it with autograd off (no log-sum-exp or other
+    state kept for a backward), backward re-runs it under the forward's autocast and backpropagates through the
+    re-run. What torch's non-reentrant checkpoint does for one call, without its saved-tensor hooks, frame and RNG
+    bookkeeping: a fraction of its host time, which on GPUs the backward of a small model cannot hide. Calls with
+    dropout keep the checkpoint (it replays the RNG)."""
+
+    @staticmethod
+    def forward(ctx, func, kwargs, *args):
+        ctx.func, ctx.kwargs = func, kwargs
+        ctx.positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        ctx.others = [None if isinstance(a, torch.Tensor) else a for a in args]
+        device = next(args[i] for i in ctx.positions).device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.save_for_backward(*(args[i] for i in ctx.positions))
+        ctx.set_materialize_grads(False)
+        out = func(*args, **kwargs)
+        for t in (out if isinstance(out, tuple) else (out,)):
+            if isinstance(t, torch.Tensor) and not t.is_floating_point():
+                ctx.mark_non_differentiable(t)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        args = list(ctx.others)
+        for i, t in zip(ctx.positions, ctx.saved_tensors):
+            args[i] = t.detach().requires_grad_(t.requires_grad)
+        device, enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+            out = ctx.func(*args, **ctx.kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and isinstance(o, torch.Tensor)
+                 and o.requires_grad]
+        wanted = [i for i in ctx.positions if args[i].requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], [args[i] for i in wanted], [g for _, g in pairs],
+                                  allow_unused=True) if pairs and wanted else ()
+        result: list = [None] * len(args)
+        for i, g in zip(wanted, got):
+            result[i] = g
+        return (None, None, *result)
+
+
+def recompute_call(func, args: tuple, kwargs: dict):
+    """`func(*args, **kwargs)` (an SDPA call) re-run in backward instead of keeping what its backward reads:
+    `_Recomputed` where it can, torch's non-reentrant checkpoint where the call has dropout or a tensor keyword
+    argument (an attention mask) that needs a gradient."""
+    if _dropout_p(func, args, kwargs) == 0 and not any(isinstance(v, torch.Tensor) and v.requires_grad
+                                                      for v in kwargs.values()):
+        return _Recomputed.apply(func, kwargs, *args)
+    from torch.utils.checkpoint import checkpoint
+    return checkpoint(func, *args, use_reentrant=False, **kwargs)
+
+
 class _CheckpointAttention(torch.overrides.TorchFunctionMode):
-    """Runs every SDPA call made under it through a non-reentrant checkpoint of its own (see
-    `checkpoint_attention`); other calls pass through."""
+    """Runs every SDPA call made under it through `recompute_call` (see `checkpoint_attention`); other calls pass
+    through."""
 
     def __init__(self):
         super().__init__()
@@ -115,9 +181,8 @@ class _CheckpointAttention(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in self.sdpa:
-            from torch.utils.checkpoint import checkpoint
             self.calls += 1
-            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+            return recompute_call(func, args, kwargs)
         return func(*args, **kwargs)
 
 

@@ -90,18 +90,41 @@ def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: M
             out[f"{key}_{kind}forward"] = max(f - f0, 0.0) / CKPT_CHAIN
             # backward beyond the plain backward and one plain re-run of the forward
             out[f"{key}_{kind}backward"] = max((fb - f) - (fb0 - f0) - f0, 0.0) / CKPT_CHAIN
-    out.update(_call_overheads(w, muls, device, sync, plan))
+    out.update(_call_overheads(muls, device, sync, plan))
     return out
 
 
-def _call_overheads(w: torch.Tensor, muls: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-                    sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
-    """`recompute: attention`'s host costs (executor.parallel.checkpoint_attention): a checkpoint call around one
-    op (`checkpoint_call_*`, one tiny multiplication: the call's whole start-up lands on it), and a Python
-    TorchFunctionMode that looks each call up in a set, as the executor's does to find the SDPA calls, per op it
-    sees in a block's forward (`function_mode_op`), on `muls`, a chain of `CKPT_CHAIN` multiplications by `w`."""
+class _RecomputedSDPA(torch.autograd.Function):
+    """executor.parallel's `_Recomputed` on one F.scaled_dot_product_attention(q, k, v, is_causal=True) call, step
+    for step (this package imports none of ours): forward keeps q, k, v and the autocast state and runs the call with
+    autograd off; backward re-runs it under that autocast and backpropagates through the re-run."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        device = q.device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.save_for_backward(q, k, v)
+        ctx.set_materialize_grads(False)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ins = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        device, enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+            out = torch.nn.functional.scaled_dot_product_attention(*ins, is_causal=True)
+        return torch.autograd.grad([out], ins, [grad], allow_unused=True)
+
+
+def _call_overheads(muls: Callable[[torch.Tensor], torch.Tensor], device: torch.device, sync: Callable[[], None],
+                    plan: MeasurePlan) -> dict[str, float]:
+    """`recompute: attention`'s host costs (executor.parallel.checkpoint_attention): its re-run-in-backward call
+    around one SDPA call (`checkpoint_call_*`: on a tiny causal q, k, v, beyond the plain call; backward beyond one
+    plain re-run too), and a Python TorchFunctionMode that looks each call up in a set, as the executor's does to
+    find the SDPA calls, per op it sees in a block's forward (`function_mode_op`, on `muls`, a chain of
+    `CKPT_CHAIN` multiplications)."""
     from torch.overrides import TorchFunctionMode
-    x = torch.ones(1, device=device, requires_grad=True)
+    q = torch.ones(1, 1, 4, 8, device=device, requires_grad=True)
     watched = {torch.nn.functional.scaled_dot_product_attention}
 
     class Mode(TorchFunctionMode):
@@ -110,14 +133,21 @@ def _call_overheads(w: torch.Tensor, muls: Callable[[torch.Tensor], torch.Tensor
                 pass
             return func(*args, **(kwargs or {}))
 
-    def one(t):
-        return t * w
+    def plain(t):
+        return torch.nn.functional.scaled_dot_product_attention(t, t, t, is_causal=True)
+
+    def recomputed(t):
+        return _RecomputedSDPA.apply(t, t, t)
 
     def moded(t):
         with Mode():
             return muls(t)
-    f0, fb0 = _times(one, x, "plain", sync, plan)
-    f, fb = _times(one, x, "full", sync, plan)
+    times = {}
+    for name, call in (("plain", plain), ("recomputed", recomputed)):
+        times[name] = (_cpu_seconds(lambda: call(q), sync, plan),
+                       _cpu_seconds(lambda: call(q).sum().backward(), sync, plan))
+    (f0, fb0), (f, fb) = times["plain"], times["recomputed"]
+    x = torch.ones(1, device=device, requires_grad=True)
     m0 = _cpu_seconds(lambda: muls(x), sync, plan)
     m = _cpu_seconds(lambda: moded(x), sync, plan)
     return {"checkpoint_call_forward": max(f - f0, 0.0),

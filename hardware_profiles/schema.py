@@ -137,10 +137,10 @@ class OpOverhead:
     sac_linear_backward: float = 0.0
     """As `sac_backward` for an F.linear call."""
     checkpoint_call_forward: float = 0.0
-    """Seconds of one checkpoint call around a single op (recompute `attention`: each SDPA call) beyond the op's
-    plain forward: the call's own start-up, which a block's checkpoint spreads over its ops; 0 when unknown."""
+    """Seconds that recompute `attention`'s re-run-in-backward call (executor.parallel's autograd Function around
+    each SDPA call) adds to the call's plain forward; 0 when unknown."""
     checkpoint_call_backward: float = 0.0
-    """As `checkpoint_call_forward` in backward, beyond the op's plain backward and one plain re-run of it."""
+    """As `checkpoint_call_forward` in backward, beyond the call's plain backward and one plain re-run of it."""
     function_mode_op: float = 0.0
     """Seconds per op of a block's forward under `recompute: attention`, whose Python TorchFunctionMode sees every
     torch call to find the SDPA ones (executor.parallel.checkpoint_attention); 0 when unknown."""

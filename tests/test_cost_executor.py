@@ -443,3 +443,36 @@ def test_partial_full_recompute_prices_only_the_blocks_it_names(gpt):
     kept = {k: sum(c.act_bytes for c in cs) for k, cs in costs.items()}
     assert kept["full"] < kept["part"] < kept["none"]
     assert pred["full"].peak_memory_bytes <= pred["part"].peak_memory_bytes <= pred["none"].peak_memory_bytes
+
+
+@pytest.mark.parametrize("case", ["causal", "autocast", "gqa", "aten", "dropout"])
+def test_attention_recompute_call_gives_the_plain_calls_outputs_and_gradients(case):
+    # recompute=attention's call (executor.parallel.recompute_call): forward keeps only the tensor inputs, backward
+    # re-runs the call (under the forward's autocast) and backpropagates through it: bit for bit the plain call's
+    # results, on F.scaled_dot_product_attention and on the aten kernel an exported graph calls; a call with dropout
+    # goes through torch's checkpoint instead, which replays the RNG
+    import torch.nn.functional as F
+    from executor.parallel import recompute_call
+    torch.manual_seed(0)
+    func, kwargs, post = F.scaled_dot_product_attention, {"is_causal": True}, (lambda o: o)
+    shapes = [(2, 8, 3, 16)] * 3
+    if case == "gqa":
+        shapes, kwargs = [(2, 8, 4, 16), (2, 8, 2, 16), (2, 8, 2, 16)], {"is_causal": True, "enable_gqa": True}
+    if case == "aten":
+        func, post = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (lambda o: o[0])
+    if case == "dropout":
+        kwargs = {"dropout_p": 0.5}
+    base = [torch.randn(*s).transpose(1, 2) for s in shapes]  # non-contiguous [b, h, s, d], as a fused qkv gives
+    outs, grads = [], []
+    for rerun in (False, True):
+        ins = [t.detach().clone().requires_grad_() for t in base]
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast"):
+            out = post(recompute_call(func, tuple(ins), kwargs) if rerun else func(*ins, **kwargs))
+        out.backward(torch.ones_like(out))
+        outs.append(out)
+        grads.append([t.grad for t in ins])
+        recomputed = type(out.grad_fn).__name__
+    assert torch.equal(outs[0], outs[1]) and all(torch.equal(a, b) for a, b in zip(*grads))
+    assert (recomputed == "_RecomputedBackward") == (case != "dropout")
+    assert outs[1].dtype == (torch.bfloat16 if case == "autocast" else torch.float32)

@@ -129,12 +129,12 @@ def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
     assert results["pp_partial_recompute"]["saved"] < results["pp_1f1b"]["saved"]
 
 
-def test_attention_recompute_checkpoints_each_sdpa_call(results):
-    # recompute: attention checkpoints each block's SDPA call on its own (4 blocks; under tp the exported graph's
-    # aten SDPA op), wraps no block, and saves less than no recompute (not the SDPA output)
-    assert results["dp_attention_recompute"]["checkpoint_calls_per_step"] == 4
-    assert results["tp_sp_attention_recompute"]["checkpoint_calls_per_step"] == 4
-    assert results["dp"]["checkpoint_calls_per_step"] == 0
+def test_attention_recompute_reruns_each_sdpa_call(results):
+    # recompute: attention re-runs each block's SDPA call on its own in backward (4 blocks; under tp the exported
+    # graph's aten SDPA op), wraps no block, and saves less than no recompute (not the kernel's internals)
+    assert results["dp_attention_recompute"]["recomputed_sdpa_calls_per_step"] == 4
+    assert results["tp_sp_attention_recompute"]["recomputed_sdpa_calls_per_step"] == 4
+    assert results["dp"]["recomputed_sdpa_calls_per_step"] == 0
     assert results["dp_attention_recompute"]["checkpointed"] == []
     assert results["dp_attention_recompute"]["saved"] < results["dp"]["saved"]
 

@@ -97,23 +97,23 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
         start = 0
     losses, gathers = [], []
     interpreted = _count_interpreter_runs()
-    import torch.utils.checkpoint as ckpt_mod
-    plain_checkpoint, calls = ckpt_mod.checkpoint, [0]
+    from executor import parallel
+    plain_call, calls = parallel.recompute_call, [0]
 
-    def counted(*args, **kwargs):  # checkpoint calls made at run time (recompute: attention's, per SDPA call)
+    def counted(*args, **kwargs):  # SDPA calls re-run in backward (recompute: attention), counted at run time
         calls[0] += 1
-        return plain_checkpoint(*args, **kwargs)
-    ckpt_mod.checkpoint = counted
+        return plain_call(*args, **kwargs)
+    parallel.recompute_call = counted
     try:
         for x, y in data[start:spec.get("stop", STEPS)]:
             with _count_all_gathers() as n, interpreted:
                 losses.append(runner.step(x, y))
             gathers.append(n[0])
     finally:
-        ckpt_mod.checkpoint = plain_checkpoint
+        parallel.recompute_call = plain_call
     out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
            "n_losses": len(losses), "start": start, "all_gathers_last_step": gathers[-1]}
-    out["checkpoint_calls_per_step"] = calls[0] / len(losses)
+    out["recomputed_sdpa_calls_per_step"] = calls[0] / len(losses)
     if not spec.get("stop"):
         out["param_err"] = param_error(runner, ref_params)
     if spec.get("save"):

@@ -110,10 +110,9 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert 0 < ov.sac_forward < 1e-3 and ov.sac_linear_forward > ov.sac_forward and 0 < ov.sac_backward < 1e-3
     assert all(0 <= getattr(ov, f"checkpoint_{k}") < 1e-3 for k in ("forward", "backward", "linear_forward",
                                                                     "linear_backward"))
-    # recompute=attention: a checkpoint call around one op costs its whole start-up, more than a block's checkpoint
-    # spreads onto each op; its function mode costs a little per op
-    assert ov.checkpoint_call_forward + ov.checkpoint_call_backward > ov.checkpoint_forward + ov.checkpoint_backward
-    assert ov.checkpoint_call_forward + ov.checkpoint_call_backward < 1e-2 and 0 <= ov.function_mode_op < 1e-4
+    # recompute=attention: the call that re-runs one SDPA call in backward (an autograd Function, a grad call) costs
+    # something beyond the plain call; its function mode a little per op
+    assert 0 < ov.checkpoint_call_forward + ov.checkpoint_call_backward < 1e-2 and 0 <= ov.function_mode_op < 1e-4
     assert 0 < ov.mesh_slice < 0.1  # the runner's per-step dp sub-mesh lookup
     # one compute thread per rank, and gloo's collectives run on the same cores
     assert c.device.threads == 1 and c.device.comm_shares_compute
