@@ -12,6 +12,7 @@ otherwise inflate.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable
 
@@ -90,7 +91,7 @@ def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: M
             out[f"{key}_{kind}forward"] = max(f - f0, 0.0) / CKPT_CHAIN
             # backward beyond the plain backward and one plain re-run of the forward
             out[f"{key}_{kind}backward"] = max((fb - f) - (fb0 - f0) - f0, 0.0) / CKPT_CHAIN
-    out.update(_call_overheads(muls, device, sync, plan))
+    out.update(_call_overheads(device, sync, plan))
     return out
 
 
@@ -116,43 +117,80 @@ class _RecomputedSDPA(torch.autograd.Function):
         return torch.autograd.grad([out], ins, [grad], allow_unused=True)
 
 
-def _call_overheads(muls: Callable[[torch.Tensor], torch.Tensor], device: torch.device, sync: Callable[[], None],
-                    plan: MeasurePlan) -> dict[str, float]:
-    """`recompute: attention`'s host costs (executor.parallel.checkpoint_attention): its re-run-in-backward call
-    around one SDPA call (`checkpoint_call_*`: on a tiny causal q, k, v, beyond the plain call; backward beyond one
-    plain re-run too), and a Python TorchFunctionMode that looks each call up in a set, as the executor's does to
-    find the SDPA calls, per op it sees in a block's forward (`function_mode_op`, on `muls`, a chain of
-    `CKPT_CHAIN` multiplications)."""
+def _tiny_block(device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
+    """A GPT block (Radford et al. 2019; nanoGPT's layout: pre-norm, fused qkv, causal SDPA, GELU MLP) at width 8,
+    4 tokens, 2 heads, and an input for it: the calls a block's forward makes (21), each on tiny tensors, so
+    timing it measures their host cost."""
+    F = torch.nn.functional
+    p = {n: torch.nn.Parameter(torch.full(s, 0.1, device=device)) for n, s in
+         {"ln": (8,), "qkv": (24, 8), "qkv_b": (24,), "o": (8, 8), "o_b": (8,), "fc": (32, 8), "fc_b": (32,),
+          "proj": (8, 32), "proj_b": (8,)}.items()}
+
+    def block(x):
+        q, k, v = F.linear(F.layer_norm(x, (8,), p["ln"], p["ln"]), p["qkv"], p["qkv_b"]).split(8, dim=2)
+        q, k, v = (t.view(1, 4, 2, 4).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(1, 4, 8)
+        x = x + F.linear(y, p["o"], p["o_b"])
+        h = F.gelu(F.linear(F.layer_norm(x, (8,), p["ln"], p["ln"]), p["fc"], p["fc_b"]), approximate="tanh")
+        return x + F.linear(h, p["proj"], p["proj_b"])
+    return block, torch.ones(1, 4, 8, device=device, requires_grad=True)
+
+
+def _call_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
+    """`recompute: attention`'s host costs (executor.parallel.checkpoint_attention), on a tiny GPT block
+    (`_tiny_block`) as a model makes the calls: the Python TorchFunctionMode that sees each call of the block's
+    forward to find the SDPA one (`function_mode_op`: the block under the mode beyond the plain block, per call
+    the mode saw), and the call that re-runs the SDPA call in backward (`checkpoint_call_*`: the block with its
+    SDPA call re-run beyond the block under the mode alone; backward beyond one plain re-run of the SDPA call
+    too)."""
     from torch.overrides import TorchFunctionMode
-    q = torch.ones(1, 1, 4, 8, device=device, requires_grad=True)
-    watched = {torch.nn.functional.scaled_dot_product_attention}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    block, x = _tiny_block(device)
+    seen = [0]
 
     class Mode(TorchFunctionMode):
+        def __init__(self, rerun: bool):
+            super().__init__()
+            self.rerun = rerun
+
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in watched:
-                pass
+            seen[0] += 1
+            if func is sdpa and self.rerun:
+                return _RecomputedSDPA.apply(*args)
             return func(*args, **(kwargs or {}))
 
-    def plain(t):
-        return torch.nn.functional.scaled_dot_product_attention(t, t, t, is_causal=True)
-
-    def recomputed(t):
-        return _RecomputedSDPA.apply(t, t, t)
-
-    def moded(t):
-        with Mode():
-            return muls(t)
-    times = {}
-    for name, call in (("plain", plain), ("recomputed", recomputed)):
-        times[name] = (_cpu_seconds(lambda: call(q), sync, plan),
-                       _cpu_seconds(lambda: call(q).sum().backward(), sync, plan))
-    (f0, fb0), (f, fb) = times["plain"], times["recomputed"]
-    x = torch.ones(1, device=device, requires_grad=True)
-    m0 = _cpu_seconds(lambda: muls(x), sync, plan)
-    m = _cpu_seconds(lambda: moded(x), sync, plan)
-    return {"checkpoint_call_forward": max(f - f0, 0.0),
-            "checkpoint_call_backward": max((fb - f) - (fb0 - f0) - f0, 0.0),
-            "function_mode_op": max(m - m0, 0.0) / CKPT_CHAIN}
+    def moded(rerun: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(t):
+            with Mode(rerun):
+                return block(t)
+        return run
+    variants = {"plain": block, "mode": moded(False), "rerun": moded(True)}
+    for run in variants.values():
+        for _ in range(max(plan.warmup, 1)):
+            run(x).sum().backward()
+    sync()
+    # the three interleaved, CPU time of this thread: each difference comes from runs moments apart
+    fwd: dict[str, list[float]] = {n: [] for n in variants}
+    bwd: dict[str, list[float]] = {n: [] for n in variants}
+    start = time.perf_counter()
+    while len(fwd["plain"]) < 3 * plan.repeats and (len(fwd["plain"]) < 3 or
+                                                     time.perf_counter() - start < 3 * plan.budget_s):
+        for name, run in variants.items():
+            t0 = time.thread_time()
+            out = run(x).sum()
+            t1 = time.thread_time()
+            out.backward()
+            sync()
+            fwd[name].append(t1 - t0)
+            bwd[name].append(time.thread_time() - t1)
+    seen[0] = 0
+    variants["mode"](x)
+    q = torch.ones(1, 2, 4, 4, device=device, requires_grad=True)
+    sdpa_f = _cpu_seconds(lambda: sdpa(q, q, q, is_causal=True), sync, plan)
+    f0, fm, fr = (statistics.median(fwd[n]) for n in variants)
+    bm, br = statistics.median(bwd["mode"]), statistics.median(bwd["rerun"])
+    return {"checkpoint_call_forward": max(fr - fm, 0.0), "checkpoint_call_backward": max(br - bm - sdpa_f, 0.0),
+            "function_mode_op": max(fm - f0, 0.0) / seen[0]}
 
 
 def mesh_slice_seconds(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> float:

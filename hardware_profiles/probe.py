@@ -444,7 +444,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "seconds per call of a tiny module run on local tensors through hooks that unwrap its DTensor input "
              "and wrap its output (a chain of them, minus the same chain plain). checkpoint_* / sac_*: "
              "seconds per op (elementwise; *_linear_*: F.linear) of a fully / selectively checkpointed chain of "
-             "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); mesh_slice: one "
+             "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); function_mode_op / "
+             "checkpoint_call_*: per call of a tiny GPT block's forward under recompute=attention's function mode, "
+             "and its SDPA call's re-run in backward (beyond the block under the mode alone); mesh_slice: one "
              "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time). linear_* / "
              "dtensor_linear_*: a chain of tiny F.linear calls on a 2-D input, *_nd_* on a (1, 2, 2) one (a "
              "model's (batch, sequence, features): F.linear flattens and restores the leading dims).",
