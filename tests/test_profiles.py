@@ -156,6 +156,9 @@ def test_cli_plan_unknown_cluster_lists_presets(capsys):
 
 
 def test_h200_preset_carries_the_figures_measured_on_an_h200():
-    d = load_cluster("hgx-h200").device  # plan profile --backend nccl, one H200 SXM, 2026-11-26
+    d = load_cluster("hgx-h200").device  # plan profile --backend nccl, one H200 SXM, 2026-11-26 and 2026-11-27
     assert d.matmul.best_efficiency == 0.807 and max(e for _, e in d.matmul_efficiency) == 0.807
-    assert d.kernel_floor == 1.12e-6 and d.kernel_costs == {"adamw": (8.3e-12, 0.0)}
+    assert d.kernel_floor == 1.12e-6 and d.kernel_costs == {"adamw": (8.3e-12, 0.0), "widen": (2.83e-12, 2.83e-12)}
+    # the copy curve over rotating buffers: 4.27 TB/s at 2 GB, slower for small copies
+    assert d.memory_efficiency[-1] == (2.147e9, 0.890) and d.memory_efficiency[0][1] < 0.2
+    assert d.op_overhead.function_mode_op == 2.0e-6 and d.op_overhead.checkpoint_call_forward == 0.0
