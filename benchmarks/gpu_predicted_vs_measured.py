@@ -2,7 +2,8 @@
 machine with one GPU:
 
     python benchmarks/gpu_predicted_vs_measured.py [--out DIR] [--only gpt-124M,llama-1B] [--steps 12]
-        [--no-profile | --reuse-profiles] [--no-compile] [--cluster YAML] [--deadline S] [--trace-run RUN] [--tiny]
+        [--no-profile | --reuse-profiles] [--no-compile] [--cluster YAML] [--deadline S]
+        [--trace-run RUN[,RUN...]] [--tiny]
 
 1. `plan profile --backend nccl --model MODEL ...` once: this GPU's matmul and memory curves plus the models' own
    GEMM and attention shapes (the profile the plans are made with; DIR/profile.yaml, with the date and the GPU
@@ -11,7 +12,8 @@ machine with one GPU:
    `plan --force dp=1,...` writes the plan (its prediction) and `plan measure` runs it (CUDA events,
    `torch.cuda.max_memory_allocated`);
 3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step;
-4. with `--trace-run RUN`, that run once more under `plan measure --trace`, and its device time by kernel family.
+4. with `--trace-run RUN[,RUN...]`, each such run once more under `plan measure --trace`, and its device time by
+   kernel family and idle time per step.
 
 Prints one table (predicted, measured, error for step time and peak memory) and writes DIR/results.json. The
 models are the bundled GPT (examples/gpt.py) at GPT-2's 124M, 350M and 1.5B shapes (Radford et al. 2019, Table 2)
@@ -157,9 +159,9 @@ def main() -> int:
                     help="start no GPU job after S seconds (the rest are listed as not run); for a time-limited lease")
     ap.add_argument("--reuse-profiles", action="store_true",
                     help="keep a DIR/profile.yaml already there (measured earlier on this GPU) instead of profiling")
-    ap.add_argument("--trace-run", metavar="RUN",
-                    help="afterwards, trace this measured run (e.g. 'llama-1B none') and print where its device time "
-                         "went by kernel (benchmarks/kernel_summary.py)")
+    ap.add_argument("--trace-run", metavar="RUN[,RUN...]",
+                    help="afterwards, trace these measured runs (e.g. 'llama-1B none,gpt-124M none') and print where "
+                         "their device time went by kernel, and how long the device idled (kernel_summary.py)")
     ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke test of this script")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -229,8 +231,9 @@ def main() -> int:
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, f, indent=1)
     print(table(rows))
-    if args.trace_run and not late():
-        print(trace_run(args.out, args.trace_run, files, clusters, rows))
+    for run_name in (args.trace_run.split(",") if args.trace_run else []):
+        if not late():
+            print(trace_run(args.out, run_name.strip(), files, clusters, rows), flush=True)
     return 0
 
 

@@ -1,7 +1,8 @@
 """Where a profiled GPU step's device time went, by kernel: reads the raw torch.profiler trace that
 `plan measure --trace DIR` writes (DIR/profiler_rank0.json) and prints the device time per profiled step by kernel
-family (GEMM, attention, elementwise and reductions, copies, optimizer, communication, other) and the kernels that
-took the most, to lay beside the predicted breakdown.
+family (GEMM, attention, elementwise and reductions, copies, optimizer, communication, other), the kernels that
+took the most, and how much of each step the device sat idle between kernels (waiting for the host: the profiler
+slows the host, so profiled steps idle more than plain ones), to lay beside the predicted breakdown.
 
     python benchmarks/kernel_summary.py DIR/profiler_rank0.json [--steps N] [--top 15]
 
@@ -45,6 +46,26 @@ def summarize(trace: dict) -> tuple[Counter, Counter, int]:
     return by_family, by_name, n
 
 
+def device_steps(trace: dict) -> list[tuple[str, float, float]]:
+    """[(step, seconds the step spans on the device, seconds some kernel ran within it)] for each step the executor
+    annotated ("shardwise step N", as the profiler projects it onto the GPU timeline)."""
+    kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in trace.get("traceEvents", [])
+                     if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") != "gpu_user_annotation" or not str(e.get("name", "")).startswith("shardwise step"):
+            continue
+        lo, hi = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        busy, end = 0.0, lo
+        for a, b in kernels:  # the union of kernel intervals inside the step
+            a, b = max(a, end), min(b, hi)
+            if b > a:
+                busy += b - a
+                end = b
+        out.append((str(e["name"]), (hi - lo) / 1e6, busy / 1e6))
+    return sorted(out)
+
+
 def report(trace: dict, steps: int = 1, top: int = 15) -> str:
     """The printed summary: per-step device seconds by family, then the `top` kernels."""
     by_family, by_name, n = summarize(trace)
@@ -55,6 +76,8 @@ def report(trace: dict, steps: int = 1, top: int = 15) -> str:
     lines += [f"  {f:20} {s / steps * 1e3:9.2f} ms  {s / total:6.1%}" for f, s in by_family.most_common()]
     lines.append(f"top {top} kernels (ms per step):")
     lines += [f"  {s / steps * 1e3:9.3f}  {family(k):20} {k[:110]}" for k, s in by_name.most_common(top)]
+    lines += [f"{name} on the device: {span * 1e3:.2f} ms, kernels running {busy * 1e3:.2f} ms, idle "
+              f"{(span - busy) * 1e3:.2f} ms" for name, span, busy in device_steps(trace)]
     return "\n".join(lines)
 
 

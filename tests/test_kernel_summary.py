@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from kernel_summary import family, report, summarize  # noqa: E402
+from kernel_summary import device_steps, family, report, summarize  # noqa: E402
 
 
 def _kernel(name: str, us: float) -> dict:
@@ -53,3 +53,15 @@ def test_report_prints_per_step_times_and_reads_a_file(tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_summary.py"),
                           str(tmp_path / "none.json")], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_each_annotated_step_reports_its_device_idle_time():
+    # kernels at 0-300 and 250-400 us overlap (busy 400), 500-550 is busy again, 600-700 lies outside the step:
+    # the step spans 0-600 us on the device, kernels ran 450 us of it, the device idled 150 us
+    def k(ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": "gemm", "ts": ts, "dur": dur}
+    trace = {"traceEvents": [k(0, 300), k(250, 150), k(500, 50), k(600, 100),
+                             {"ph": "X", "cat": "gpu_user_annotation", "name": "shardwise step 4", "ts": 0, "dur": 600},
+                             {"ph": "X", "cat": "user_annotation", "name": "shardwise step 4", "ts": 0, "dur": 900}]}
+    assert device_steps(trace) == [("shardwise step 4", pytest.approx(600e-6), pytest.approx(450e-6))]
+    assert "shardwise step 4 on the device: 0.60 ms, kernels running 0.45 ms, idle 0.15 ms" in report(trace)
