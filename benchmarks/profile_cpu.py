@@ -34,7 +34,7 @@ def main() -> int:
     mm = ", ".join(f"{flops / 1e6:.3g} MFLOP {eff * c.device.peak_flops['fp32'] / 1e9:.1f}"
                    for flops, eff in c.device.matmul_efficiency)
     print(f"  fp32 matmul GFLOP/s per rank by size: {mm}")
-    print(f"  best matmul GFLOP/s per rank: " + ", ".join(f"{k} {v / 1e9:.2f}"
+    print("  best matmul GFLOP/s per rank: " + ", ".join(f"{k} {v / 1e9:.2f}"
                                                           for k, v in c.device.peak_flops.items()))
     print(f"  best memory copy: {c.device.memory_bandwidth / 1e9:.1f} GB/s (read + write) per rank")
     ar = c.curve("all_reduce", "intra_node", args.nproc)
