@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from cost_model.communication import NCCL_RING_BASE_LATENCY_S, CommModel, Group, mesh_groups
 from cost_model.compute import interp_log
 from cost_model.model import CostModel
-from hardware_profiles.schema import CollectiveCurve, LinkSpec
+from hardware_profiles.schema import CollectiveCurve
 from planner.defaults import default_plan, even_stages
 from planner.errors import PlanError
 from planner.graph import TensorMeta

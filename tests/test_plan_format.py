@@ -1,5 +1,4 @@
 """The plan format round-trips through JSON and rejects inconsistent or unknown fields."""
-import json
 
 import pytest
 
