@@ -33,7 +33,8 @@ per element; once per micro-batch, once per step under pipelining where one auto
 none under FSDP2, which gathers parameters already in the compute dtype), and its weight gradient is cast back to
 fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 12 for every micro-batch after the
 first: read both, write the sum; none after the first under ZeRO-2/3, which reduce every micro-batch). Priced as
-memory-bound kernels on the compute stream.
+memory-bound kernels on the compute stream, one per parameter tensor, each also one more dispatched op in forward
+and one more autograd node (ToCopyBackward) in backward, as an activation's cast is (`ComputeModel.op_parts`).
 
 Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
 the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors);
@@ -219,8 +220,9 @@ class LayerCoster:
             kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt,
                                         dtypes=self._shared_casts(op, pl, cast_done), grads=self.grads[op.name])
             cf, cb = self._autocast_copies(op, pl)
+            pf, pb = self._autocast_copy_dispatch(op, dt)
             af, ah = self._gradient_sums(op, pl)
-            kf, kb, hb = kf + cf, kb + cb + af, hb + ah
+            kf, kb, hf, hb = kf + cf, kb + cb + af, hf + pf, hb + ah + pb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
             core = attn and attention_core(op)  # re-run in backward on its own
             ck_f, ck_b = self._checkpoint_host(op.kind, policy) if full or selective or core else (0.0, 0.0)
@@ -378,6 +380,16 @@ class LayerCoster:
         # the 16-bit weight gradient is converted up to fp32 (widening), then accumulated
         return compute.memory_time(elems * cast), \
             compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * accumulate)
+
+    def _autocast_copy_dispatch(self, op, dtensor: bool = False) -> tuple[float, float]:
+        """(forward, backward) host seconds of `_autocast_copies`' casts for one micro-batch: each parameter tensor's
+        cast is one op in forward (once per step under pipelining) and one ToCopyBackward node in backward, on
+        DTensors where the module's parameters are (`dtensor`)."""
+        if self.prec == "fp32" or op.kind != "linear" or not op.params or mixed_precision_parameters(self.plan):
+            return 0.0, 0.0
+        ov, n, mesh = self.model.cluster.device.op_overhead, len(op.params), self.plan.mesh
+        fwd, bwd = (ov.dtensor_forward, ov.dtensor_backward) if dtensor else (ov.forward, ov.backward)
+        return n * fwd / (self.plan.num_microbatches if mesh.pp > 1 else 1), n * bwd
 
     def _shared_casts(self, op, pl, done: set[str]):
         """`op`'s autocast dtypes, without the casts the tp executor already made for an earlier reader of the same

@@ -279,7 +279,7 @@ def test_a_recomputed_blocks_host_work_joins_its_backward_on_gpus(gpt):
         parts = [cm.op_parts(op, None, 1, 1, "bf16", traced_batch_size=gpt.batch_size,
                              dtypes=coster.dtypes.get(op.name)) for op in ops[:stop + 1]]
         kernels = sum(p[0] + coster._autocast_copies(op, None)[0] for op, p in zip(ops, parts))
-        host = sum(p[2] for p in parts)
+        host = sum(p[2] + coster._autocast_copy_dispatch(op)[0] for op, p in zip(ops, parts))
         full = LayerCoster(cm, gpt, _plan(gpt, cl, 1, recompute="full"), cm.tp_group(1)).cost(block)
         return full.recompute, kernels, host
 

@@ -35,8 +35,10 @@ def test_overhead_adds_exactly_per_op_and_per_backward_node():
     plan = default_plan(g, base, 1, "bf16", {"dp": 1, "tp": 1, "pp": 1, "mbs": 1}, "m")
     p0, p1 = a.predict(g, plan), b.predict(g, plan)
     n_params = sum(len(op.params) for op in g.ops)
-    # plus autocast's casts (an op and an autograd node each) and autograd's sums of gradients read several times
-    n_casts = sum(len(d.casts) for d in autocast_dtypes(g, "bf16", "fp32").values())
+    # plus autocast's casts (an op and an autograd node each: activations, and each linear's fp32 parameters) and
+    # autograd's sums of gradients read several times
+    n_casts = sum(len(d.casts) for d in autocast_dtypes(g, "bf16", "fp32").values()) \
+        + sum(len(op.params) for op in g.ops if op.kind == "linear")
     want = len(g.ops) * (FWD + BWD) + n_params * BWD + n_casts * (FWD + BWD) + sum(extra_reads(g).values()) * BWD
     assert p1.breakdown["compute_s"] - p0.breakdown["compute_s"] == pytest.approx(want)
     tensors = len({p.name for op in g.ops for p in op.params})
@@ -88,7 +90,12 @@ def test_only_wholly_replicated_modules_run_on_plain_tensors():
             casts = coster._shared_casts(g.ops[i], plan.ops.get(g.ops[i].name), done)
             n_casts += len(casts.casts) if casts is not None else 0
     assert n_casts < sum(len(c.casts) for c in autocast_dtypes(g, "bf16", "fp32").values())
-    assert d == pytest.approx((n_dt * 7 * FWD + (len(g.ops) - n_dt + n_casts) * FWD) * plan.num_microbatches)
+    # and each linear's fp32 parameters cast, on DTensors where the module runs on them
+    n_param_dt = sum(len(op.params) for op in g.ops if op.kind == "linear" and on(op.module_path))
+    n_param = sum(len(op.params) for op in g.ops if op.kind == "linear") - n_param_dt
+    assert n_param_dt > 0
+    assert d == pytest.approx(((n_dt + n_param_dt) * 7 * FWD + (len(g.ops) - n_dt + n_casts + n_param) * FWD)
+                              * plan.num_microbatches)
     assert not runs_on_dtensors(default_plan(g, base, 2, "bf16", {"tp": 1, "dp": 2}, "m"))("")
 
 
