@@ -23,7 +23,7 @@ SDPA_CALLS = frozenset({"scaled_dot_product_attention", "scaled_dot_product_flas
                         "scaled_dot_product_efficient_attention", "scaled_dot_product_cudnn_attention",
                         "scaled_dot_product_flash_attention_for_cpu"})
 """Normalised names of `F.scaled_dot_product_attention` and the aten kernels it dispatches to: the calls
-`recompute: attention` checkpoints one by one (the cost model prices it, executor.parallel applies it)."""
+`recompute: attention` re-runs one by one in backward (the cost model prices it, executor.parallel applies it)."""
 
 _BY_NAME: dict[str, str] = {}
 for _kind, _names in {
