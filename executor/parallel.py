@@ -170,18 +170,21 @@ def recompute_call(func, args: tuple, kwargs: dict):
 
 
 class _CheckpointAttention(torch.overrides.TorchFunctionMode):
-    """Runs every SDPA call made under it through `recompute_call` (see `checkpoint_attention`); other calls pass
-    through."""
+    """Runs every SDPA call made under it through `recompute_call` (see `checkpoint_attention`), or in a block
+    torch.compile traces through torch's checkpoint (dynamo traces it; it breaks on `_Recomputed`); other calls
+    pass through."""
 
     def __init__(self):
         super().__init__()
-        self.sdpa = _sdpa_functions()
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.sdpa:
+        if func in _sdpa_functions():
             self.calls += 1
+            if torch.compiler.is_compiling():  # a compiled block: torch's checkpoint, which dynamo can trace
+                from torch.utils.checkpoint import checkpoint
+                return checkpoint(func, *args, use_reentrant=False, **kwargs)
             return recompute_call(func, args, kwargs)
         return func(*args, **kwargs)
 

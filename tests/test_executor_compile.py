@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -14,13 +15,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
-def test_compiled_blocks_train_the_eager_function():
+@pytest.mark.parametrize("recompute", ["full", "attention"])
+def test_compiled_blocks_train_the_eager_function(recompute):
+    # under attention recompute a compiled block checkpoints its SDPA call with torch's checkpoint, which dynamo
+    # traces (the executor's own re-run Function is for eager blocks)
     from gpt import GPT, GPTConfig, sample_batch
 
     from executor import apply_plan
     cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16)
     plan = Plan(mesh=Mesh(), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
-                recompute="full")
+                recompute=recompute)
     started = not dist.is_initialized()
     losses, runners = {}, {}
     try:
