@@ -103,8 +103,8 @@ def _sdpa_functions() -> frozenset:
                      | _aten_ops(SDPA_CALLS) | _aten_ops("_" + n for n in SDPA_CALLS))
 
 
-def _dropout_p(func, args: tuple, kwargs: dict) -> float | None:
-    """The dropout probability an SDPA call was given (0 when it gave none), None where it cannot be read."""
+def _dropout_p(func, args: tuple, kwargs: dict) -> float:
+    """The dropout probability an SDPA call was given (0 when it gave none)."""
     if "dropout_p" in kwargs:
         return kwargs["dropout_p"]
     schema = getattr(func, "_schema", None)
@@ -161,18 +161,18 @@ class _Recomputed(torch.autograd.Function):
 def recompute_call(func, args: tuple, kwargs: dict):
     """`func(*args, **kwargs)` (an SDPA call) re-run in backward instead of keeping what its backward reads:
     `_Recomputed` where it can, torch's non-reentrant checkpoint where the call has dropout or a tensor keyword
-    argument (an attention mask) that needs a gradient."""
-    if _dropout_p(func, args, kwargs) == 0 and not any(isinstance(v, torch.Tensor) and v.requires_grad
-                                                      for v in kwargs.values()):
+    argument (an attention mask) that needs a gradient, and in a block torch.compile traces (dynamo traces the
+    checkpoint; it breaks on `_Recomputed`)."""
+    if not torch.compiler.is_compiling() and _dropout_p(func, args, kwargs) == 0 \
+            and not any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values()):
         return _Recomputed.apply(func, kwargs, *args)
     from torch.utils.checkpoint import checkpoint
     return checkpoint(func, *args, use_reentrant=False, **kwargs)
 
 
 class _CheckpointAttention(torch.overrides.TorchFunctionMode):
-    """Runs every SDPA call made under it through `recompute_call` (see `checkpoint_attention`), or in a block
-    torch.compile traces through torch's checkpoint (dynamo traces it; it breaks on `_Recomputed`); other calls
-    pass through."""
+    """Runs every SDPA call made under it through `recompute_call` (see `checkpoint_attention`); other calls pass
+    through."""
 
     def __init__(self):
         super().__init__()
@@ -182,9 +182,6 @@ class _CheckpointAttention(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _sdpa_functions():
             self.calls += 1
-            if torch.compiler.is_compiling():  # a compiled block: torch's checkpoint, which dynamo can trace
-                from torch.utils.checkpoint import checkpoint
-                return checkpoint(func, *args, use_reentrant=False, **kwargs)
             return recompute_call(func, args, kwargs)
         return func(*args, **kwargs)
 
