@@ -137,9 +137,10 @@ def table(rows: list[dict]) -> str:
         if "predicted_s" not in r:
             lines.append(f"{r['run']:24} {r.get('error', 'not run')}")
             continue
+        mem = (f"{r['predicted_mem'] / 2**30:7.2f}G {r['measured_mem'] / 2**30:7.2f}G {r['mem_error']:+7.1%}"
+               if r["measured_mem"] is not None else f"{r['predicted_mem'] / 2**30:7.2f}G {'-':>9} {'-':>7}")
         lines.append(f"{r['run']:24} {r['predicted_s'] * 1e3:8.1f}ms {r['measured_s'] * 1e3:8.1f}ms "
-                     f"{r['step_error']:+7.1%} {r['predicted_mem'] / 2**30:7.2f}G {r['measured_mem'] / 2**30:7.2f}G "
-                     f"{r['mem_error']:+7.1%}")
+                     f"{r['step_error']:+7.1%} {mem}")
     return "\n".join(lines)
 
 
