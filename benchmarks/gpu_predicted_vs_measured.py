@@ -15,7 +15,9 @@ machine with one GPU:
 4. with `--trace-run RUN[,RUN...]`, each such run once more under `plan measure --trace`, and its device time by
    kernel family and idle time per step.
 
-Prints one table (predicted, measured, error for step time and peak memory) and writes DIR/results.json. The
+Prints one table (predicted, measured, error for step time and peak memory), then one per pass (forward, backward:
+the pass on the device between CUDA events, the predicted kernels alone, the host's time to issue it; a device pass
+no longer than its host issue time waited for the host), and writes DIR/results.json. The
 models are the bundled GPT (examples/gpt.py) at GPT-2's 124M, 350M and 1.5B shapes (Radford et al. 2019, Table 2)
 and the bundled Llama (examples/llama.py) at Llama 3.2 1B's shape (16 layers, dim 2048, 32/8 heads, FFN 8192,
 vocabulary 128256; Meta's model card). `--tiny` runs small shapes on whatever device there is (a smoke test of
@@ -128,7 +130,27 @@ def measure(out: str, planned: dict, model: str, steps: int, compile_: bool = Fa
         d = json.load(f)
     return {"run": tag, "predicted_s": d["predicted"].get("step_time_s"), "measured_s": d["measured"]["step_time_s"],
             "step_error": d["error"]["step_time"], "predicted_mem": d["memory"]["peak"]["predicted"],
-            "measured_mem": d["memory"]["peak"]["measured"], "mem_error": d["error"]["peak_memory"]}
+            "measured_mem": d["memory"]["peak"]["measured"], "mem_error": d["error"]["peak_memory"],
+            "passes": d.get("passes", {})}
+
+
+def pass_table(rows: list[dict]) -> str:
+    """Per pass, predicted vs measured: the pass on the device (CUDA events, waits for the host included), the
+    predicted kernels alone, and the host's issue time (`executor.measure.passes`); ms."""
+    head = (f"{'run':24} {'pass':8} {'device pred':>11} {'meas':>7} {'error':>7} {'kernels':>8} "
+            f"{'host pred':>9} {'meas':>7} {'error':>7}")
+    lines = [head]
+    for r in rows:
+        for name, p in (r.get("passes") or {}).items():
+            d, k, h = p["device"], p["kernels"], p["host"]
+            def ms(x):
+                return f"{x * 1e3:.1f}" if x is not None else "-"
+            def err(x):
+                return f"{x:+.1%}" if x is not None else "-"
+            lines.append(f"{r['run']:24} {name:8} {ms(d['predicted']):>11} {ms(d['measured']):>7} "
+                         f"{err(d['error']):>7} {ms(k['predicted']):>8} {ms(h['predicted']):>9} "
+                         f"{ms(h['measured']):>7} {err(h['error']):>7}")
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def table(rows: list[dict]) -> str:
@@ -232,6 +254,10 @@ def main() -> int:
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, f, indent=1)
     print(table(rows))
+    passes = pass_table(rows)
+    if passes:
+        print("per pass (a device pass no longer than its host issue time waited for the host):")
+        print(passes)
     for run_name in (args.trace_run.split(",") if args.trace_run else []):
         if not late():
             print(trace_run(args.out, run_name.strip(), files, clusters, rows), flush=True)

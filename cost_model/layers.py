@@ -102,6 +102,11 @@ class LayerCost:
     partial_elems: dict = field(default_factory=dict)
     """Parameter name -> local elements, for the "partial" tensors (their gradients are all-reduced once before
     the optimizer, executor.tp.reduce_partial_grads)."""
+    kernels: tuple[float, float] = (0.0, 0.0)
+    """(forward, backward) seconds of kernels alone, the backward's re-run included (what `fwd_compute` and
+    `bwd_compute` + `recompute` combine with `host`)."""
+    host: tuple[float, float] = (0.0, 0.0)
+    """(forward, backward) seconds of host dispatch alone, the backward's re-run and checkpointing included."""
 
 
 TENSOR_KINDS = ("plain", "dtensor", "partial")
@@ -278,6 +283,7 @@ class LayerCoster:
         # recomputation: what re-running adds to the backward, host and kernels combined over the whole backward
         # (on GPUs a backward whose re-run makes it host-bound costs its host time)
         rec = m.compute.added(bwd, host_b, rec_k, rec_h)
+        kern_f, kern_b = fwd, bwd
         fwd, bwd = m.compute.combine(fwd, host_f), m.compute.combine(bwd, host_b)
         # ranks sharing a host's cores reach each collective apart: the compute between two is the pass's share
         tp_fwd += n_fwd * m.comm.sync_wait(self.tp_group, fwd / n_fwd) if n_fwd else 0.0
@@ -289,7 +295,8 @@ class LayerCoster:
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
-                         tensors=tensors, partial_elems=partial_elems)
+                         tensors=tensors, partial_elems=partial_elems, kernels=(kern_f, kern_b + rec_k),
+                         host=(host_f, host_b + rec_h))
 
     def _inputs_from_outside(self, layer: Layer) -> tuple[str, ...]:
         """The output placement of each tensor an op of `layer` reads from an op outside it, in read order."""

@@ -558,6 +558,14 @@ class StepPredictor:
             "pp_comm_s": (2 * m * self.v * self.p2p_s if self.pp > 1 else 0.0) + x["tied"],
             "recompute_s": m * sum(l.recompute for l in layers),
             "contention_s": m * sum(ch.contention_s for ch in row) + x["slowed"],
+            # per pass: the compute (as in `compute_s`), and what it combines per layer (max on GPUs, sum on CPU
+            # ranks): kernels alone and host dispatch alone
+            "forward_compute_s": m * sum(l.fwd_compute for l in layers),
+            "backward_compute_s": m * sum(l.bwd_compute + l.recompute - l.recompute_tp for l in layers),
+            "forward_kernels_s": m * sum(l.kernels[0] for l in layers),
+            "forward_host_s": m * sum(l.host[0] for l in layers),
+            "backward_kernels_s": m * sum(l.kernels[1] for l in layers),
+            "backward_host_s": m * sum(l.host[1] for l in layers),
         }
         mems = [memory_per_rank(self, r, extras[r]["psi"]) for r in range(self.pp)]
         worst = max(range(self.pp), key=lambda r: mems[r]["total"])

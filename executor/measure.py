@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -190,19 +191,66 @@ class Timings:
     """Forward and backward of all micro-batches (pipeline schedule included)."""
     optimizer: list[float] = field(default_factory=list)
     """Tied-gradient reduction and optimizer step."""
+    passes: list[dict[str, float] | None] = field(default_factory=list)
+    """Per step, `PassClock.totals` (None under a pipeline schedule, whose passes interleave across stages)."""
     tracked: list[int] = field(default_factory=list)
     """Indices of the steps run under the memory tracker (slower; left out of the medians)."""
 
-    def kept(self, series: list[float], warmup: int) -> list[float]:
+    def kept(self, series: list, warmup: int) -> list:
         """The entries of `series` after `warmup` steps, tracked steps left out (all of them if none remain)."""
         out = [x for i, x in enumerate(series) if i >= warmup and i not in self.tracked]
         return out or list(series)
 
-    def add(self, step: float, fb: float, opt: float) -> None:
+    def add(self, step: float, fb: float, opt: float, passes: dict[str, float] | None = None) -> None:
         """Record one step."""
         self.step.append(step)
         self.forward_backward.append(fb)
         self.optimizer.append(opt)
+        self.passes.append(passes)
+
+
+class PassClock:
+    """Where a step's forward and backward passes spend their time: the host's seconds from the start of each pass
+    to the start of the next (on CUDA the time to issue its kernels, which then run on their own; on CPU the
+    pass itself, whose ops run as they are issued) and, on CUDA, the device's seconds between the same points
+    (CUDA events: what the device ran plus the time it waited for the host). A device pass no longer than its
+    host issue time waited for the host (host-bound); one longer ran its kernels behind a host that was ahead."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, float, Any]] = []
+
+    def mark(self, kind: str) -> None:
+        """A pass of `kind` ("F" or "B") starts now, or ("end") the last one ended."""
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.marks.append((kind, time.perf_counter(), event))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds summed over the step's micro-batches: forward_host_s, backward_host_s and, on CUDA,
+        forward_device_s, backward_device_s. Call after the device has synchronised."""
+        out = {"forward_host_s": 0.0, "backward_host_s": 0.0}
+        if self.cuda:
+            out.update(forward_device_s=0.0, backward_device_s=0.0)
+        for (kind, t, ev), (_, t_next, ev_next) in zip(self.marks, self.marks[1:]):
+            name = {"F": "forward", "B": "backward"}.get(kind)
+            if name is None:
+                continue
+            out[f"{name}_host_s"] += t_next - t
+            if ev is not None:
+                out[f"{name}_device_s"] += ev.elapsed_time(ev_next) / 1e3
+        return out
+
+
+PASS_FIELDS = ("forward_host_s", "backward_host_s", "forward_device_s", "backward_device_s")
+"""Per-pass measurements (`PassClock.totals`) in measured.json, each a median over the kept steps."""
+
+
+def _pass_medians(t: Timings, warmup: int) -> dict[str, float | None]:
+    kept = [p for p in t.kept(t.passes, warmup) if p]
+    return {k: _median([p[k] for p in kept if k in p]) for k in PASS_FIELDS}
 
 
 def _median(xs: list[float]) -> float | None:
@@ -223,6 +271,7 @@ def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
         "step_time_spread_s": (max(kept) - min(kept)) if kept else None,
         "forward_backward_s": _median(t.kept(t.forward_backward, warmup)),
         "optimizer_s": _median(t.kept(t.optimizer, warmup)),
+        **_pass_medians(t, warmup),
         "peak_memory_bytes": mem["peak"],
         "memory_bytes": mem,
         "memory_steps": list(t.tracked),
@@ -279,10 +328,29 @@ def compare(plan: Plan, measured: Mapping[str, Any]) -> dict[str, Any]:
     memory = memory_by_category(pred, measured)
     error["peak_memory"] = memory["peak"]["error"]
     return {"predicted": pred, "measured": dict(measured), "error": error, "memory": memory,
+            "passes": passes(pred, measured),
             "plan": {"mesh": plan.to_dict()["mesh"], "zero_stage": plan.zero_stage,
                      "schedule": plan.schedule, "recompute": plan.recompute,
                      "recompute_blocks": list(plan.recompute_blocks),
                      "num_microbatches": plan.num_microbatches, "global_batch_size": plan.global_batch_size}}
+
+
+def passes(pred: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, dict]:
+    """On CUDA, where the host issues kernels ahead of the device: per pass (forward, backward; summed over the
+    step's micro-batches), predicted vs measured `device` time (the pass's compute; measured between CUDA events,
+    so it includes waits for the host), `host` issue time, and the predicted `kernels` alone (measured only by a
+    profiler trace). Empty without device timings (CPU ranks, pipeline schedules) or a prediction that splits
+    them (plans written before these fields)."""
+    b = pred.get("breakdown") or {}
+    out: dict[str, dict] = {}
+    for name in ("forward", "backward"):
+        dev, host = measured.get(f"{name}_device_s"), measured.get(f"{name}_host_s")
+        if dev is None or f"{name}_compute_s" not in b:
+            continue
+        rows = {"device": (b[f"{name}_compute_s"], dev), "kernels": (b.get(f"{name}_kernels_s"), None),
+                "host": (b.get(f"{name}_host_s"), host)}
+        out[name] = {k: {"predicted": p, "measured": m, "error": _rel(p, m)} for k, (p, m) in rows.items()}
+    return out
 
 
 def _fmt_t(x) -> str:
@@ -318,6 +386,11 @@ def format_report(plan: Plan, measured: Mapping[str, Any]) -> str:
                           _fmt_e(row["error"]))
     if m.get("step_time_spread_s") is not None:
         table.add_row("step time spread", "", _fmt_t(m["step_time_spread_s"]), "")
+    labels = {"device": "pass on the device", "kernels": "  kernels alone", "host": "  host issue time"}
+    for name, rows in c["passes"].items():
+        for k, row in rows.items():
+            table.add_row(f"{name} {labels[k]}" if k == "device" else labels[k], _fmt_t(row["predicted"]),
+                          _fmt_t(row["measured"]), _fmt_e(row["error"]))
     return "\n".join([render(table)] + [f"note: {n}" for n in m.get("notes", ())])
 
 

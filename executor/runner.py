@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from executor import graph_ops, parallel, pipeline, tp
 from executor.errors import ExecutorError
 from executor.measure import StepMemory
-from executor.measure import SavedActivations, Timings, format_report, measurement
+from executor.measure import PassClock, SavedActivations, Timings, format_report, measurement
 from executor.trace import annotate_stage, pass_name, record
 from planner.model_file import default_loss
 from planner.plan import Plan, model_fingerprint
@@ -377,9 +377,10 @@ class Runner:
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
+        clock = PassClock(self.device) if self.schedule is None else None
         t0 = _now(self.device)
         with (self.saved.track() if track else contextlib.nullcontext()):
-            loss = self._forward_backward(inputs, targets)
+            loss = self._forward_backward(inputs, targets, clock)
         t1 = _now(self.device)
         if track:
             self._grad_bytes = parallel.local_bytes(p.grad for part in self.parts for p in part.parameters())
@@ -387,7 +388,7 @@ class Runner:
         self.optimizer.zero_grad(set_to_none=True)
         t2 = _now(self.device)
         loss = self._reduce_loss(loss)
-        self.timings.add(t2 - t0, t1 - t0, t2 - t1)
+        self.timings.add(t2 - t0, t1 - t0, t2 - t1, clock.totals() if clock else None)
         self.step_count += 1
         return loss
 
@@ -408,7 +409,7 @@ class Runner:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp)
 
-    def _forward_backward(self, inputs, targets) -> torch.Tensor:
+    def _forward_backward(self, inputs, targets, clock: PassClock | None = None) -> torch.Tensor:
         plan = self.plan
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
@@ -424,14 +425,17 @@ class Runner:
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
             with self._tp_context():
+                _mark(clock, "F")
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
                     out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
                     loss = self._loss(out, y) / n
                 tp.forget_gathered()
+                _mark(clock, "B")
                 with self._sync(model, last=k == n - 1), record(pass_name("B", k)):
                     loss.backward()
             tp.forget_gathered()  # a recomputation's last shared gather
             total += loss.detach().float()
+        _mark(clock, "end")
         return total
 
     def _sync(self, model: nn.Module, last: bool):
@@ -551,6 +555,11 @@ def _as_args(x) -> tuple:
         raise ExecutorError("dict inputs are passed as keyword arguments, which pipeline stages do not support; "
                             "make sample_batch return a tensor or a tuple of tensors, or use pp=1")
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+def _mark(clock: PassClock | None, kind: str) -> None:
+    if clock is not None:
+        clock.mark(kind)
 
 
 def _now(device: torch.device) -> float:

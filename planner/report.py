@@ -45,6 +45,17 @@ def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:
     extra = [k for k in ("tp_comm_s", "dp_comm_s", "pp_comm_s", "recompute_s") if k in b]
     if extra:
         lines.append("  totals: " + "  ".join(f"{k[:-2].replace('_', ' ')} {_ms(b[k])}" for k in extra))
+    passes = [p for p in ("forward", "backward") if b.get(f"{p}_host_s") and b.get(f"{p}_kernels_s")]
+    if passes:
+        k, h = (sum(b[f"{p}_{x}_s"] for p in passes) for x in ("kernels", "host"))
+        if sum(b.get(f"{p}_compute_s", k + h) for p in passes) < 0.999 * (k + h):
+            # a GPU's host runs ahead of its kernels; a pass whose dispatch takes longer leaves the device idle
+            lines.append("  kernels / host dispatch (overlapped): " + "  ".join(
+                f"{p} {_ms(b[f'{p}_kernels_s'])} / {_ms(b[f'{p}_host_s'])}"
+                + (" (host-bound)" if b[f"{p}_host_s"] > b[f"{p}_kernels_s"] else "") for p in passes))
+        else:  # CPU ranks run each op's kernel as they dispatch it
+            lines.append("  kernels + host dispatch (in turn): " + "  ".join(
+                f"{p} {_ms(b[f'{p}_kernels_s'])} + {_ms(b[f'{p}_host_s'])}" for p in passes))
     lines.append(f"throughput: {pred.tflops_per_device:.1f} TFLOP/s per device, MFU {pred.mfu:.1%}")
     fits = "fits" if pred.fits else "DOES NOT FIT"
     usable = f" of {_gib(usable_bytes)} usable" if usable_bytes else ""

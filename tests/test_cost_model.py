@@ -240,3 +240,26 @@ def test_repeated_blocks_reuse_a_cost_only_where_their_inputs_arrive_alike(monke
     fresh = CostModel(cl).predict(graph, plan)
     assert cached.breakdown["tp_comm_s"] == pytest.approx(fresh.breakdown["tp_comm_s"])
     assert cached.step_time_s == pytest.approx(fresh.step_time_s)
+
+
+@pytest.mark.parametrize("async_host", [True, False])
+def test_breakdown_splits_each_pass_into_kernels_and_host(async_host):
+    # per pass: compute combines, layer by layer, the kernels and the host dispatch (max on GPUs, whose host runs
+    # ahead; sum on CPU ranks), so it lies between the larger of the two totals and their sum
+    g = megatron_gpt(s=128, h=256, a=4, layers=4)
+    cl = cluster(nodes=1, per_node=1)
+    dev = dataclasses.replace(cl.device, async_host=async_host,
+                              op_overhead=dataclasses.replace(cl.device.op_overhead, forward=20e-6, backward=30e-6))
+    cl = dataclasses.replace(cl, device=dev)
+    pred, _ = _predict(g, cl, 4, {"dp": 1, "tp": 1, "pp": 1, "mbs": 2, "recompute": "full"})
+    b = pred.breakdown
+    for name in ("forward", "backward"):
+        k, h, c = b[f"{name}_kernels_s"], b[f"{name}_host_s"], b[f"{name}_compute_s"]
+        assert k > 0 and h > 0
+        if async_host:
+            assert max(k, h) - 1e-12 <= c < k + h
+        else:
+            assert c == pytest.approx(k + h)
+    # the backward holds the re-run of full recompute; the passes make up the step's compute
+    assert b["backward_kernels_s"] > 2 * b["forward_kernels_s"]
+    assert b["forward_compute_s"] + b["backward_compute_s"] == pytest.approx(b["compute_s"], rel=1e-6)

@@ -242,6 +242,11 @@ def test_plan_measure_end_to_end_and_calibration(tmp_path):
     assert d["measured"]["peak_memory_bytes"] > 0
     assert d["error"]["step_time"] == pytest.approx(d["measured"]["step_time_s"] / 0.01 - 1)
     assert json.loads(cal.read_text())["step_time_scale"] > 0
+    # on CPU ranks each pass's host time is the pass itself; device times need CUDA events
+    m = d["measured"]
+    assert 0 < m["forward_host_s"] and 0 < m["backward_host_s"]
+    assert m["forward_host_s"] + m["backward_host_s"] <= m["forward_backward_s"] * 1.01
+    assert m["forward_device_s"] is None and m["backward_device_s"] is None and d["passes"] == {}
 
 
 def test_crashing_rank_ends_job_quickly(tmp_path):
@@ -386,3 +391,31 @@ def test_placed_code_runs_the_graph_and_names_the_op_that_fails():
             run(model, x)
         assert e.value.source_module == "h.0.mlp"
         assert "test_executor.py" in e.value.source_stack and "reshape" in e.value.source_stack
+
+
+def test_pass_clock_sums_each_kind_over_micro_batches(monkeypatch):
+    from executor import measure
+    ticks = iter([0.0, 1.0, 3.0, 3.5, 6.0, 6.25])  # F 1, B 2, F 0.5, B 2.5, end
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks))
+    clock = measure.PassClock(torch.device("cpu"))
+    for kind in ("F", "B", "F", "B", "end"):
+        clock.mark(kind)
+    assert clock.totals() == {"forward_host_s": 1.5, "backward_host_s": 4.5}
+
+
+def test_report_shows_each_pass_on_the_device_and_its_host_issue_time():
+    from executor.measure import compare, format_report
+    b = {"forward_compute_s": 0.040, "forward_kernels_s": 0.039, "forward_host_s": 0.018,
+         "backward_compute_s": 0.080, "backward_kernels_s": 0.073, "backward_host_s": 0.046}
+    plan = Plan(mesh=Mesh(), global_batch_size=4, microbatch_size=4, num_microbatches=1,
+                predicted={"step_time_s": 0.129, "breakdown": b})
+    measured = {"step_time_s": 0.155, "forward_device_s": 0.044, "forward_host_s": 0.030,
+                "backward_device_s": 0.092, "backward_host_s": 0.090}
+    p = compare(plan, measured)["passes"]
+    assert p["forward"]["device"]["error"] == pytest.approx(0.1)
+    assert p["backward"]["host"]["error"] == pytest.approx(0.090 / 0.046 - 1)
+    assert p["backward"]["kernels"]["measured"] is None
+    text = format_report(plan, measured)
+    assert "forward pass on the device" in text and "host issue time" in text and "+95.7 %" in text
+    # without CUDA timings (CPU ranks) the rows are left out
+    assert "pass on the device" not in format_report(plan, {"step_time_s": 0.155, "forward_host_s": 0.03})

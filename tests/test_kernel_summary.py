@@ -65,3 +65,13 @@ def test_each_annotated_step_reports_its_device_idle_time():
                              {"ph": "X", "cat": "user_annotation", "name": "shardwise step 4", "ts": 0, "dur": 900}]}
     assert device_steps(trace) == [("shardwise step 4", pytest.approx(600e-6), pytest.approx(450e-6))]
     assert "shardwise step 4 on the device: 0.60 ms, kernels running 0.45 ms, idle 0.15 ms" in report(trace)
+
+
+def test_gpu_benchmark_prints_each_pass_from_measured_json():
+    from gpu_predicted_vs_measured import pass_table
+    row = lambda p, m: {"predicted": p, "measured": m, "error": None if m is None else m / p - 1}  # noqa: E731
+    passes = {"forward": {"device": row(0.040, 0.044), "kernels": row(0.039, None), "host": row(0.018, 0.030)}}
+    lines = pass_table([{"run": "gpt-1.5B none", "passes": passes}, {"run": "llama-1B none", "error": "x"}]).split("\n")
+    assert len(lines) == 2 and lines[1].split() == ["gpt-1.5B", "none", "forward", "40.0", "44.0", "+10.0%", "39.0",
+                                                    "18.0", "30.0", "+66.7%"]
+    assert pass_table([{"run": "cpu run", "passes": {}}]) == ""  # CPU ranks time no device passes
