@@ -339,8 +339,9 @@ def passes(pred: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, di
     """On CUDA, where the host issues kernels ahead of the device: per pass (forward, backward; summed over the
     step's micro-batches), predicted vs measured `device` time (the pass's compute; measured between CUDA events,
     so it includes waits for the host), `host` issue time, and the predicted `kernels` alone (measured only by a
-    profiler trace). Empty without device timings (CPU ranks, pipeline schedules) or a prediction that splits
-    them (plans written before these fields)."""
+    profiler trace). The measured pass also holds what the compute stream waits for: tp collectives, and a dp
+    reduction still running when the backward ends; the predicted compute does not. Empty without device timings
+    (CPU ranks, pipeline schedules) or a prediction that splits them (plans written before these fields)."""
     b = pred.get("breakdown") or {}
     out: dict[str, dict] = {}
     for name in ("forward", "backward"):
