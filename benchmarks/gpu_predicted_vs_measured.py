@@ -13,7 +13,9 @@ machine with one GPU:
    `torch.cuda.max_memory_allocated`);
 3. the smallest GPT once more under `plan measure --compile` (torch.compile per block) against its eager step;
 4. with `--trace-run RUN[,RUN...]`, each such run once more under `plan measure --trace`, and its device time by
-   kernel family and idle time per step.
+   kernel family and idle time per step;
+5. for each GPT, the host's time to issue each op of its block at its shapes next to the probe's tiny ones
+   (`host_calls.py`).
 
 Prints one table (predicted, measured, error for step time and peak memory), then one per pass (forward, backward:
 the pass on the device between CUDA events, the predicted kernels alone, the host's time to issue it; a device pass
@@ -258,6 +260,14 @@ def main() -> int:
     if passes:
         print("per pass (a device pass no longer than its host issue time waited for the host):")
         print(passes)
+    for name in names:  # the host's own time per call at each GPT's shapes (host_calls.py), seconds each
+        kind, shape, batch = models[name]
+        if kind is GPT and not late():
+            import host_calls
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            print(f"{name}: host and device time per call at its shapes (micro-batch {batch})")
+            print(host_calls.table(batch * shape["seq"], shape["seq"], shape["hidden"], shape["heads"],
+                                   "bf16" if device.type == "cuda" else "fp32", device, 50), flush=True)
     for run_name in (args.trace_run.split(",") if args.trace_run else []):
         if not late():
             print(trace_run(args.out, run_name.strip(), files, clusters, rows), flush=True)
