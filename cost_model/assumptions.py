@@ -104,8 +104,10 @@ def _compute_assumption(dev, precision: str, peak: float) -> str:
                         if dev.matmul.unaligned_efficiency is not None else ""))
     else:
         parts.append("GEMMs by the profile's efficiency curves by size")
-    if dev.matmul_shapes or dev.attention_shapes or dev.norm_shapes:
-        parts.append("the model's own measured GEMM/attention/norm shapes first")
+    if dev.matmul_shapes or dev.attention_shapes or dev.norm_shapes or dev.reduce_shapes:
+        parts.append("the model's own measured GEMM/attention/norm/bias-gradient shapes first")
+    if precision != "fp32" or not dev.linear_backward_efficiency or dev.matmul_shapes:  # else nn.Linear's rates
+        parts.append("a linear's bias gradient as one reduction over its output gradient")
     if dev.attention is not None and dev.attention.kernel == UNFUSED_ATTENTION:
         parts.append("SDPA unfused: batched GEMMs over the dense scores plus softmax (and dropout) passes")
     elif dev.attention is not None:

@@ -207,6 +207,18 @@ class ComputeModel:
         e = PRECISION_BYTES[precision]
         return t * self.memory_time(2 * e * n[0] * n[1]) / self.memory_time(2 * e * row[0] * row[1])
 
+    def bias_grad_time(self, rows: int, width: int, precision: str) -> float:
+        """Seconds of a linear's bias gradient, the output gradient [rows, width] summed over its rows (one
+        reduction kernel): a `reduce_shapes` row of the same width scaled by the bytes model between the two row
+        counts; else the bytes model (read the gradient, write the bias's), which a column reduction at narrow
+        widths runs well below (see `DeviceSpec.reduce_shapes`)."""
+        e = PRECISION_BYTES[precision]
+        row = kernels.nearest_row(self.device.reduce_shapes, (rows, width, precision), free=(0,))
+        model = self.memory_time(e * (rows + 1) * width)
+        if row is None:
+            return self._floor(model)
+        return self._floor(row[3] * model / self.memory_time(e * (row[0] + 1) * row[1]))
+
     def _floor(self, t: float) -> float:
         """A kernel's seconds, never below the profile's per-kernel floor."""
         return max(t, self.device.kernel_floor)
@@ -257,7 +269,8 @@ class ComputeModel:
         if work.bwd_flops <= 0 or g_flops <= 0:
             return fwd, 0.0
         share = work.bwd_flops / g_flops
-        return fwd, sum(self.gemm_time(g, precision, layout) for g, layout in bwd_g) * share
+        bias = self.bias_grad_time(*work.bias_grad, precision) if work.bias_grad else 0.0
+        return fwd, sum(self.gemm_time(g, precision, layout) for g, layout in bwd_g) * share + bias
 
     def _attention_as_gemms(self, work: OpWork, precision: str, fwd_mem: float,
                             bwd_mem: float) -> tuple[float, float]:

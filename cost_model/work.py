@@ -105,6 +105,10 @@ class OpWork:
     cast_widens: tuple[bool, ...] = ()
     """Per cast, whether its forward widens to fp32 (a norm's bf16 input); its backward then narrows the gradient,
     and a linear's narrowing cast widens its gradient in backward (`ComputeModel.cast_time`)."""
+    bias_grad: tuple[int, int] | None = None
+    """A linear with a bias that needs a gradient: (rows, width) of the output gradient its backward sums over the
+    rows (addmm's backward: `grad.sum(0)`, a reduction kernel of its own; the forward adds the bias in the GEMM's
+    epilogue), as `reduce_shapes` rows are keyed; None otherwise."""
 
 
 def split_inputs(op: OpNode) -> tuple[list[int], list[int]]:
@@ -358,13 +362,28 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
         if counted is not None:
             bwd_bytes = counted
     nd_input = op.kind == "linear" and bool(acts) and len(op.input_meta[acts[0]].shape) > 2
+    gemms = op_gemms(op, acts, par, p_pl, tp, scale, div)
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
                   fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes,
                   elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
-                  dtensor=dtensor, nd_input=nd_input, gemms=op_gemms(op, acts, par, p_pl, tp, scale, div),
+                  dtensor=dtensor, nd_input=nd_input, gemms=gemms,
                   gemm_layout=gemm_layout(op), norm=norm_call(op, acts, scale, elem_div),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),
-                  cast_bytes=tuple(casts), cast_widens=tuple(widens))
+                  cast_bytes=tuple(casts), cast_widens=tuple(widens), bias_grad=_bias_grad(op, par, gemms, grads))
+
+
+def _bias_grad(op: OpNode, par: list[int], gemms: tuple[Gemm, ...], grads: Sequence[bool] | None
+               ) -> tuple[int, int] | None:
+    """(rows, width) a linear's bias gradient sums: its GEMM's M x N on this device (a colwise split shards the
+    bias with N; rowwise, each rank sums the whole replicated output gradient); None without a 1-D bias that needs
+    a gradient."""
+    if op.kind != "linear" or len(gemms) != 1:
+        return None
+    bias = [i for i in par if len(op.input_meta[i].shape) == 1]
+    if not bias or (grads is not None and bias[0] < len(grads) and not grads[bias[0]]):
+        return None
+    _, m, n, _ = gemms[0]
+    return int(m), int(n)
 
 
 def norm_call(op: OpNode, acts: list[int], scale: float, div: int) -> tuple[int, int, int, str] | None:
@@ -406,6 +425,18 @@ def graph_norms(graph, scales: Sequence[float] = (1.0,)) -> list[tuple[int, int,
             if n is not None:
                 norms[n] = None
     return list(norms)
+
+
+def graph_bias_grads(graph, scales: Sequence[float] = (1.0,)) -> list[tuple[int, int]]:
+    """The distinct bias gradients (rows, width) of a graph's linears on one device (no split) at each of `scales`
+    x its traced batch: what `plan profile --model` times as `reduce_shapes`."""
+    out: dict[tuple[int, int], None] = {}
+    for s in scales:
+        for op in graph.ops:
+            b = op_work(op, None, 1, s, "fp32").bias_grad if op.kind == "linear" else None
+            if b is not None:
+                out[b] = None
+    return list(out)
 
 
 def graph_shapes(graph, limit: int = 32, scales: Sequence[float] = (1.0,)

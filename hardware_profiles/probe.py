@@ -51,9 +51,9 @@ def _parser() -> _Parser:
     p.add_argument("--quick", action="store_true", help="few sizes and repeats (seconds; for tests)")
     p.add_argument("--model", action="append", default=None, metavar="MODEL.py",
                    help="also time this model's own GEMMs (in the operand layouts the step runs), attention "
-                        "calls and layer / RMS norms (traced at batch 1, unsharded; the cost model scales them to "
-                        "other micro-batches and tp splits) and write them as matmul_shapes / attention_shapes / "
-                        "norm_shapes; repeat it for several models (one profile for all)")
+                        "calls, layer / RMS norms and bias gradients (traced at batch 1, unsharded; the cost model scales "
+                        "them to other micro-batches and tp splits) and write them as matmul_shapes / "
+                        "attention_shapes / norm_shapes / reduce_shapes; repeat it for several models (one profile for all)")
     p.add_argument("--links-from", default=None, metavar="PRESET|YAML",
                    help="with one rank (a machine with one GPU) there is no link to measure: keep the links and "
                         "collective curves of this profile (e.g. dgx-h100) and say so in the header")
@@ -200,14 +200,16 @@ def _model_shapes(shapes: dict[str, list], device: Any, sync: Callable[[], None]
     host = (0.0, 0.0) if cuda else (overhead.get("forward", 0.0), overhead.get("backward", 0.0))
     local = (S.gemm_seconds(shapes["gemms"], prec, device, sync, plan, host[0]),
              S.attention_seconds(shapes["attentions"], prec, device, sync, plan, host),
-             S.norm_seconds(shapes.get("norms", ()), device, sync, plan, host))
+             S.norm_seconds(shapes.get("norms", ()), device, sync, plan, host),
+             S.reduce_seconds(shapes.get("reduces", ()), prec, device, sync, plan, host[0]))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     med = lambda j, i, c: statistics.median(r[j][i][c] for r in everyone)  # noqa: E731
     out: dict[str, Any] = {
         "matmul_shapes": [(*row[:5], med(0, i, 5), *row[6:]) for i, row in enumerate(local[0])],
         "attention_shapes": [(*row[:6], med(1, i, 6), med(1, i, 7)) for i, row in enumerate(local[1])],
-        "norm_shapes": [(*row[:5], med(2, i, 5), med(2, i, 6)) for i, row in enumerate(local[2])]}
+        "norm_shapes": [(*row[:5], med(2, i, 5), med(2, i, 6)) for i, row in enumerate(local[2])],
+        "reduce_shapes": [(*row[:3], med(3, i, 3)) for i, row in enumerate(local[3])]}
     if cuda:
         out["kernel_floor"] = S.kernel_floor(device, plan)
     return out
@@ -394,7 +396,8 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
                         sync_wait=tuple((float(x), float(y)) for x, y in raw.get("sync_wait", ())),
                         matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
                         attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())),
-                        norm_shapes=tuple(tuple(r) for r in raw.get("norm_shapes", ())))
+                        norm_shapes=tuple(tuple(r) for r in raw.get("norm_shapes", ())),
+                        reduce_shapes=tuple(tuple(r) for r in raw.get("reduce_shapes", ())))
     links, curves = {}, []
     for level, by_name in raw["curves"].items():
         n = local_world if level == "intra_node" else world // local_world
@@ -456,7 +459,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s, layout] "
              "(layout: nn, nt = second operand read transposed as F.linear reads its weight, tn = first) and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s]; norm_shapes: its layer/RMS norms "
-             "[rows, width, parameters, function, fp32 (autocast runs norms in fp32), fwd s, bwd s]; expected "
+             "[rows, width, parameters, function, fp32 (autocast runs norms in fp32), fwd s, bwd s]; reduce_shapes: "
+             "its linears' bias gradients [rows, width, precision, s] (sum over the rows); expected "
              "device time (CUDA events around calls queued back to back on GPUs; wall clock minus op_overhead on "
              "CPUs). kernel_floor (GPUs): device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
              "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
@@ -505,7 +509,7 @@ def merged_shapes(paths: Sequence[str], quick: bool, shapes_for: Callable[[str, 
                   ) -> dict[str, list]:
     """The GEMM, attention and norm shapes of several model files in one table (`--model` repeated), each shape
     once."""
-    shapes: dict[str, list] = {"gemms": [], "attentions": [], "norms": []}
+    shapes: dict[str, list] = {"gemms": [], "attentions": [], "norms": [], "reduces": []}
     for path in paths:
         for key, rows in shapes_for(path, quick).items():
             shapes[key] += [r for r in rows if r not in shapes[key]]

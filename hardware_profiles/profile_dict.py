@@ -28,6 +28,7 @@ YAML layout::
       matmul_shapes: [[1, 2048, 4096, 4096, bf16, 1.2e-4, nt]]  # optional, measured: [b, M, N, K, dtype, s, layout]
       attention_shapes: [[32, 2048, 2048, 128, true, bf16, 3.0e-4, 8.0e-4]]   # optional, measured
       norm_shapes: [[8192, 768, 2, layer_norm, fp32, 2.1e-5, 9.0e-5]]   # optional, measured (fwd s, bwd s)
+      reduce_shapes: [[16384, 768, bf16, 3.0e-5]]   # optional, measured: a bias gradient's sum over rows (s)
     links:
       intra_node: {kind: nvswitch, bandwidth: 300e9, latency: 3.4e-6}
       inter_node: {kind: infiniband, bandwidth: 25e9, latency: 5.0e-6}
@@ -139,7 +140,7 @@ def _device(d: Any, where: str) -> DeviceSpec:
 
 
 _GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes",
-             "norm_shapes", "threads", "comm_shares_compute", "sync_wait")
+             "norm_shapes", "reduce_shapes", "threads", "comm_shares_compute", "sync_wait")
 """Optional device keys of the shape-aware compute model and of how a rank's cores are used (profiles without them
 load as before)."""
 _PRECISIONS = ("fp32", "bf16", "fp16")
@@ -354,6 +355,9 @@ def _gpu_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
                                         "[batch*heads, s_q, s_k, head_dim, causal, bf16, fwd_s, bwd_s]")
     if "norm_shapes" in d:
         out["norm_shapes"] = _norm_rows(d["norm_shapes"], f"{where}.norm_shapes")
+    if "reduce_shapes" in d:
+        out["reduce_shapes"] = _rows(d["reduce_shapes"], f"{where}.reduce_shapes", 2, 0, 1,
+                                     "[rows, width, bf16, seconds]")
     return out
 
 
@@ -396,6 +400,8 @@ def _gpu_dict(dev: DeviceSpec) -> dict[str, Any]:
         out["attention_shapes"] = [list(r) for r in dev.attention_shapes]
     if dev.norm_shapes:
         out["norm_shapes"] = [list(r) for r in dev.norm_shapes]
+    if dev.reduce_shapes:
+        out["reduce_shapes"] = [list(r) for r in dev.reduce_shapes]
     return out
 
 

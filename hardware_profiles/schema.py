@@ -301,6 +301,12 @@ class DeviceSpec:
     the measurement scaled by the bytes model between the two row counts. The backward includes the weight and bias
     gradients' column reduction, which at narrow widths runs far below the copy rate (GPT-2's width 768 on an H100,
     2026-11-26: 0.4 of it)."""
+    reduce_shapes: tuple[tuple[int, int, str, float], ...] = ()
+    """Measured bias gradients [rows, width, precision, seconds]: `grad.sum(0)` over a linear's [rows, width] output
+    gradient, as addmm's backward runs it (`plan profile --model`); a bias of the same width and precision is priced
+    as the measurement scaled by the bytes model between the two row counts. A column reduction runs far below the
+    copy rate at narrow widths (GPT-2 124M's biases on an H200, 2026-11-27, 16384 rows: 30 us at width 768 for
+    25 MB read, 46 us at 3072 for 101 MB), so the bytes model alone under-prices it."""
     threads: int = 0
     """CPU threads (cores) each rank computes with (`plan profile` on CPU ranks: 1, torch.set_num_threads); 0 where
     it does not apply or is unknown (GPUs)."""

@@ -1,10 +1,12 @@
-"""`plan profile --model`: time a model's own GEMM, fused-attention and norm shapes on this rank's device.
+"""`plan profile --model`: time a model's own GEMM, fused-attention, norm and bias-gradient shapes on this rank's
+device.
 
 The shapes come from the caller (the planner traces the model; this package imports nothing of ours). Each GEMM
 (batch, M, N, K, layout) runs as torch.bmm of [batch, M, K] x [batch, K, N] operands stored as its layout says (plain
 mm at batch 1): F.linear reads its weight transposed, and at an unaligned dimension that runs another kernel;
 each attention (batch x heads, s_q, s_k, head dim, causal) as F.scaled_dot_product_attention on [1, b*h, s, d]
-tensors, forward alone and forward + backward (backward = the difference); each layer / RMS norm likewise, in fp32.
+tensors, forward alone and forward + backward (backward = the difference); each layer / RMS norm likewise, in fp32;
+each linear's bias gradient as `sum(0)` of its output gradient.
 On CUDA the kernels are timed with CUDA events around calls queued back to back (device time with the host ahead, as
 a step runs: `measure.device_seconds`); on CPU with the wall clock, minus the measured per-op host overhead (the cost
 model charges that separately), as `measure.linear_rates` does.
@@ -99,6 +101,19 @@ def norm_seconds(norms: Sequence[tuple], device: torch.device, sync: Callable[[]
         t_b = max(t_fb - t_f, 0.0)
         out.append((rows, width, params, fn, "fp32", max(t_f - host_s[0], 0.05 * t_f),
                     max(t_b - host_s[1], 0.05 * t_b, 1e-9)))
+    return out
+
+
+def reduce_seconds(shapes: Sequence[tuple[int, int]], precision: str, device: torch.device,
+                   sync: Callable[[], None], plan: MeasurePlan, host_s: float = 0.0) -> list[tuple]:
+    """[(rows, width, precision, seconds)] for each bias gradient (rows, width): `sum(0)` of a [rows, width]
+    output gradient in `precision`, as addmm's backward computes a bias's gradient; `host_s` is taken out as in
+    `gemm_seconds`."""
+    out = []
+    for rows, width in shapes:
+        g = torch.randn(rows, width, device=device).to(DTYPES[precision])
+        t = seconds_per_call(lambda: g.sum(0), device, sync, plan)
+        out.append((rows, width, precision, max(t - host_s, 0.05 * t)))
     return out
 
 

@@ -33,20 +33,21 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _model_shapes(path: str, quick: bool) -> dict[str, list]:
-    """GEMM, attention and norm shapes of a model file, traced at batch 1, for `plan profile --model`: at 1, 4 and 16
+    """GEMM, attention, norm and bias-gradient shapes of a model file, traced at batch 1, for `plan profile --model`:
+    at 1, 4 and 16
     samples on a machine with CUDA (one sample on CPU ranks, where a GEMM of 16 samples of a real model takes
     seconds a call, and with `--quick`, which also takes fewer shapes)."""
     import torch
 
-    from cost_model.work import graph_norms, graph_shapes
+    from cost_model.work import graph_bias_grads, graph_norms, graph_shapes
     from planner.model_file import load_model_file
     from planner.trace import trace_model
     graph = trace_model(load_model_file(path), 1)
     scales = (1, 4, 16) if torch.cuda.is_available() and not quick else (1,)
     gemms, attentions = graph_shapes(graph, limit=6 if quick else 32, scales=scales)
-    norms = graph_norms(graph, scales)
+    norms, biases = graph_norms(graph, scales), graph_bias_grads(graph, scales)
     return {"gemms": gemms, "attentions": attentions[:2] if quick else attentions,
-            "norms": norms[:2] if quick else norms}
+            "norms": norms[:2] if quick else norms, "reduces": biases[:2] if quick else biases}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

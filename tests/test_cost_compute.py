@@ -490,6 +490,43 @@ def test_norms_are_timed_at_the_models_shapes_and_preferred():
         plain.op_parts("norm", op_work(ln, None, 1, 1.0, "fp32"), "fp32")
 
 
+def test_bias_gradients_are_priced_and_timed_at_the_models_shapes():
+    # addmm's backward sums the output gradient over its rows for the bias: one reduction kernel the GEMMs do not
+    # include; the forward adds the bias in the GEMM's epilogue
+    from cost_model.work import graph_bias_grads
+    from hardware_profiles import shapes as S
+    from hardware_profiles.measure import plan_for
+    from planner.cli import _model_shapes
+    from planner.model_file import load_model_file
+    graph = trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), 1)
+    # 64 tokens: q, k, v and the projections write width 128, the MLP's first linear 512; the head has no bias
+    assert graph_bias_grads(graph) == [(64, 128), (64, 512)]
+    assert graph_bias_grads(graph, (1, 4))[2:] == [(256, 128), (256, 512)]
+    assert _model_shapes(os.path.join(ROOT, "examples", "gpt.py"), quick=True)["reduces"] == graph_bias_grads(graph)
+    rows = S.reduce_seconds([(64, 128)], "fp32", torch.device("cpu"), lambda: None, plan_for(True, False))
+    assert rows[0][:3] == (64, 128, "fp32") and rows[0][3] > 0
+    dev = dataclasses.replace(load_cluster("dgx-h100").device, reduce_shapes=())
+    fc = next(o for o in graph.ops if o.kind == "linear" and o.module_path.endswith("c_fc"))
+    head = next(o for o in graph.ops if o.kind == "linear" and o.module_path == "lm_head")
+    w = op_work(fc, None, 1, 1.0, "bf16")
+    assert w.bias_grad == (64, 512) and op_work(head, None, 1, 1.0, "bf16").bias_grad is None
+    cm = ComputeModel(dev)
+    _, b, _, _ = cm.op_parts("linear", w, "bf16")
+    _, b0, _, _ = cm.op_parts("linear", dataclasses.replace(w, bias_grad=None), "bf16")
+    assert b - b0 == pytest.approx(max(cm.memory_time(2 * 65 * 512), dev.kernel_floor))  # read 64 rows, write one
+    # a measured row of the same width: its time, scaled by bytes to other row counts
+    timed = ComputeModel(dataclasses.replace(dev, reduce_shapes=((64, 512, "bf16", 3.0e-5),)))
+    assert timed.bias_grad_time(64, 512, "bf16") == pytest.approx(3.0e-5)
+    assert timed.bias_grad_time(256, 512, "bf16") == pytest.approx(
+        3.0e-5 * cm.memory_time(2 * 257 * 512) / cm.memory_time(2 * 65 * 512))
+    assert timed.bias_grad_time(64, 128, "bf16") == cm.bias_grad_time(64, 128, "bf16")  # other width: bytes
+    # a bias that needs no gradient (frozen) runs no reduction
+    grads = [True] * len(fc.input_meta)
+    bias = next(i for i, m in enumerate(fc.input_meta) if len(m.shape) == 1)
+    grads[bias] = False
+    assert op_work(fc, None, 1, 1.0, "bf16", grads=grads).bias_grad is None
+
+
 def test_norm_shapes_round_trip_in_a_profile_and_bad_rows_are_named():
     d = cluster_to_dict(load_cluster("dgx-h100"))
     d["device"]["norm_shapes"] = [[8192, 768, 2, "layer_norm", "fp32", 2.0e-5, 9.0e-5]]
@@ -502,6 +539,13 @@ def test_norm_shapes_round_trip_in_a_profile_and_bad_rows_are_named():
         d["device"]["norm_shapes"] = [bad]
         with pytest.raises(ProfileError, match=r"device.norm_shapes\[0\]: " + message):
             cluster_from_dict(d)
+    del d["device"]["norm_shapes"]
+    d["device"]["reduce_shapes"] = [[16384, 768, "bf16", 3.0e-5]]
+    c = cluster_from_dict(d)
+    assert c.device.reduce_shapes == ((16384, 768, "bf16", 3.0e-5),) and cluster_from_dict(cluster_to_dict(c)) == c
+    d["device"]["reduce_shapes"] = [[16384, 768, "int8", 3.0e-5]]
+    with pytest.raises(ProfileError, match=r"device.reduce_shapes\[0\]: precision 'int8'"):
+        cluster_from_dict(d)
 
 
 def test_profile_model_flag_needs_the_planner():

@@ -64,7 +64,7 @@ def test_meminfo_reads_bytes():
 def test_profile_two_gloo_ranks(tmp_path):
     """One launch: a loadable profile whose all-reduce curve lies within the spread of a repeated measurement."""
     shapes = {"gemms": [(1, 64, 128, 32, "nt"), (2, 16, 16, 8)], "attentions": [(4, 32, 32, 16, True)],  # --model
-              "norms": [(64, 32, 2, "layer_norm")]}
+              "norms": [(64, 32, 2, "layer_norm")], "reduces": [(64, 96)]}
     result = profile_local(nproc=2, backend="gloo", quick=True, repeat_all_reduce=True, progress=False,
                            timeout_s=600, shapes=shapes)
     c = result.cluster
@@ -129,6 +129,7 @@ def test_profile_two_gloo_ranks(tmp_path):
     assert [r[6] for r in c.device.matmul_shapes] == ["nt", "nn"]  # the layout timed (none given: nn)
     assert [r[:5] for r in c.device.norm_shapes] == [(64, 32, 2, "layer_norm", "fp32")]
     assert all(0 < t < 0.1 for r in c.device.norm_shapes for t in r[5:])
+    assert [r[:3] for r in c.device.reduce_shapes] == [(64, 96, "fp32")] and 0 < c.device.reduce_shapes[0][3] < 0.1
     assert [r[:6] for r in c.device.attention_shapes] == [(4, 32, 32, 16, True, "fp32")]
     assert all(0 < t < 0.1 for r in c.device.attention_shapes for t in r[6:]) and not c.device.async_host
 
@@ -187,7 +188,7 @@ def test_collective_curve_never_falls_with_size():
 def test_several_models_profile_into_one_shape_table():
     from hardware_profiles.probe import merged_shapes
     tables = {"a.py": {"gemms": [(1, 64, 128, 32), (1, 32, 32, 32)], "attentions": [(4, 32, 32, 16, True)],
-                       "norms": [(64, 32, 2, "layer_norm")]},
+                       "norms": [(64, 32, 2, "layer_norm")], "reduces": [(64, 96)]},
               "b.py": {"gemms": [(1, 32, 32, 32), (2, 16, 16, 8)], "attentions": [(4, 32, 32, 16, True)],
                        "norms": [(64, 32, 2, "layer_norm"), (8, 16, 1, "rms_norm")]}}
     seen = []
@@ -195,7 +196,7 @@ def test_several_models_profile_into_one_shape_table():
     assert seen == [("a.py", True), ("b.py", True)]
     assert merged == {"gemms": [(1, 64, 128, 32), (1, 32, 32, 32), (2, 16, 16, 8)],
                       "attentions": [(4, 32, 32, 16, True)],
-                      "norms": [(64, 32, 2, "layer_norm"), (8, 16, 1, "rms_norm")]}
+                      "norms": [(64, 32, 2, "layer_norm"), (8, 16, 1, "rms_norm")], "reduces": [(64, 96)]}
 
 
 def test_sync_wait_amounts_come_from_the_median_matmul_window():
