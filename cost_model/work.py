@@ -415,28 +415,28 @@ def backward_gemms(g: Gemm, layout: str = "nn") -> tuple[tuple[Gemm, str], tuple
     return ((b, m, k, n), "nt"), ((b, k, n, m), "tn")
 
 
+def _distinct(graph, scales: Sequence[float], kind: str, field: str) -> list:
+    """The distinct non-None `OpWork.<field>` of the graph's ops of `kind` on one device (no split) at each of
+    `scales` x its traced batch, in order."""
+    out: dict = {}
+    for s in scales:
+        for op in graph.ops:
+            v = getattr(op_work(op, None, 1, s, "fp32"), field) if op.kind == kind else None
+            if v is not None:
+                out[v] = None
+    return list(out)
+
+
 def graph_norms(graph, scales: Sequence[float] = (1.0,)) -> list[tuple[int, int, int, str]]:
     """The distinct layer / RMS norms (rows, width, parameters, function) of a graph on one device (no split) at
     each of `scales` x its traced batch: what `plan profile --model` times as `norm_shapes`."""
-    norms: dict[tuple[int, int, int, str], None] = {}
-    for s in scales:
-        for op in graph.ops:
-            n = op_work(op, None, 1, s, "fp32").norm if op.kind == "norm" else None
-            if n is not None:
-                norms[n] = None
-    return list(norms)
+    return _distinct(graph, scales, "norm", "norm")
 
 
 def graph_bias_grads(graph, scales: Sequence[float] = (1.0,)) -> list[tuple[int, int]]:
-    """The distinct bias gradients (rows, width) of a graph's linears on one device (no split) at each of `scales`
-    x its traced batch: what `plan profile --model` times as `reduce_shapes`."""
-    out: dict[tuple[int, int], None] = {}
-    for s in scales:
-        for op in graph.ops:
-            b = op_work(op, None, 1, s, "fp32").bias_grad if op.kind == "linear" else None
-            if b is not None:
-                out[b] = None
-    return list(out)
+    """The distinct bias gradients (rows, width) of a graph's linears, as `graph_norms`: what `plan profile
+    --model` times as `reduce_shapes`."""
+    return _distinct(graph, scales, "linear", "bias_grad")
 
 
 def graph_shapes(graph, limit: int = 32, scales: Sequence[float] = (1.0,)
