@@ -10,8 +10,9 @@ synchronisation in between (on CUDA the kernels run on after the call returns, s
 long as the launch queue does not fill; on CPU it is the call). Device (CUDA): CUDA events around the same calls
 queued behind a spin kernel, so the device never waits for a launch. Backward columns are forward + backward
 (`torch.autograd.grad`) less the forward; they include autograd.grad's own start per call, which the first row
-(one multiplication, one backward node) shows against the probe's per-node figure, timed on a chain. The defaults are GPT-2 1.5B at micro-batch 4 (the GPU benchmark's
-`gpt-1.5B` run); `gpu_predicted_vs_measured.py` prints this table for its GPT shapes.
+(one multiplication, one backward node) shows against the probe's per-node figure, timed on a chain. The defaults
+are GPT-2 1.5B at micro-batch 4 (the GPU benchmark's `gpt-1.5B` run); `gpu_predicted_vs_measured.py` prints this
+table for its GPT shapes.
 """
 from __future__ import annotations
 

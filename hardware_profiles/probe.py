@@ -51,9 +51,10 @@ def _parser() -> _Parser:
     p.add_argument("--quick", action="store_true", help="few sizes and repeats (seconds; for tests)")
     p.add_argument("--model", action="append", default=None, metavar="MODEL.py",
                    help="also time this model's own GEMMs (in the operand layouts the step runs), attention "
-                        "calls, layer / RMS norms and bias gradients (traced at batch 1, unsharded; the cost model scales "
-                        "them to other micro-batches and tp splits) and write them as matmul_shapes / "
-                        "attention_shapes / norm_shapes / reduce_shapes; repeat it for several models (one profile for all)")
+                        "calls, layer / RMS norms and bias gradients (traced at batch 1, unsharded; the cost model "
+                        "scales them to other micro-batches and tp splits) and write them as matmul_shapes / "
+                        "attention_shapes / norm_shapes / reduce_shapes; repeat it for several models (one "
+                        "profile for all)")
     p.add_argument("--links-from", default=None, metavar="PRESET|YAML",
                    help="with one rank (a machine with one GPU) there is no link to measure: keep the links and "
                         "collective curves of this profile (e.g. dgx-h100) and say so in the header")
@@ -507,8 +508,8 @@ def _sync_wait_text(c: Cluster) -> str:
 
 def merged_shapes(paths: Sequence[str], quick: bool, shapes_for: Callable[[str, bool], dict[str, list]]
                   ) -> dict[str, list]:
-    """The GEMM, attention and norm shapes of several model files in one table (`--model` repeated), each shape
-    once."""
+    """The GEMM, attention, norm and bias-gradient shapes of several model files in one table (`--model` repeated),
+    each shape once."""
     shapes: dict[str, list] = {"gemms": [], "attentions": [], "norms": [], "reduces": []}
     for path in paths:
         for key, rows in shapes_for(path, quick).items():

@@ -34,9 +34,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def _model_shapes(path: str, quick: bool) -> dict[str, list]:
     """GEMM, attention, norm and bias-gradient shapes of a model file, traced at batch 1, for `plan profile --model`:
-    at 1, 4 and 16
-    samples on a machine with CUDA (one sample on CPU ranks, where a GEMM of 16 samples of a real model takes
-    seconds a call, and with `--quick`, which also takes fewer shapes)."""
+    at 1, 4 and 16 samples on a machine with CUDA (one sample on CPU ranks, where a GEMM of 16 samples of a real
+    model takes seconds a call, and with `--quick`, which also takes fewer shapes)."""
     import torch
 
     from cost_model.work import graph_bias_grads, graph_norms, graph_shapes
