@@ -268,10 +268,9 @@ class StepPredictor:
         if zero in (1, 2):
             ch.gather_once_s = sum(gathers)
             ch.first_gather_s = sum(gathers) if self.serial else _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
-        # FSDP2's hooks and copies run on the compute stream; the profile measures forward + backward together,
-        # charged here half to each pass
-        fsdp = self.fsdp_overhead(layers)
-        ch.fwd_s, ch.bwd_s, ch.compute_s = ch.fwd_s + fsdp / 2, ch.bwd_s + fsdp / 2, ch.compute_s + fsdp
+        # FSDP2's hooks: the profile measures forward + backward together, charged here half to each pass
+        fsdp_f, fsdp_b = self.fsdp_overhead(layers)
+        ch.fwd_s, ch.bwd_s, ch.compute_s = ch.fwd_s + fsdp_f, ch.bwd_s + fsdp_b, ch.compute_s + fsdp_f + fsdp_b
         return ch
 
     # ---- per-rank quantities -------------------------------------------------------------------------------
@@ -328,22 +327,29 @@ class StepPredictor:
         reduce = sum(self.cm.comm.time("all_reduce", e * self.gbytes, self.groups["tp"]) for e in partial.values())
         return t + n["plain"] * ov.optimizer + (n["dtensor"] + n["partial"]) * ov.dtensor_optimizer + reduce
 
-    def fsdp_overhead(self, layers: list[LayerCost]) -> float:
-        """FSDP2's own seconds per micro-batch (forward + backward) for one chunk under ZeRO >= 1 with dp > 1: the
+    def fsdp_overhead(self, layers: list[LayerCost]) -> tuple[float, float]:
+        """FSDP2's own (forward, backward) seconds per micro-batch for one chunk under ZeRO >= 1 with dp > 1: the
         profile's measured cost per `fully_shard`ed module (each block, and the chunk's root, as the executor
-        wraps them) and per parameter tensor; 0 otherwise."""
+        wraps them) and per parameter tensor, half in each pass; (0, 0) otherwise. The hooks are host work (the
+        profile times them on tiny modules): on CPU ranks they add to the pass; on GPUs they join each unit's host
+        dispatch, and cost only what that makes the host outlast the unit's kernels (`ComputeModel.added`)."""
         if self.dp <= 1 or self.plan.zero_stage < 1:
-            return 0.0
+            return 0.0, 0.0
         ov = self.cm.cluster.device.op_overhead
         reshard = self.plan.zero_stage == 3
         per_mod, per_t = (ov.fsdp_module_reshard, ov.fsdp_tensor_reshard) if reshard else \
             (ov.fsdp_module, ov.fsdp_tensor)
-        modules = 1 + sum(1 for l in layers if l.block)
         # a block's cost is shared by identical blocks (its names are the first one's): count blocks' tensors
-        # per layer, the others by name (a tied weight once)
-        tensors = sum(len(l.tensors) for l in layers if l.block) + len({k for l in layers if not l.block
-                                                                         for k in l.tensors})
-        return modules * per_mod + tensors * per_t
+        # per layer, the others by name (a tied weight once); the root's cost goes with its first layer
+        shares = [per_mod + len(l.tensors) * per_t if l.block else 0.0 for l in layers]
+        root = [i for i, l in enumerate(layers) if not l.block]
+        root_t = len({k for l in layers if not l.block for k in l.tensors})
+        shares[root[0] if root else 0] += per_mod + root_t * per_t
+        if not self.cm.cluster.device.async_host:
+            return sum(shares) / 2, sum(shares) / 2
+        added = self.cm.compute.added
+        return (sum(added(l.kernels[0], l.host[0], 0.0, x / 2) for l, x in zip(layers, shares)),
+                sum(added(l.kernels[1], l.host[1], 0.0, x / 2) for l, x in zip(layers, shares)))
 
     def _units(self, ch: Chunk) -> list[tuple[int, float]]:
         """The chunk's gradient-reduction units as the executor wraps them: each block (its index in the chunk)

@@ -40,6 +40,30 @@ def test_fsdp_overhead_per_module_and_tensor(zero, keys):
         assert CostModel(over).predict(g, plan).step_time_s == CostModel(base).predict(g, plan).step_time_s
 
 
+def test_fsdp_hooks_are_host_work_hidden_behind_kernels_on_gpus():
+    # on a GPU the hooks run on the host while earlier kernels run: a unit pays only what they make its host
+    # outlast its kernels (ComputeModel.added); CPU ranks, whose host is the device, pay them whole
+    from cost_model.step import StepPredictor
+    g = megatron_gpt(layers=3)
+    gpu = _with(cluster(per_node=2), async_host=True)  # no per-op host cost: a unit's host is its hooks alone
+    plan = default_plan(g, gpu, 2, "bf16", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 1}, "m")
+    blocks = len({op.block for op in g.ops if op.block})
+    tensors = len({p.name for op in g.ops for p in op.params})
+
+    def extra(cl, mod, ten):
+        over = _with(cl, op_overhead=OpOverhead(fsdp_module=mod, fsdp_tensor=ten))
+        sp = StepPredictor(CostModel(over), g, plan)
+        return sum(sp.fsdp_overhead(sp.chunks[0][0].layers)), sp.chunks[0][0].layers
+    hidden, layers = extra(gpu, 1e-12, 0.0)  # far below every pass's kernels
+    assert hidden == 0.0 and min(min(l.kernels) for l in layers) > 1e-10
+    kernels = sum(l.kernels[0] + l.kernels[1] for l in layers)
+    big = 1.0  # far above them: every pass's kernels hide that much of its hooks, no more
+    shown, _ = extra(gpu, big, TEN)
+    assert shown == pytest.approx((blocks + 1) * big + tensors * TEN - kernels)
+    cpu, _ = extra(_with(gpu, async_host=False), MOD, TEN)
+    assert cpu == pytest.approx((blocks + 1) * MOD + tensors * TEN)
+
+
 def test_sequence_parallel_norm_weights_pay_one_gradient_all_reduce_and_the_dtensor_optimizer_cost():
     g = megatron_gpt(layers=2)
     base = cluster(per_node=2)
