@@ -142,13 +142,15 @@ def pass_table(rows: list[dict]) -> str:
     head = (f"{'run':24} {'pass':8} {'device pred':>11} {'meas':>7} {'error':>7} {'kernels':>8} "
             f"{'host pred':>9} {'meas':>7} {'error':>7}")
     lines = [head]
+
+    def ms(x):
+        return f"{x * 1e3:.1f}" if x is not None else "-"
+
+    def err(x):
+        return f"{x:+.1%}" if x is not None else "-"
     for r in rows:
         for name, p in (r.get("passes") or {}).items():
             d, k, h = p["device"], p["kernels"], p["host"]
-            def ms(x):
-                return f"{x * 1e3:.1f}" if x is not None else "-"
-            def err(x):
-                return f"{x:+.1%}" if x is not None else "-"
             lines.append(f"{r['run']:24} {name:8} {ms(d['predicted']):>11} {ms(d['measured']):>7} "
                          f"{err(d['error']):>7} {ms(k['predicted']):>8} {ms(h['predicted']):>9} "
                          f"{ms(h['measured']):>7} {err(h['error']):>7}")

@@ -8,7 +8,8 @@ profile` times on one-element tensors and 2 x 2 linears (`hardware_profiles.meas
 Each call runs `--repeats` times back to back after a warm-up. Host: the wall clock of issuing them, no
 synchronisation in between (on CUDA the kernels run on after the call returns, so this is the host's own time as
 long as the launch queue does not fill; on CPU it is the call). Device (CUDA): CUDA events around the same calls
-queued behind a spin kernel, so the device never waits for a launch. Backward columns are forward + backward
+queued behind a spin kernel, so the device never waits for a launch (the probe's own timing,
+`hardware_profiles.measure.device_and_host_seconds`). Backward columns are forward + backward
 (`torch.autograd.grad`) less the forward; they include autograd.grad's own start per call, which the first row
 (one multiplication, one backward node) shows against the probe's per-node figure, timed on a chain. The defaults
 are GPT-2 1.5B at micro-batch 4 (the GPU benchmark's `gpt-1.5B` run); `gpu_predicted_vs_measured.py` prints this
@@ -17,40 +18,34 @@ table for its GPT shapes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import sys
 import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout, installed or not
+from hardware_profiles.measure import device_and_host_seconds, plan_for  # noqa: E402
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SPIN_CYCLES_PER_S = 1.4e9
-"""torch.cuda._sleep spins this many cycles per second, about (GPU clocks 1.1-2.0 GHz); only needs to outlast the
-host's issue time, which it does at twice over."""
 
 
 def per_call(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, float | None]:
-    """(host seconds, device seconds or None on CPU) per call of `fn`."""
-    cuda = device.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    for _ in range(3):
+    """(host seconds, device seconds or None on CPU) per call of `fn`: on CUDA the probe's own timing
+    (`hardware_profiles.measure.device_and_host_seconds`), on CPU the wall clock of `repeats` calls."""
+    plan = dataclasses.replace(plan_for(False, device.type == "cuda"), warmup=3, repeats=repeats)
+    if device.type == "cuda":
+        dev, host = device_and_host_seconds(fn, device, plan)
+        return host, dev
+    for _ in range(plan.warmup):
         fn()
-    sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
         fn()
-    host = (time.perf_counter() - t0) / repeats
-    sync()
-    if not cuda:
-        return host, None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(min(2 * host * repeats + 1e-3, 2.0) * SPIN_CYCLES_PER_S))
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return host, start.elapsed_time(end) / 1e3 / repeats
+    return (time.perf_counter() - t0) / repeats, None
 
 
 def block_calls(tokens: int, seq: int, hidden: int, heads: int, dtype: torch.dtype, device: torch.device

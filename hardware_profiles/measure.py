@@ -119,6 +119,13 @@ def device_seconds(fn: Callable[[], object], device: torch.device, plan: Measure
     value over `batches` such batches. (A sync after each call, or events around one call issued to an idle GPU,
     adds the host's launch latency of about 10 us to every kernel: measured on an H200, a 1024 x 768 x 768 bf16
     GEMM took 21.8 us that way, 55 TFLOP/s.)"""
+    return device_and_host_seconds(fn, device, plan, batches)[0]
+
+
+def device_and_host_seconds(fn: Callable[[], object], device: torch.device, plan: MeasurePlan, batches: int = 3
+                            ) -> tuple[float, float]:
+    """`device_seconds`, and the host's seconds to issue one call (the enqueueing batch it sizes the spin by, with
+    no sync inside: the host's own time while the launch queue has room)."""
     for _ in range(plan.warmup):
         fn()
     torch.cuda.synchronize(device)
@@ -137,7 +144,7 @@ def device_seconds(fn: Callable[[], object], device: torch.device, plan: Measure
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / 1e3 / plan.repeats)
-    return expected(samples)
+    return expected(samples), host_s / plan.repeats
 
 
 def seconds_per_call(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],

@@ -47,8 +47,8 @@ def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:
         lines.append("  totals: " + "  ".join(f"{k[:-2].replace('_', ' ')} {_ms(b[k])}" for k in extra))
     passes = [p for p in ("forward", "backward") if b.get(f"{p}_host_s") and b.get(f"{p}_kernels_s")]
     if passes:
-        k, h = (sum(b[f"{p}_{x}_s"] for p in passes) for x in ("kernels", "host"))
-        if sum(b.get(f"{p}_compute_s", k + h) for p in passes) < 0.999 * (k + h):
+        # a pass's compute is the sum of kernels and host dispatch on CPU ranks, less where they overlap (GPUs)
+        if any(b.get(f"{p}_compute_s", 0.0) < 0.999 * (b[f"{p}_kernels_s"] + b[f"{p}_host_s"]) for p in passes):
             # a GPU's host runs ahead of its kernels; a pass whose dispatch takes longer leaves the device idle
             lines.append("  kernels / host dispatch (overlapped): " + "  ".join(
                 f"{p} {_ms(b[f'{p}_kernels_s'])} / {_ms(b[f'{p}_host_s'])}"
