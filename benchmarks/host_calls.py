@@ -128,9 +128,10 @@ def main() -> int:
     ap.add_argument("--precision", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    if args.tokens % args.seq or args.hidden % args.heads:
-        ap.error(f"--tokens {args.tokens} must be a multiple of --seq {args.seq}, and --hidden {args.hidden} of "
-                 f"--heads {args.heads}")
+    if args.tokens % args.seq:
+        ap.error(f"--tokens {args.tokens} is not a multiple of --seq {args.seq}; give whole sequences")
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}; pick a head count that divides it")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
     torch.set_num_threads(1) if args.device == "cpu" else None
