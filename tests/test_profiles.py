@@ -32,8 +32,11 @@ def test_peaks_match_sources(preset, key, expected):
 
 def test_memory_bandwidth_and_links_match_sources():
     a80, a40, h100, h200 = (load_cluster(p) for p in ("dgx-a100-80gb", "dgx-a100-40gb", "dgx-h100", "hgx-h200"))
-    assert (a80.device.memory_bytes, a40.device.memory_bytes) == (80e9, 40e9)            # *.hbm_capacity
-    assert (h100.device.memory_bytes, h200.device.memory_bytes) == (80e9, 141e9)
+    # the totals CUDA reports (what `plan profile` reads), a little under the datasheets' binary gigabytes
+    assert (a80.device.memory_bytes, a40.device.memory_bytes) == (int(79.15 * 2**30), 40536 * 2**20)
+    assert (h100.device.memory_bytes, h200.device.memory_bytes) == (81089 * 2**20, 150109880320)
+    for c, datasheet_gib in ((a80, 80), (a40, 40), (h100, 80), (h200, 141)):
+        assert 0.97 * datasheet_gib * 2**30 < c.device.memory_bytes < datasheet_gib * 2**30
     assert (a80.device.memory_bandwidth, a40.device.memory_bandwidth) == (2.039e12, 1.555e12)
     assert (h100.device.memory_bandwidth, h200.device.memory_bandwidth) == (3.35e12, 4.8e12)
     assert a80.intra_node.bandwidth == 234.89e9          # nccl_measured_bandwidth.csv A100_node_nccl_tests 16 GiB
@@ -98,11 +101,11 @@ def test_malformed_yaml_names_the_line(tmp_path):
 
 @pytest.mark.parametrize("old,new,expected", [
     ("  memory_bandwidth: 2039000000000.0\n", "", "device.memory_bandwidth: missing key"),
-    ("memory_bytes: 80000000000", "memory_bytes: 80000000000\n  color: green", "device.color: unknown key"),
+    ("memory_bytes: 84986665369", "memory_bytes: 80000000000\n  color: green", "device.color: unknown key"),
     ("bandwidth: 234890000000.0", "bandwidth: 0", "links.intra_node.bandwidth: must be > 0"),
     ("bandwidth: 24000000000.0", "bandwidth: -24e9", "links.inter_node.bandwidth: must be > 0"),
-    ("memory_bytes: 80000000000", "memory_bytes: 80GB", "device.memory_bytes: got the string '80GB'"),
-    ("memory_bytes: 80000000000", "memory_bytes: 80", "device.memory_bytes: 80 is under 64 MiB"),
+    ("memory_bytes: 84986665369", "memory_bytes: 80GB", "device.memory_bytes: got the string '80GB'"),
+    ("memory_bytes: 84986665369", "memory_bytes: 80", "device.memory_bytes: 80 is under 64 MiB"),
     ("latency: 3.4e-06", "latency: 3.4", "links.intra_node.latency: 3.4 s is implausibly large"),
     ("kind: nvswitch", "kind: nvlink5", "links.intra_node.kind"),
     ("group_size: 8", "group_size: 0", "collectives[0].group_size: must be > 0"),
@@ -113,7 +116,7 @@ def test_bad_field_names_its_path(tmp_path, old, new, expected):
 
 def test_exponent_without_dot_reads_as_number(tmp_path):
     # PyYAML alone reads 80e9 as a string; profiles are written by people who type 80e9
-    c = load_cluster(_write_variant(tmp_path, "memory_bytes: 80000000000", "memory_bytes: 80e9"))
+    c = load_cluster(_write_variant(tmp_path, "memory_bytes: 84986665369", "memory_bytes: 80e9"))
     assert c.device.memory_bytes == 80_000_000_000 and isinstance(c.device.memory_bytes, int)
 
 
