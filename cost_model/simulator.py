@@ -10,6 +10,10 @@ B. Schedules (Narayanan et al. SC21 Sec 2.2):
 - interleaved: v chunks per rank, Megatron-LM's order (forward k runs chunk (k // p) % v of micro-batch
   (k // (p v)) p + k % p; warm-up (p-1-r)*2 + (v-1)*p forwards); needs m to be a multiple of p.
 
+`hold[r, c]` (optional): seconds rank r's compute stream waits after chunk c's last backward before its next pass
+(torch's multi-stage schedules run each stage's gradient reduction there, `REDUCE_GRAD`, and FSDP2 makes the stream
+wait for it); the pass's own end, which the next stage's backward waits for, is unchanged.
+
 `simulate` is exact for any schedule (an event loop over ranks, each advancing while its next pass's dependency is
 done). `_simulate_waves` computes the same times for gpipe and for 1f1b with m >= p-1 in O(m + p) numpy wave
 steps (max-plus scans), which is what makes a 3072-GPU, 512-micro-batch configuration take milliseconds.
@@ -35,6 +39,9 @@ class PipelineTimes:
     """Backward start times."""
     b_end: np.ndarray
     """Backward end times."""
+    stream_end: np.ndarray | None = None
+    """When each rank's compute stream is free after its last pass and any `hold` after it, shape (p,); None
+    without holds."""
 
     def rank_end(self) -> np.ndarray:
         """When each rank's compute stream finishes its last pass."""
@@ -70,17 +77,22 @@ def schedule_sequence(schedule: str, p: int, v: int, m: int, rank: int) -> list[
     raise PlanError(f"unknown schedule {schedule!r}; use gpipe, 1f1b or interleaved")
 
 
-def simulate(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p_s: float) -> PipelineTimes:
+def simulate(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p_s: float,
+             hold: np.ndarray | None = None) -> PipelineTimes:
     """Simulate the passes of one step. `fwd[r, c]`, `bwd[r, c]` are one micro-batch's pass times of chunk c on
-    rank r; `p2p_s` is the transfer time of one activation (or its gradient) between neighbouring stages."""
+    rank r; `p2p_s` is the transfer time of one activation (or its gradient) between neighbouring stages; `hold`
+    as in the module docstring."""
     p, v = fwd.shape
-    if schedule == "gpipe" and v == 1 or (schedule == "1f1b" and v == 1 and m >= p - 1):
+    if hold is None and (schedule == "gpipe" and v == 1 or (schedule == "1f1b" and v == 1 and m >= p - 1)):
         return _simulate_waves(schedule, fwd[:, 0], bwd[:, 0], m, p2p_s)
-    return _simulate_events(schedule, fwd, bwd, m, p2p_s)
+    return _simulate_events(schedule, fwd, bwd, m, p2p_s, hold)
 
 
-def _simulate_events(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p_s: float) -> PipelineTimes:
+def _simulate_events(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p_s: float,
+                     hold: np.ndarray | None = None) -> PipelineTimes:
     p, v = fwd.shape
+    held = hold.tolist() if hold is not None else None
+    backwards = [[0] * v for _ in range(p)]  # backward passes run so far, by rank and chunk
     seqs = [schedule_sequence(schedule, p, v, m, r) for r in range(p)]
     nan = float("nan")
     starts = [[[nan] * (v * m) for _ in range(p)] for _ in range(2)]
@@ -115,6 +127,10 @@ def _simulate_events(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2
                     break
                 s = free[r] if free[r] > dep else dep
                 free[r] = s + dur
+                if is_b and held is not None:
+                    backwards[r][c] += 1
+                    if backwards[r][c] == m:
+                        free[r] += held[r][c]
                 starts[is_b][r][c * m + mb] = s
                 ends[is_b][r][c * m + mb] = s + dur
                 ptr[r] += 1
@@ -126,7 +142,8 @@ def _simulate_events(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2
 
     def arr(x: list) -> np.ndarray:
         return np.asarray(x, dtype=float).reshape(p, v, m)
-    return PipelineTimes(arr(starts[0]), arr(ends[0]), arr(starts[1]), arr(ends[1]))
+    return PipelineTimes(arr(starts[0]), arr(ends[0]), arr(starts[1]), arr(ends[1]),
+                         np.asarray(free, dtype=float) if held is not None else None)
 
 
 def _scan(a: np.ndarray, d: np.ndarray, c: float) -> np.ndarray:

@@ -12,7 +12,9 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   holding the rest) reduce when their backward ends: ZeRO-1 and `replicate` (ZeRO 0 with tensor parallelism) in the last
   micro-batch only, ZeRO-2/3 in every micro-batch, on their own stream.
 - With pipelining, torch's stage defers every FSDP2/replicate reduction to after each chunk's last backward
-  (`PipelineStage.perform_reduce_grad`) and the compute stream waits for it: exposed, serial after the flush.
+  (`PipelineStage.perform_reduce_grad`) and the compute stream waits for it: exposed. One-chunk schedules (GPipe,
+  1F1B) run it after the flush; the interleaved one (a `REDUCE_GRAD` action right after each chunk's last backward,
+  torch's `_add_reduce_grad`) mid-schedule, where the rank's next passes wait for it (the simulator's `hold`).
 - ZeRO-1/2 all-gather parameters once per step, in the first micro-batch's forward (prefetched one unit ahead; kept
   whole between micro-batches; under pipelining each stage's exposed part delays the first micro-batch); ZeRO-3 gathers
   each unit before its forward and again before its backward in every micro-batch (prefetched one ahead), as FSDP2 does
@@ -365,6 +367,11 @@ class StepPredictor:
             out.append((-1, sum(root.values()) * self.gbytes))
         return out
 
+    def _deferred(self, ch: Chunk) -> list[tuple[int, float]]:
+        """A chunk's deferred gradient reductions under pipelining: (unit index as `_units`, seconds) each."""
+        coll = "all_reduce" if self.zero == 0 else "reduce_scatter"
+        return [(i, self._reduce(coll, b)) for i, b in self._units(ch)]
+
     def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]], float]:
         """Rank r's data-parallel gradient reduction outside the passes (see the module docstring): returns the
         dp stream's end, its spans (start, duration, name) and the seconds by which it slows the overlapped
@@ -376,10 +383,14 @@ class StepPredictor:
         label = coll.replace("_", "-")
         spans: list[tuple[float, float, str]] = []
         if self.deferred:  # after each chunk's last backward; the compute stream waits for it
-            free = float(times.rank_end()[r])
-            for c, ch in enumerate(self.chunks[r]):
-                for i, b in self._units(ch):
-                    d = self._reduce(coll, b)
+            if times.stream_end is not None:  # interleaved: mid-schedule, as the simulator held the stream
+                at = [float(times.b_end[r, c].max()) for c in range(self.v)]
+            else:  # after the flush
+                at = [float(times.rank_end()[r])] * self.v
+            free = 0.0
+            for c in sorted(range(self.v), key=lambda c: at[c]):
+                free = max(free, at[c])
+                for i, d in self._deferred(self.chunks[r][c]):
                     spans.append((free, d, f"{label} grads c{c} " + (f"layer {i}" if i >= 0 else "root")))
                     free += d
             return free, spans, 0.0
@@ -459,12 +470,19 @@ class StepPredictor:
         pair = Group(2, 2 if self.groups["pp"].nodes > 1 else 1)
         return self.cm.comm.time("all_reduce", shard * self.gbytes, pair)
 
-    def run(self, timeline: bool) -> Prediction:
-        """Simulate and assemble the prediction."""
-        plan, m = self.plan, self.m
+    def pass_times(self):
+        """Every pass's start and end (`cost_model.simulator.PipelineTimes`); under the interleaved schedule each
+        rank's compute stream also waits out each chunk's deferred gradient reductions after its last backward."""
         fwd = np.array([[ch.fwd_s for ch in row] for row in self.chunks])
         bwd = np.array([[ch.bwd_s for ch in row] for row in self.chunks])
-        times = simulate(plan.schedule, fwd, bwd, m, self.p2p_s)
+        hold = None
+        if self.deferred and self.v > 1:
+            hold = np.array([[sum(d for _, d in self._deferred(ch)) for ch in row] for row in self.chunks])
+        return simulate(self.plan.schedule, fwd, bwd, self.m, self.p2p_s, hold)
+
+    def run(self, timeline: bool) -> Prediction:
+        """Simulate and assemble the prediction."""
+        times = self.pass_times()
         comp_end = times.rank_end()
         # ZeRO-1/2's once-per-step gathers run in each stage's first forward (FSDP2's pre-forward hook, when the
         # stage's input has arrived), so the first micro-batch meets every stage's exposed gather on its way through
@@ -552,7 +570,10 @@ class StepPredictor:
         compute = m * sum(ch.compute_s for ch in row)
         # what runs after the rank's last pass: the first-forward gather delay, contention on the last backward,
         # the dp reduction's exposed tail and the tied-weight all-reduce
-        exposed = (busy - compute) + max(0.0, x["end"] - float(comp_end[crit]) - x["host"])
+        # the interleaved schedule's mid-schedule reductions hold the compute stream between passes
+        held = sum(d for a, d, _ in x["spans"] if a + d <= float(comp_end[crit]) + x["lead"] + 1e-12) \
+            if self.deferred and self.v > 1 else 0.0
+        exposed = (busy - compute) + held + max(0.0, x["end"] - float(comp_end[crit]) - x["host"])
         compute += x["host"]  # the step's own host work before the first pass
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]

@@ -123,12 +123,7 @@ def test_gradients_reduce_in_fp32_at_twice_the_bf16_bytes():
 
 
 def sp_times(sp):
-    import numpy as np
-
-    from cost_model.simulator import simulate
-    fwd = np.array([[ch.fwd_s for ch in row] for row in sp.chunks])
-    bwd = np.array([[ch.bwd_s for ch in row] for row in sp.chunks])
-    return simulate(sp.plan.schedule, fwd, bwd, sp.m, sp.p2p_s)
+    return sp.pass_times()
 
 
 def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(gpt):
@@ -146,6 +141,26 @@ def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(
     pred = sp.run(False)
     assert pred.breakdown["exposed_comm_s"] >= sum(d for _, d, _ in spans) + sp.tied_all_reduce()
     assert StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=4, zero=0)).tied_all_reduce() == 0.0
+
+
+def test_interleaved_dp_reduction_runs_after_each_chunks_last_backward(gpt):
+    # torch's ScheduleInterleaved1F1B runs each chunk's REDUCE_GRAD right after that chunk's last backward and the
+    # compute stream waits for it: chunk 1 (whose last backward comes first) is reduced mid-schedule, chunk 0's
+    # after the rank's last pass; all of it is exposed communication
+    cl = _no_latency(cluster(nodes=2, per_node=2))
+    plan = _plan(gpt, cl, 8, dp=2, pp=2, zero=1, schedule="interleaved", vp=2)
+    sp = StepPredictor(CostModel(cl), gpt, plan)
+    times = sp.pass_times()
+    end, spans, slowed = sp.dp_tail(0, times)
+    first, last = (float(times.b_end[0, c].max()) for c in (1, 0))
+    assert slowed == 0 and first < last == pytest.approx(float(times.rank_end()[0]))
+    mid = [d for s, d, n in spans if " c1 " in n]
+    assert [s for s, _, n in spans if " c1 " in n][0] == pytest.approx(first) and sum(mid) > 0
+    assert end == pytest.approx(float(times.stream_end[0]))
+    later = [s for s, _, n in spans if " c0 " in n]
+    assert later[0] >= first + sum(mid) - 1e-12 and later[0] == pytest.approx(last)
+    pred = sp.run(False)
+    assert pred.breakdown["exposed_comm_s"] >= sum(d for _, d, _ in spans) - 1e-12
 
 
 def test_pipeline_memory_does_not_grow_with_micro_batches(gpt):

@@ -75,3 +75,26 @@ def test_dependencies_respected_with_transfer_time():
     g = simulate("gpipe", f, b, m, c)
     assert g.rank_end().max() == pytest.approx((m + p - 1) * 3 + 2 * (p - 1) * c)
     assert t.rank_end().max() >= (m + p - 1) * 3 + 2 * (p - 1) * c - 1e-12
+
+
+def test_a_hold_after_a_chunks_last_backward_delays_the_ranks_next_passes_only():
+    # torch's interleaved schedule reduces a chunk's gradients right after its last backward (REDUCE_GRAD) and the
+    # compute stream waits: the rank's later passes start after the hold, the earlier ones and that backward's own
+    # end (which the previous stage's backward waits for) do not move
+    p, v, m = 2, 2, 4
+    f, b = np.ones((p, v)), 2 * np.ones((p, v))
+    base = simulate("interleaved", f, b, m, 0.0)
+    assert base.stream_end is None
+    none = simulate("interleaved", f, b, m, 0.0, np.zeros((p, v)))
+    assert np.allclose(none.b_end, base.b_end) and np.allclose(none.stream_end, base.rank_end())
+    hold = np.zeros((p, v))
+    hold[1, 1] = 5.0
+    t = simulate("interleaved", f, b, m, 0.0, hold)
+    seq = schedule_sequence("interleaved", p, v, m, 1)
+    k = seq.index((1, 1, m - 1))  # rank 1's last backward of chunk 1
+    start = lambda times, x: (times.b_start if x[0] else times.f_start)[1, x[1], x[2]]  # noqa: E731
+    end = lambda times, x: (times.b_end if x[0] else times.f_end)[1, x[1], x[2]]  # noqa: E731
+    for x in seq[:k + 1]:
+        assert start(t, x) == pytest.approx(start(base, x)) and end(t, x) == pytest.approx(end(base, x))
+    assert start(t, seq[k + 1]) >= end(t, seq[k]) + 5.0 - 1e-12
+    assert t.stream_end[1] >= t.rank_end()[1] and t.rank_end().max() > base.rank_end().max()
