@@ -16,7 +16,8 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
     mb = DDP_BUCKET_BYTES >> 20
     if sp.deferred:
         dp_how = ("all-reduced" if zero == 0 else "reduce-scattered") + " per FSDP2 unit after each chunk's last " \
-            "backward (the pipelining stage defers them; exposed)"
+            "backward (the pipelining stage defers them; exposed" \
+            + ("; the interleaved schedule's mid-schedule ones hold the rank's later passes)" if sp.v > 1 else ")")
     else:
         dp_how = {0: f"all-reduced in {mb} MiB buckets (DDP) during the last backward" if sp.tp == 1 else
                      "all-reduced per block (replicate) during the last backward",
@@ -27,6 +28,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
                2: "; parameters all-gathered once per step in the first forward",
                3: "; parameters all-gathered per block before its forward and its backward in every micro-batch "
                   "(prefetched one block ahead)"}[zero]
+    if sp.unshard_ready() is not None:
+        gathers = "; parameters all-gathered once per step, each stage's from the step's start (the interleaved " \
+            "schedule's UNSHARD prefetch; a stage's first forward waits for its own)"
     if zero >= 1:
         gathers += "; FSDP2's copies around each gather and reduce-scatter at their bytes"
     dp_how = f"fp32 gradients {dp_how}{gathers}" + (

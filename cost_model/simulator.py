@@ -12,7 +12,9 @@ B. Schedules (Narayanan et al. SC21 Sec 2.2):
 
 `hold[r, c]` (optional): seconds rank r's compute stream waits after chunk c's last backward before its next pass
 (torch's multi-stage schedules run each stage's gradient reduction there, `REDUCE_GRAD`, and FSDP2 makes the stream
-wait for it); the pass's own end, which the next stage's backward waits for, is unchanged.
+wait for it); the pass's own end, which the next stage's backward waits for, is unchanged. `ready[r, c]` (optional):
+the earliest start of any forward of chunk c on rank r (its parameters' all-gather, prefetched from the step's
+start, has to be done).
 
 `simulate` is exact for any schedule (an event loop over ranks, each advancing while its next pass's dependency is
 done). `_simulate_waves` computes the same times for gpipe and for 1f1b with m >= p-1 in O(m + p) numpy wave
@@ -78,20 +80,22 @@ def schedule_sequence(schedule: str, p: int, v: int, m: int, rank: int) -> list[
 
 
 def simulate(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p_s: float,
-             hold: np.ndarray | None = None) -> PipelineTimes:
+             hold: np.ndarray | None = None, ready: np.ndarray | None = None) -> PipelineTimes:
     """Simulate the passes of one step. `fwd[r, c]`, `bwd[r, c]` are one micro-batch's pass times of chunk c on
     rank r; `p2p_s` is the transfer time of one activation (or its gradient) between neighbouring stages; `hold`
-    as in the module docstring."""
+    and `ready` as in the module docstring."""
     p, v = fwd.shape
-    if hold is None and (schedule == "gpipe" and v == 1 or (schedule == "1f1b" and v == 1 and m >= p - 1)):
+    if hold is None and ready is None and (schedule == "gpipe" and v == 1
+                                           or (schedule == "1f1b" and v == 1 and m >= p - 1)):
         return _simulate_waves(schedule, fwd[:, 0], bwd[:, 0], m, p2p_s)
-    return _simulate_events(schedule, fwd, bwd, m, p2p_s, hold)
+    return _simulate_events(schedule, fwd, bwd, m, p2p_s, hold, ready)
 
 
 def _simulate_events(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p_s: float,
-                     hold: np.ndarray | None = None) -> PipelineTimes:
+                     hold: np.ndarray | None = None, ready: np.ndarray | None = None) -> PipelineTimes:
     p, v = fwd.shape
     held = hold.tolist() if hold is not None else None
+    first = ready.tolist() if ready is not None else [[0.0] * v for _ in range(p)]
     backwards = [[0] * v for _ in range(p)]  # backward passes run so far, by rank and chunk
     seqs = [schedule_sequence(schedule, p, v, m, r) for r in range(p)]
     nan = float("nan")
@@ -114,6 +118,8 @@ def _simulate_events(schedule: str, fwd: np.ndarray, bwd: np.ndarray, m: int, p2
                         dep = e_f[p - 1][(c - 1) * m + mb] + p2p_s
                     else:
                         dep = 0.0
+                    if dep < first[r][c]:  # False for NaN (dependency not run yet): kept NaN
+                        dep = first[r][c]
                     dur = f_list[r][c]
                 else:
                     if r < p - 1:

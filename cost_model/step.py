@@ -470,15 +470,28 @@ class StepPredictor:
         pair = Group(2, 2 if self.groups["pp"].nodes > 1 else 1)
         return self.cm.comm.time("all_reduce", shard * self.gbytes, pair)
 
+    def unshard_ready(self) -> np.ndarray | None:
+        """Under the interleaved schedule with ZeRO-1/2 on devices whose collectives run beside compute: when each
+        chunk's once-per-step parameter all-gather is done, by rank and chunk, else None. torch's multi-stage
+        schedule issues each stage's FSDP unshard ahead of its passes (`_add_unshard_reshard`: UNSHARD actions for
+        the next three stages, async, before the first receive), one after another on the all-gather stream from
+        the step's start, and a forward waits for its stage's (`_assert_unsharded`): a rank waiting for its first
+        input gathers meanwhile, so only what outlasts that wait is exposed. (Single-stage schedules gather in
+        FSDP2's pre-forward hook once the input has arrived: `run`'s lead.)"""
+        if self.v <= 1 or self.zero not in (1, 2) or self.serial:
+            return None
+        return np.cumsum([[ch.gather_once_s for ch in row] for row in self.chunks], axis=1)
+
     def pass_times(self):
         """Every pass's start and end (`cost_model.simulator.PipelineTimes`); under the interleaved schedule each
-        rank's compute stream also waits out each chunk's deferred gradient reductions after its last backward."""
+        rank's compute stream also waits out each chunk's deferred gradient reductions after its last backward, and
+        a chunk's forwards wait for its prefetched parameters (`unshard_ready`)."""
         fwd = np.array([[ch.fwd_s for ch in row] for row in self.chunks])
         bwd = np.array([[ch.bwd_s for ch in row] for row in self.chunks])
         hold = None
         if self.deferred and self.v > 1:
             hold = np.array([[sum(d for _, d in self._deferred(ch)) for ch in row] for row in self.chunks])
-        return simulate(self.plan.schedule, fwd, bwd, self.m, self.p2p_s, hold)
+        return simulate(self.plan.schedule, fwd, bwd, self.m, self.p2p_s, hold, self.unshard_ready())
 
     def run(self, timeline: bool) -> Prediction:
         """Simulate and assemble the prediction."""
@@ -486,8 +499,12 @@ class StepPredictor:
         comp_end = times.rank_end()
         # ZeRO-1/2's once-per-step gathers run in each stage's first forward (FSDP2's pre-forward hook, when the
         # stage's input has arrived), so the first micro-batch meets every stage's exposed gather on its way through
-        # the pipeline: the whole schedule shifts by their sum
-        lead = sum(ch.first_gather_s for row in self.chunks for ch in row)
+        # the pipeline: the whole schedule shifts by their sum; prefetched from the step's start under the
+        # interleaved schedule (`unshard_ready`), they are in the simulated times, exposed where the first rank's
+        # first forward waits for its own
+        prefetched = self.unshard_ready() is not None
+        lead = 0.0 if prefetched else sum(ch.first_gather_s for row in self.chunks for ch in row)
+        gather_wait = float(times.f_start[0, 0, 0]) if prefetched else 0.0
         host = self.step_host()
         leads = [lead + host] * self.pp
         t_end, rows = [], []
@@ -508,6 +525,7 @@ class StepPredictor:
             totals.append(t_end[r] + opt)
             spans, slowed = rows[r]
             extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], host=host, slowed=slowed,
+                               gather_wait=gather_wait,
                                end=t_end[r], tied=tied if r in (0, self.pp - 1) else 0.0))
             if timeline:
                 events += [TraceEvent(name=n, device=r, stream="dp", start_s=a, duration_s=d) for a, d, n in spans]
@@ -573,7 +591,7 @@ class StepPredictor:
         # the interleaved schedule's mid-schedule reductions hold the compute stream between passes
         held = sum(d for a, d, _ in x["spans"] if a + d <= float(comp_end[crit]) + x["lead"] + 1e-12) \
             if self.deferred and self.v > 1 else 0.0
-        exposed = (busy - compute) + held + max(0.0, x["end"] - float(comp_end[crit]) - x["host"])
+        exposed = (busy - compute) + held + x["gather_wait"] + max(0.0, x["end"] - float(comp_end[crit]) - x["host"])
         compute += x["host"]  # the step's own host work before the first pass
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]

@@ -163,6 +163,35 @@ def test_interleaved_dp_reduction_runs_after_each_chunks_last_backward(gpt):
     assert pred.breakdown["exposed_comm_s"] >= sum(d for _, d, _ in spans) - 1e-12
 
 
+def test_interleaved_zero1_gathers_each_stage_ahead_from_the_steps_start(gpt):
+    # torch's multi-stage schedule unshards the next stages ahead of their passes (UNSHARD actions, async, from the
+    # step's start); a forward waits for its stage's gather, so rank 1 gathers while it waits for its first input
+    # and only rank 0's first gather holds the pipeline up. One-stage schedules gather in FSDP2's pre-forward hook
+    # once the input has arrived: every stage's first gather on the first micro-batch's way (a lead)
+    cl = _no_latency(cluster(nodes=2, per_node=2, inter=1e9))
+    plan = _plan(gpt, cl, 8, dp=2, pp=2, zero=1, schedule="interleaved", vp=2)
+    sp = StepPredictor(CostModel(cl), gpt, plan)
+    g = [[ch.gather_once_s for ch in row] for row in sp.chunks]
+    ready = sp.unshard_ready()
+    assert not sp.serial and min(min(row) for row in g) > 0
+    assert ready[1].tolist() == pytest.approx([g[1][0], g[1][0] + g[1][1]])
+    times = sp.pass_times()
+    assert times.f_start[0, 0, 0] == pytest.approx(g[0][0])
+    for r in range(2):
+        for c in range(2):
+            assert times.f_start[r, c].min() >= ready[r][c] - 1e-12
+    pred = sp.run(False)
+    assert pred.breakdown["exposed_comm_s"] >= g[0][0] - 1e-12
+    # against every stage's first gather on the first micro-batch's way (the one-stage schedules' lead)
+    serial_gathers = StepPredictor(CostModel(cl), gpt, plan)
+    serial_gathers.unshard_ready = lambda: None
+    assert pred.step_time_s < serial_gathers.run(False).step_time_s
+    one = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=2, pp=2, zero=1, schedule="1f1b"))
+    assert one.unshard_ready() is None
+    assert StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=2, pp=2, zero=0, schedule="interleaved",
+                                                  vp=2)).unshard_ready() is None
+
+
 def test_pipeline_memory_does_not_grow_with_micro_batches(gpt):
     # executor.pipeline.RecvOnDemandStage holds a receive buffer only while its micro-batch needs it (torch's
     # stage keeps one per micro-batch for the whole step); 1F1B holds min(pp - rank, m) micro-batches
