@@ -13,6 +13,12 @@ of which b x M x N outputs are useful:
 `best_efficiency` is the measured maximum achievable matmul fraction at large aligned shapes (a deep K);
 `k_overhead` (measured, else 0) the K-elements' worth of time each tile spends filling its pipeline and writing
 its output, which a shallow K does not amortise; the bytes term makes skinny GEMMs (small M, N or K) memory-bound.
+Split-K: when the output tiles do not fill one wave (a weight gradient: small M x N, K = the tokens), the library
+splits K into s slices so tiles x s work units fill the SMs (Osama et al., "Stream-K: Work-centric Parallel
+Decomposition for Dense Matrix-Matrix Multiplication on the GPU", PPoPP 2023; CUTLASS's split-K GEMMs): each
+slice's depth K/s pays the k_overhead, and the partial sums make one fp32 round trip (8 bytes per output element)
+before the output is written; the s (up to SPLIT_K_MAX, each slice at least SPLIT_K_MIN_DEPTH deep) with the least
+time is taken.
 A GEMM with a dimension that is not a multiple of 16 bytes runs at the profile's measured `unaligned_efficiency`
 instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on the `matmul_efficiency`
 curve (CPU ranks).
@@ -66,14 +72,27 @@ Tensor Core instruction for 16-bit inputs (PTX ISA, mma.sync.m16n8k16: 16 rows x
 (Hopper's wgmma works on 64-row warpgroup tiles, so small M wastes more there)."""
 
 
-def quantization(batch: int, m: int, n: int, tile: tuple[int, int], sms: int) -> float:
-    """Useful fraction of the tiles x waves a (batched) GEMM with M x N outputs occupies (1 without SMs)."""
+def _edges(m: int, n: int, tile: tuple[int, int]) -> tuple[int, int]:
+    """The tile's edges on an M x N output: an edge longer than its dimension shrinks to it (MMA_GRANULE)."""
     tm, tn = (min(t, MMA_GRANULE * math.ceil(d / MMA_GRANULE)) for t, d in zip(tile, (m, n)))
-    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    return tm, tn
+
+
+def tile_count(batch: int, m: int, n: int, tile: tuple[int, int]) -> int:
+    """Output tiles of a (batched) GEMM with M x N outputs."""
+    tm, tn = _edges(m, n, tile)
+    return batch * math.ceil(m / tm) * math.ceil(n / tn)
+
+
+def quantization(batch: int, m: int, n: int, tile: tuple[int, int], sms: int, splits: int = 1) -> float:
+    """Useful fraction of the work units x waves a (batched) GEMM with M x N outputs occupies (1 without SMs):
+    each output tile is one unit, or `splits` units of a split K."""
+    tm, tn = _edges(m, n, tile)
+    units = tile_count(batch, m, n, tile) * splits
     if sms <= 0:
-        return batch * m * n / (tiles * tm * tn)
-    waves = math.ceil(tiles / sms)
-    return batch * m * n / (waves * sms * tm * tn)
+        return batch * m * n * splits / (units * tm * tn)
+    waves = math.ceil(units / sms)
+    return batch * m * n * splits / (waves * sms * tm * tn)
 
 
 ALIGN_BYTES = 16
@@ -88,29 +107,57 @@ def aligned(g: Gemm, precision: str) -> bool:
     return all(d % step == 0 for d in g[1:])
 
 
-def gemm_efficiency(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> float:
-    """Achieved fraction of peak of one GEMM by shape (the best of the profile's tiles, either orientation; a
-    GEMM with an unaligned dimension at the profile's measured `unaligned_efficiency`, where it has one)."""
-    b, m, n, _ = g
+SPLIT_K_MAX = 16
+"""Most K slices a split-K GEMM is priced with (CUTLASS's split-K examples run up to 16 slices)."""
+SPLIT_K_MIN_DEPTH = 128
+"""Least K per slice: two 64-deep k-blocks, the bf16 mainloop step of Ampere's and Hopper's GEMM kernels."""
+SPLIT_K_FIXUP_BYTES = 8
+"""Bytes per output element of a split GEMM's partial sums: one fp32 write and read."""
+
+
+def gemm_plan(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> tuple[float, int, float]:
+    """(compute seconds, K slices, achieved fraction of peak) of one GEMM by shape: the best of the profile's
+    tiles, either orientation, and of the split-K slicings when the tiles do not fill one wave (the compute
+    seconds include the slices' fixup); a GEMM with an unaligned dimension at the profile's measured
+    `unaligned_efficiency`, where it has one. No roofline or floor (`gemm_time`)."""
+    b, m, n, k = g
+    flops = 2.0 * b * m * n * k
+    peak = peak_flops(device, precision)
     mm = device.matmul
     if mm is None:
-        return interp_log(device.matmul_efficiency, 2.0 * b * m * n * g[3])
-    best = max(quantization(b, m, n, t, device.sms) for tile in mm.tiles for t in (tile, tile[::-1]))
-    depth = g[3] / (g[3] + mm.k_overhead)
-    if mm.unaligned_efficiency is not None and not aligned(g, precision):
-        return mm.unaligned_efficiency * best * depth
-    return mm.best_efficiency * best * depth
+        e = interp_log(device.matmul_efficiency, flops)
+        return flops / (peak * e), 1, e
+    base = mm.unaligned_efficiency if mm.unaligned_efficiency is not None and not aligned(g, precision) \
+        else mm.best_efficiency
+    best: tuple[float, int, float] | None = None
+    for tile in mm.tiles:
+        for t in (tile, tile[::-1]):
+            tiles = tile_count(b, m, n, t)
+            most = 1 if not device.sms or tiles >= device.sms else max(1, min(SPLIT_K_MAX, k // SPLIT_K_MIN_DEPTH))
+            for s in range(1, most + 1):
+                depth = (k / s) / (k / s + mm.k_overhead)
+                e = base * quantization(b, m, n, t, device.sms, splits=s) * depth
+                fixup = memory_time(device, b * m * n * (SPLIT_K_FIXUP_BYTES + PRECISION_BYTES[precision])) \
+                    if s > 1 else 0.0
+                seconds = flops / (peak * e) + fixup
+                if best is None or seconds < best[0]:
+                    best = (seconds, s, e)
+    return best
+
+
+def gemm_efficiency(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> float:
+    """Achieved fraction of peak of one GEMM by shape, as `gemm_plan` runs it."""
+    return gemm_plan(device, g, precision)[2]
 
 
 def gemm_time(device: DeviceSpec, g: Gemm, precision: str) -> float:
-    """Seconds of one GEMM (no measured table): max of the compute term, the bytes roofline and the floor."""
+    """Seconds of one GEMM (no measured table): max of the compute term (`gemm_plan`), the bytes roofline and the
+    floor."""
     b, m, n, k = g
-    flops = 2.0 * b * m * n * k
-    if flops <= 0:
+    if b * m * n * k <= 0:
         return 0.0
-    compute = flops / (peak_flops(device, precision) * gemm_efficiency(device, g, precision))
     nbytes = b * (m * k + k * n + m * n) * PRECISION_BYTES[precision]
-    return max(compute, memory_time(device, nbytes), device.kernel_floor)
+    return max(gemm_plan(device, g, precision)[0], memory_time(device, nbytes), device.kernel_floor)
 
 
 def causal_fraction(s_q: int, s_k: int, block_q: int, block_k: int | None = None) -> float:

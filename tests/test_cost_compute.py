@@ -43,8 +43,26 @@ def test_gemm_efficiency_drops_for_shapes_that_waste_tiles_and_waves():
     assert ragged < 0.93 * aligned
     per_flop = lambda n: kernels.gemm_time(A100, (1, n, n, n), "bf16") / (2.0 * n ** 3)  # noqa: E731
     assert per_flop(4097) > 1.05 * per_flop(4096)
-    # one wave of 108 SMs holding 64 tiles of 128x128 is ~60 % idle
-    assert kernels.gemm_efficiency(A100, (1, 1024, 1024, 8192)) < 0.6 * A100.matmul.best_efficiency
+    # one wave of 108 SMs holding 64 tiles of 128x128 is ~40 % idle when K is too shallow to split
+    assert kernels.gemm_efficiency(A100, (1, 1024, 1024, 128)) < 0.6 * A100.matmul.best_efficiency
+
+
+def test_split_k_fills_the_sms_for_weight_gradients():
+    # a weight gradient (M x N = in x out features, K = tokens) has too few output tiles for one wave: the K is split
+    # so tiles x slices fill the SMs, each slice paying the pipeline fill, plus one fp32 round trip of the partials
+    h200 = load_cluster("hgx-h200").device
+    g = (1, 768, 768, 16384)  # GPT-2 124M's attention-projection weight gradient at 16 x 1024 tokens
+    seconds, splits, e = kernels.gemm_plan(h200, g, "bf16")
+    assert kernels.tile_count(1, 768, 768, (256, 128)) < h200.sms and splits > 1
+    one = kernels.quantization(1, 768, 768, (256, 128), h200.sms)
+    assert e > 3 * h200.matmul.best_efficiency * one * 16384 / (16384 + 192)
+    fixup = kernels.memory_time(h200, 768 * 768 * (kernels.SPLIT_K_FIXUP_BYTES + 2))
+    assert seconds == pytest.approx(2.0 * 768 * 768 * 16384 / (989e12 * e) + fixup)
+    # `plan profile --model` timed it at 35.9 us on one H200 SXM (2026-11-27); priced without splitting, 89.8 us
+    assert kernels.gemm_time(h200, g, "bf16") == pytest.approx(35.9e-6, rel=0.15)
+    # enough tiles for a wave, or a K too shallow to split: one slice, as before
+    assert kernels.gemm_plan(h200, (1, 16384, 768, 768), "bf16")[1] == 1
+    assert kernels.gemm_plan(h200, (1, 768, 768, 128), "bf16")[1] == 1
 
 
 def test_skinny_gemm_is_memory_bound():
