@@ -105,7 +105,8 @@ def _compute_assumption(dev, precision: str, peak: float) -> str:
                      f"{dev.matmul.best_efficiency:.1%} best efficiency"
                      + (f" x K/(K + {dev.matmul.k_overhead:.0f})" if dev.matmul.k_overhead else "")
                      + (f" ({dev.matmul.unaligned_efficiency:.0%} with a dimension not a multiple of 16 bytes)"
-                        if dev.matmul.unaligned_efficiency is not None else ""))
+                        if dev.matmul.unaligned_efficiency is not None else "")
+                     + "; K split when the output tiles do not fill a wave (weight gradients)")
     else:
         parts.append("GEMMs by the profile's efficiency curves by size")
     if dev.matmul_shapes or dev.attention_shapes or dev.norm_shapes or dev.reduce_shapes:
