@@ -104,6 +104,13 @@ def _node_groups(world: int, local_world: int) -> tuple[Any, Any]:
     return intra, inter
 
 
+GPU_USABLE_CAP = 0.9
+"""Most of a GPU's memory a measured profile lets a plan use: the presets' reserve for cuBLAS workspaces, NCCL
+buffers and caching-allocator fragmentation (a judgment, see the presets), which an idle device's free memory does
+not show (one H200 read 0.996 free after the CUDA context). Without it a probed profile would fit plans the
+presets reject as out of memory."""
+
+
 def _device_facts(cuda: bool, local_rank: int, local_world: int) -> dict[str, Any]:
     """Name, memory, SM count and intra-node link kind of this rank's device."""
     if cuda:
@@ -111,8 +118,8 @@ def _device_facts(cuda: bool, local_rank: int, local_world: int) -> dict[str, An
         free, total = torch.cuda.mem_get_info(local_rank)
         return {"name": torch.cuda.get_device_name(local_rank), "memory_bytes": int(total),
                 "sms": torch.cuda.get_device_properties(local_rank).multi_processor_count,
-                "usable_fraction": free / total, "link_kind": host.gpu_link_kind(local_world) if local_rank == 0
-                else "pcie"}
+                "usable_fraction": min(free / total, GPU_USABLE_CAP),
+                "link_kind": host.gpu_link_kind(local_world) if local_rank == 0 else "pcie"}
     import torch
     mem = host.meminfo()
     threads = torch.get_num_threads()
@@ -464,7 +471,9 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "its linears' bias gradients [rows, width, precision, s] (sum over the rows); expected "
              "device time (CUDA events around calls queued back to back on GPUs; wall clock minus op_overhead on "
              "CPUs). kernel_floor (GPUs): device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
-             "usable_memory_fraction: free / total memory when measured. links: bandwidth and latency fitted to "
+             "usable_memory_fraction: free / total memory when measured (GPUs: at most 0.9, the presets' reserve for "
+             "NCCL buffers and allocator fragmentation, which an idle device does not show). links: bandwidth and "
+             "latency fitted to "
              "the measured all-reduce",
              "with the ring model t = 2(n-1)/n * S/B + 2(n-1)*alpha (Thakur et al. 2005). Collective points are "
              "[bytes, seconds] expected times (mean of the repeats without the slowest 5 %; on CPU ranks each of one call issued alone after a barrier, as training "

@@ -205,3 +205,23 @@ def test_sync_wait_amounts_come_from_the_median_matmul_window():
     from hardware_profiles.measure_collectives import matmul_seconds
     ticks = iter([0.0, 1.0, 1.0, 101.0, 101.0, 102.0, 102.0, 103.0, 103.0, 104.0])  # one window 100x slower
     assert matmul_seconds(torch.zeros(2, 2), windows=5, per_window=4, clock=lambda: next(ticks)) == 0.25
+
+
+def test_a_probed_gpu_keeps_the_presets_memory_reserve(monkeypatch):
+    # an idle GPU shows only the CUDA context as used (0.996 free on an H200); NCCL buffers and allocator
+    # fragmentation come later, so a measured profile keeps the presets' 10 % reserve, never more than free
+    import types
+
+    import torch
+
+    from hardware_profiles import probe
+    props = types.SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(probe.host, "gpu_link_kind", lambda n: "nvswitch")
+    total = 150109880320
+    for free, usable in ((int(0.9963 * total), probe.GPU_USABLE_CAP), (int(0.5 * total), 0.5)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i, f=free: (f, total))
+        facts = probe._device_facts(True, 0, 8)
+        assert facts["memory_bytes"] == total and facts["usable_fraction"] == pytest.approx(usable, abs=1e-9)
+    assert probe.GPU_USABLE_CAP == load_cluster("hgx-h200").device.usable_memory_fraction
