@@ -108,7 +108,7 @@ def aligned(g: Gemm, precision: str) -> bool:
 
 
 SPLIT_K_MAX = 16
-"""Most K slices a split-K GEMM is priced with (CUTLASS's split-K examples run up to 16 slices)."""
+"""Most K slices a split-K GEMM is priced with (CUTLASS's split-K GEMM example, 06_splitK_gemm, splits K into 16)."""
 SPLIT_K_MIN_DEPTH = 128
 """Least K per slice: two 64-deep k-blocks, the bf16 mainloop step of Ampere's and Hopper's GEMM kernels."""
 SPLIT_K_FIXUP_BYTES = 8
@@ -122,6 +122,8 @@ def gemm_plan(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> tuple[flo
     `unaligned_efficiency`, where it has one. No roofline or floor (`gemm_time`)."""
     b, m, n, k = g
     flops = 2.0 * b * m * n * k
+    if flops <= 0:
+        return 0.0, 1, 0.0
     peak = peak_flops(device, precision)
     mm = device.matmul
     if mm is None:

@@ -63,6 +63,7 @@ def test_split_k_fills_the_sms_for_weight_gradients():
     # enough tiles for a wave, or a K too shallow to split: one slice, as before
     assert kernels.gemm_plan(h200, (1, 16384, 768, 768), "bf16")[1] == 1
     assert kernels.gemm_plan(h200, (1, 768, 768, 128), "bf16")[1] == 1
+    assert kernels.gemm_plan(h200, (1, 768, 768, 0), "bf16") == (0.0, 1, 0.0)  # an empty GEMM costs nothing
 
 
 def test_skinny_gemm_is_memory_bound():
