@@ -52,6 +52,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from functools import cached_property
+
 import numpy as np
 
 from cost_model.communication import Group, mesh_groups
@@ -367,10 +369,12 @@ class StepPredictor:
             out.append((-1, sum(root.values()) * self.gbytes))
         return out
 
-    def _deferred(self, ch: Chunk) -> list[tuple[int, float]]:
-        """A chunk's deferred gradient reductions under pipelining: (unit index as `_units`, seconds) each."""
+    @cached_property
+    def deferred_units(self) -> list[list[list[tuple[int, float]]]]:
+        """Each chunk's deferred gradient reductions under pipelining, by rank and chunk: (unit index as `_units`,
+        seconds) each; priced once for the simulator's holds and the dp stream's spans."""
         coll = "all_reduce" if self.zero == 0 else "reduce_scatter"
-        return [(i, self._reduce(coll, b)) for i, b in self._units(ch)]
+        return [[[(i, self._reduce(coll, b)) for i, b in self._units(ch)] for ch in row] for row in self.chunks]
 
     def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]], float]:
         """Rank r's data-parallel gradient reduction outside the passes (see the module docstring): returns the
@@ -390,7 +394,7 @@ class StepPredictor:
             free = 0.0
             for c in sorted(range(self.v), key=lambda c: at[c]):
                 free = max(free, at[c])
-                for i, d in self._deferred(self.chunks[r][c]):
+                for i, d in self.deferred_units[r][c]:
                     spans.append((free, d, f"{label} grads c{c} " + (f"layer {i}" if i >= 0 else "root")))
                     free += d
             return free, spans, 0.0
@@ -490,7 +494,7 @@ class StepPredictor:
         bwd = np.array([[ch.bwd_s for ch in row] for row in self.chunks])
         hold = None
         if self.deferred and self.v > 1:
-            hold = np.array([[sum(d for _, d in self._deferred(ch)) for ch in row] for row in self.chunks])
+            hold = np.array([[sum(d for _, d in units) for units in row] for row in self.deferred_units])
         return simulate(self.plan.schedule, fwd, bwd, self.m, self.p2p_s, hold, self.unshard_ready())
 
     def run(self, timeline: bool) -> Prediction:
