@@ -1,5 +1,5 @@
-"""Host costs timed inside one rank of `plan profile` in the thread's CPU time: activation checkpointing per op,
-and the runner's per-step sub-mesh lookup.
+"""Host costs timed inside one rank of `plan profile`: activation checkpointing per op, and the runner's per-step
+sub-mesh lookup.
 
 torch's non-reentrant `checkpoint` packs and unpacks every tensor the checkpointed forward saves through Python
 saved-tensor hooks and re-runs the forward in backward from a recorded frame; selective checkpointing
@@ -7,8 +7,9 @@ saved-tensor hooks and re-runs the forward in backward from a recorded frame; se
 re-run through a Python TorchDispatchMode that asks the policy. Both are a fixed host cost per op, on
 top of the ops' own dispatch, that no kernel measurement sees. Measured here on chains of tiny ops (kernel time
 nil), per op of the checkpointed region, split by kind as the cost model prices dispatch: elementwise ops and
-`F.linear` calls. Timed in the thread's CPU time: pure host work, which other processes on a shared machine would
-otherwise inflate.
+`F.linear` calls. On CPU ranks timed in the thread's CPU time: pure host work, which other processes on a shared
+machine would otherwise inflate. On GPUs in wall time (`host_clock`): the autograd engine runs a CUDA backward on a
+device thread of its own, whose CPU time the calling thread's clock never sees.
 """
 from __future__ import annotations
 
@@ -53,13 +54,21 @@ def _times(chain: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode:
     else:
         def run(t):
             return checkpoint(chain, t, use_reentrant=False, context_fn=_sac_context)
-    return _cpu_seconds(lambda: run(x), sync, plan), _cpu_seconds(lambda: run(x).sum().backward(), sync, plan)
+    return (_host_seconds(lambda: run(x), x.device, sync, plan),
+            _host_seconds(lambda: run(x).sum().backward(), x.device, sync, plan))
 
 
-def _cpu_seconds(fn: Callable[[], object], sync: Callable[[], None], plan: MeasurePlan) -> float:
-    """Median CPU seconds of this thread per call of `fn` (host work only, so other processes sharing the cores
-    do not inflate it as they do wall time; on an idle core the two agree)."""
-    return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s, clock=time.thread_time))
+def host_clock(device: torch.device) -> Callable[[], float]:
+    """The clock host work is timed on: this thread's CPU time on CPU ranks (other processes sharing the cores do
+    not inflate it as they do wall time; on an idle core the two agree), wall time on GPUs, where a backward's
+    host work runs on the autograd engine's device thread (tiny kernels: the device never holds the host up)."""
+    return time.thread_time if device.type == "cpu" else time.perf_counter
+
+
+def _host_seconds(fn: Callable[[], object], device: torch.device, sync: Callable[[], None],
+                  plan: MeasurePlan) -> float:
+    """Expected host seconds per call of `fn` on `host_clock`."""
+    return expected(time_calls(fn, sync, plan.warmup, plan.repeats, plan.budget_s, clock=host_clock(device)))
 
 
 def checkpoint_overheads(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> dict[str, float]:
@@ -169,24 +178,25 @@ def _call_overheads(device: torch.device, sync: Callable[[], None], plan: Measur
         for _ in range(max(plan.warmup, 1)):
             run(x).sum().backward()
     sync()
-    # the three interleaved, CPU time of this thread: each difference comes from runs moments apart
+    # the three interleaved, on the host clock: each difference comes from runs moments apart
+    clock = host_clock(device)
     fwd: dict[str, list[float]] = {n: [] for n in variants}
     bwd: dict[str, list[float]] = {n: [] for n in variants}
     start = time.perf_counter()
     while len(fwd["plain"]) < 3 * plan.repeats and (len(fwd["plain"]) < 3 or
                                                      time.perf_counter() - start < 3 * plan.budget_s):
         for name, run in variants.items():
-            t0 = time.thread_time()
+            t0 = clock()
             out = run(x).sum()
-            t1 = time.thread_time()
+            t1 = clock()
             out.backward()
             sync()
             fwd[name].append(t1 - t0)
-            bwd[name].append(time.thread_time() - t1)
+            bwd[name].append(clock() - t1)
     seen[0] = 0
     variants["mode"](x)
     q = torch.ones(1, 2, 4, 4, device=device, requires_grad=True)
-    sdpa_f = _cpu_seconds(lambda: sdpa(q, q, q, is_causal=True), sync, plan)
+    sdpa_f = _host_seconds(lambda: sdpa(q, q, q, is_causal=True), device, sync, plan)
     f0, fm, fr = (statistics.median(fwd[n]) for n in variants)
     bm, br = statistics.median(bwd["mode"]), statistics.median(bwd["rerun"])
     return {"checkpoint_call_forward": max(fr - fm, 0.0), "checkpoint_call_backward": max(br - bm - sdpa_f, 0.0),
@@ -194,9 +204,9 @@ def _call_overheads(device: torch.device, sync: Callable[[], None], plan: Measur
 
 
 def mesh_slice_seconds(device: torch.device, sync: Callable[[], None], plan: MeasurePlan) -> float:
-    """CPU seconds of `mesh["dp"].get_local_rank()` on a (pp, dp, tp) = (1, world, 1) DeviceMesh named as the
+    """Host seconds of `mesh["dp"].get_local_rank()` on a (pp, dp, tp) = (1, world, 1) DeviceMesh named as the
     executor names its mesh (every rank must call this: building the mesh creates process groups)."""
     from torch.distributed.device_mesh import init_device_mesh
     import torch.distributed as dist
     mesh = init_device_mesh(device.type, (1, dist.get_world_size(), 1), mesh_dim_names=("pp", "dp", "tp"))
-    return _cpu_seconds(lambda: mesh["dp"].get_local_rank(), sync, plan)
+    return _host_seconds(lambda: mesh["dp"].get_local_rank(), device, sync, plan)

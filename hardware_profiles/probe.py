@@ -136,8 +136,8 @@ def _overheads(device: Any, sync: Callable[[], None], plan: Any, world: int) -> 
     from hardware_profiles import measure_overheads as O
     from hardware_profiles.measure_recompute import checkpoint_overheads, mesh_slice_seconds
     mesh = init_device_mesh(device.type, (world,))
-    # checkpointing's host cost (CPU time, so the same work on any device; on GPUs the cost model sets it against
-    # the backward's kernels)
+    # checkpointing's host cost (measure_recompute.host_clock; on GPUs the cost model sets it against the backward's
+    # kernels)
     ckpt = checkpoint_overheads(device, sync, plan)
     local = ({**O.op_overheads(device, sync, plan, mesh), **O.ddp_overheads(device, sync, plan), **ckpt,
               "mesh_slice": mesh_slice_seconds(device, sync, plan)}, O.kernel_costs(device, sync, plan))
@@ -458,7 +458,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "16 tiny ops beyond the same chain plain (backward: beyond one plain re-run too); function_mode_op / "
              "checkpoint_call_*: per call of a tiny GPT block's forward under recompute=attention's function mode, "
              "and its SDPA call's re-run in backward (beyond the block under the mode alone); mesh_slice: one "
-             "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (both in CPU time). linear_* / "
+             "mesh['dp'].get_local_rank() on a (pp, dp, tp) DeviceMesh (host time: CPU time on CPU ranks, wall "
+             "time on GPUs, where the autograd engine's own thread runs the backward). linear_* / "
              "dtensor_linear_*: a chain of tiny F.linear calls on a 2-D input, *_nd_* on a (1, 2, 2) one (a "
              "model's (batch, sequence, features): F.linear flattens and restores the leading dims).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "

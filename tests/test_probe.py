@@ -225,3 +225,16 @@ def test_a_probed_gpu_keeps_the_presets_memory_reserve(monkeypatch):
         facts = probe._device_facts(True, 0, 8)
         assert facts["memory_bytes"] == total and facts["usable_fraction"] == pytest.approx(usable, abs=1e-9)
     assert probe.GPU_USABLE_CAP == load_cluster("hgx-h200").device.usable_memory_fraction
+
+
+def test_checkpoint_host_costs_are_timed_where_the_backward_runs():
+    # a CUDA backward runs on the autograd engine's device thread: the calling thread's CPU time never sees it (the
+    # H200 profile of 2026-11-27 read 0 for checkpoint_call_backward and sac_linear_backward that way), so GPUs time
+    # the host in wall time; CPU ranks run the backward on the calling thread and keep its CPU time
+    import time
+
+    import torch
+
+    from hardware_profiles.measure_recompute import host_clock
+    assert host_clock(torch.device("cpu")) is time.thread_time
+    assert host_clock(torch.device("cuda", 0)) is time.perf_counter
