@@ -90,6 +90,16 @@ class CostModel:
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes, grads)
         return self.compute.op_parts(op.kind, work, precision)
 
+    def reshard_wait(self, tp: int) -> float:
+        """Seconds each blocking tp collective waits for its ranks to line up, for a re-sharding priced on its own
+        (the placement ILP): the profile's `sync_wait` after its shortest measured compute (a few ops' worth; the
+        compute between two collectives is not known before the layout is). The step prediction charges the wait
+        after each pass's own compute between collectives (`LayerCoster`). 0 where not measured (GPUs)."""
+        pts = self.cluster.device.sync_wait
+        if tp <= 1 or not pts:
+            return 0.0
+        return self.comm.sync_wait(self.tp_group(tp), pts[0][0])
+
     def reshard_time(self, meta: TensorMeta, src: str, dst: str, tp: int, microbatch_size: int, precision: str,
                      *, consumer_partial_grad: bool = False, traced_batch_size: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds to move one activation from placement `src` (producer's output) to `dst`

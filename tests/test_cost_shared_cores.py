@@ -124,6 +124,15 @@ def test_sync_wait_interpolates_from_zero_and_holds_beyond():
     assert CommModel(cluster(per_node=2)).sync_wait(pair, 10e-3) == 0.0  # not measured (GPUs): none
 
 
+def test_a_resharding_priced_alone_waits_as_after_a_few_ops():
+    # the placement ILP does not know the compute between two collectives before the layout exists: it charges
+    # each the wait after the profile's shortest measured compute; none at tp 1 or where not measured (GPUs)
+    cl = _with(cluster(per_node=2), sync_wait=((0.5e-3, 0.3e-3), (2e-3, 0.7e-3)))
+    assert CostModel(cl).reshard_wait(2) == pytest.approx(0.3e-3)
+    assert CostModel(cl).reshard_wait(1) == 0.0
+    assert CostModel(load_cluster("dgx-h100")).reshard_wait(8) == 0.0
+
+
 def test_every_blocking_collective_waits_for_the_ranks():
     g = megatron_gpt(layers=3)
     base, w = _with(cluster(per_node=2, intra=2e9), comm_shares_compute=True, threads=1), 1e-3

@@ -71,6 +71,31 @@ def test_megatron_mlp_is_the_hand_optimum():
     assert sol.objective == pytest.approx(brute_force(problem).objective)
 
 
+def test_each_collective_pays_the_ranks_wait():
+    """The same MLP on ranks that reach each collective apart (`reshard_wait`, 0.5 s here): Megatron's layout pays
+    its all-reduce's two directions (the fake prices both) and a wait for each, 3.75 + 2 x 0.5 = 4.75 s, so the
+    replicated MLP (4 s, no collective) is cheaper, as the step prediction would rank them."""
+    class Waiting(FakeCostModel):
+        @staticmethod
+        def reshard_wait(tp):
+            return 0.5
+
+    ops = [make_op("in", "elementwise", [], (1, 8, 16))] + mlp_block("b", "in")[:4]
+    cm = Waiting()
+    ctx = CostContext(tp=4, microbatch_size=1, precision="bf16")
+    cands = {op.name: strategies_for(op, 4) for op in ops[1:]}
+    consumer = make_op("out", "elementwise", ["b_proj"], (1, 8, 16))
+    problem = build_problem(ops[1:], cands, cm, ctx, producers={op.name: op for op in ops}, fixed={})
+    from planner.search.ilp import add_fixed_consumers, reshard_cost
+    add_fixed_consumers(problem, ops[1:], [consumer], {"out": strategies_for(consumer, 4)[0]}, cm, ctx)
+    sol = solve(problem)
+    assert [problem.strategies[v][i].strategy for v, i in enumerate(sol.choice)] == ["replicate"] * 4
+    assert sol.objective == pytest.approx(4.0)
+    meta = ops[4].output_meta[0]
+    assert reshard_cost(cm, meta, "P", "R", (4, 1, "bf16")) == pytest.approx(2.0 + 2 * 0.5)
+    assert reshard_cost(cm, meta, "R", "R", (4, 1, "bf16")) == 0.0  # no collective, no wait
+
+
 def test_adding_two_partial_sums_saves_an_all_reduce():
     """Two rowwise Linears (x -> p1, x -> p2) added, feeding a replicated consumer: reading the partial sums
     directly (P + P -> P, a free P -> P edge) pays one P -> R all-reduce after the add (2 s) instead of one per

@@ -2,7 +2,8 @@ r"""Intra-stage placement: an integer program choosing one strategy per op (auto
 
 For a set of ops V (one repeated block, or the ops outside blocks), each op v has candidate strategies S_v
 (`planner.strategies`), and each graph edge e = (u -> v) between ops of V has a re-sharding table
-r_e[i, j] = reshard time (forward + backward) from u's output under strategy i to the layout v's strategy j wants.
+r_e[i, j] = reshard time (forward + backward) from u's output under strategy i to the layout v's strategy j wants,
+each collective with the ranks' wait to line up where the profile measured one (`reshard_cost`).
 
     variables   x[v, i] in {0, 1}                    op v uses strategy i
                 y[e, i, j] in [0, 1]                 edge e joins strategy i at its source with j at its sink
@@ -132,7 +133,7 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
     def reshard(meta: Any, src: str, dst: str) -> float:
         key = (meta, src, dst)
         if key not in reshard_cache:
-            reshard_cache[key] = 0.0 if src == dst else sum(cost_model.reshard_time(meta, src, dst, *args))
+            reshard_cache[key] = 0.0 if src == dst else reshard_cost(cost_model, meta, src, dst, args)
         return reshard_cache[key]
 
     edges: list[tuple[int, int, np.ndarray]] = []
@@ -175,11 +176,21 @@ def add_fixed_consumers(problem: ILPProblem, ops: Sequence[OpNode], consumers: S
             if meta is None:
                 continue
             want = _input(fixed[c.name], k)
-            extra = [0.0 if p.output == want else sum(cost_model.reshard_time(meta, p.output, want, *args))
+            extra = [0.0 if p.output == want else reshard_cost(cost_model, meta, p.output, want, args)
                      for p in problem.strategies[u]]
             problem.compute[u] = problem.compute[u] + np.array(extra)
             problem.exclusions += [(u, i, u, i) for i, p in enumerate(problem.strategies[u])
                                    if partial_mismatch(p.output, want)]
+
+
+def reshard_cost(cost_model: Any, meta: Any, src: str, dst: str, args: tuple) -> float:
+    """Forward + backward seconds of one re-sharding as the ILP prices an edge: the collectives (`reshard_time`)
+    and, for each, the ranks' wait to line up (`reshard_wait`), which the step prediction charges every blocking
+    collective on ranks sharing a host's cores. Without it the ILP took collectives for cheaper than the prediction
+    does and could pick a layout with more of them that the prediction itself ranks slower."""
+    f, b = cost_model.reshard_time(meta, src, dst, *args)
+    wait = cost_model.reshard_wait(args[0])
+    return f + b + wait * ((f > 0) + (b > 0))
 
 
 def partial_mismatch(have: str, want: str) -> bool:
