@@ -131,6 +131,7 @@ def gemm_plan(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> tuple[flo
         return flops / (peak * e), 1, e
     base = mm.unaligned_efficiency if mm.unaligned_efficiency is not None and not aligned(g, precision) \
         else mm.best_efficiency
+    fixup = memory_time(device, b * m * n * (SPLIT_K_FIXUP_BYTES + PRECISION_BYTES[precision]))  # s > 1 only
     best: tuple[float, int, float] | None = None
     for tile in mm.tiles:
         for t in (tile, tile[::-1]):
@@ -139,9 +140,7 @@ def gemm_plan(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> tuple[flo
             for s in range(1, most + 1):
                 depth = (k / s) / (k / s + mm.k_overhead)
                 e = base * quantization(b, m, n, t, device.sms, splits=s) * depth
-                fixup = memory_time(device, b * m * n * (SPLIT_K_FIXUP_BYTES + PRECISION_BYTES[precision])) \
-                    if s > 1 else 0.0
-                seconds = flops / (peak * e) + fixup
+                seconds = flops / (peak * e) + (fixup if s > 1 else 0.0)
                 if best is None or seconds < best[0]:
                     best = (seconds, s, e)
     return best
