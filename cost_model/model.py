@@ -65,14 +65,23 @@ class CostModel:
         it is priced as the step prediction prices it: autocast's per-tensor dtypes and casts (parameters held in
         fp32, as DDP and plain autocast hold them) and only the input gradients the graph needs
         (`cost_model.layers.input_grads`)."""
-        dtypes = grads = None
-        if graph is not None:
-            dtypes = autocast_dtypes(graph, precision, "fp32").get(op.name)
-            grads = input_grads(graph).get(op.name)
         kernel_f, kernel_b, host_f, host_b = self.op_parts(op, placement, tp, microbatch_size, precision,
                                                            traced_batch_size=traced_batch_size, dtensor=dtensor,
-                                                           dtypes=dtypes, grads=grads)
+                                                           graph=graph)
         return self.compute.combine(kernel_f, host_f), self.compute.combine(kernel_b, host_b)
+
+    @property
+    def async_host(self) -> bool:
+        """Whether host dispatch runs ahead of the kernels (GPUs): a layer then costs max(kernels, host) per pass,
+        else their sum (`ComputeModel.combine`)."""
+        return bool(self.cluster.device.async_host)
+
+    @property
+    def local_call_host(self) -> tuple[float, float]:
+        """(forward, backward) host seconds of one call of a module that tensor parallelism leaves wholly
+        replicated (executor.tp runs it on plain tensors, unwrapping its inputs and rewrapping its outputs)."""
+        ov = self.cluster.device.op_overhead
+        return ov.dtensor_local_call_forward, ov.dtensor_local_call_backward
 
     def recompute_stop(self, graph: OpGraph, layer) -> int:
         """Position in `layer.ops` of the last op a checkpointed re-run of the layer executes (torch checkpoint's
@@ -80,12 +89,15 @@ class CostModel:
         return recompute_stop(graph, layer)
 
     def op_parts(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
-                 *, traced_batch_size: int = 1, dtensor: bool | None = None, dtypes=None, grads=None
-                 ) -> tuple[float, float, float, float]:
+                 *, traced_batch_size: int = 1, dtensor: bool | None = None, dtypes=None, grads=None,
+                 graph: OpGraph | None = None) -> tuple[float, float, float, float]:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
         `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums). `dtypes`: the op's
         `cost_model.dtypes.OpDtypes` (each tensor's precision under autocast, and its casts); `grads`: which of
-        its inputs need a gradient (`cost_model.layers.input_grads`)."""
+        its inputs need a gradient (`cost_model.layers.input_grads`); both come from `graph` when it is given."""
+        if graph is not None:
+            dtypes = autocast_dtypes(graph, precision, "fp32").get(op.name)
+            grads = input_grads(graph).get(op.name)
         precision = op_precision(op.kind, precision)
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes, grads)
         return self.compute.op_parts(op.kind, work, precision)

@@ -110,15 +110,16 @@ def test_the_ilp_prices_an_op_as_the_step_prediction_does():
     dts, grads = autocast_dtypes(g, "bf16", "fp32"), input_grads(g)
     for op in g.ops:  # the step's per-op price: autocast's dtypes and casts, the gradients the graph needs
         kf, kb, hf, hb = cm.op_parts(op, None, 1, 8, "bf16", dtypes=dts.get(op.name), grads=grads.get(op.name))
+        assert cm.op_parts(op, None, 1, 8, "bf16", graph=g) == pytest.approx((kf, kb, hf, hb))
         want = (cm.compute.combine(kf, hf), cm.compute.combine(kb, hb))
         assert cm.op_time(op, None, 1, 8, "bf16", graph=g) == pytest.approx(want)
     lin = next(o for o in g.ops if o.kind == "linear")
     assert sum(cm.op_time(lin, None, 1, 8, "bf16", graph=g)) > sum(cm.op_time(lin, None, 1, 8, "bf16"))  # casts
 
     class Recording(CostModel):
-        def op_time(self, *args, graph=None, **kwargs):
+        def op_parts(self, *args, graph=None, **kwargs):
             seen.add(graph)
-            return super().op_time(*args, graph=graph, **kwargs)
+            return super().op_parts(*args, graph=graph, **kwargs)
 
     seen: set = set()
     PlacementSolver(g, Recording(load_cluster("dgx-h100"))).solve(2, 8, "bf16")

@@ -233,7 +233,7 @@ def test_the_model_as_written_runs_under_tp(const_heads, tmp_path, capsys):
     assert "dry run: ok" in capsys.readouterr().out
 
 
-def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_path, capsys):
+def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_path, capsys, every_linear_sharded):
     from planner.cli import main
     out = _edited_plan(const_heads, tmp_path)
     capsys.readouterr()
@@ -319,7 +319,7 @@ def _dry_runs_and_trains_as_one_process(plan, path: str, tmp_path) -> None:
     assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
 
 
-def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path):
+def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path, every_linear_sharded):
     """The plan the dry run refuses fails the same way under torchrun on 2 gloo ranks."""
     import subprocess
     import sys
@@ -382,7 +382,8 @@ def _tp_fails(monkeypatch):
     monkeypatch.setattr(tp_mod, "apply_tp", refuse)
 
 
-def test_plans_name_the_export_graph_and_fx_is_the_fallback(const_heads, tmp_path, capsys, monkeypatch):
+def test_plans_name_the_export_graph_and_fx_is_the_fallback(const_heads, tmp_path, capsys, monkeypatch,
+                                                         every_linear_sharded):
     """plan.json says which graph its ops name: torch.export's by default; torch.fx's where export fails, and the
     executor then runs the fx graph, each op placed (an edited q_proj is caught at its fx name)."""
     from planner import trace

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from planner.plan import OpPlacement
-from planner.search.ilp import CostContext, ILPError, ILPProblem, brute_force, build_problem, solve
+from planner.search.ilp import CostContext, ILPError, ILPProblem, LayerTimes, brute_force, build_problem, solve
 from planner.search.placement import PlacementSolver
 from planner.strategies import map_dim, placement_name, strategies_for
 from test_search_fakes import FakeCostModel, make_op, mlp_block, tied_gpt, tiny_gpt
@@ -39,6 +39,76 @@ def test_ilp_equals_brute_force_on_random_problems(seed):
     assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
     if problem.budget is not None:
         assert ilp.memory <= problem.budget + 1e-6
+
+
+MODULES = ("b", "b.attn", "b.attn.q", "b.attn", "b.mlp", "b.mlp.fc", "")
+
+
+def with_layer_times(rng: np.random.Generator, problem: ILPProblem, overlap: bool) -> ILPProblem:
+    """`problem` with random per-layer kernels and host dispatch, DTensor extras on its replicated strategies (s0)
+    and local-call costs over nested module paths."""
+    n = len(problem.names)
+    problem.strategies = [[_p("replicate")] + [_p(f"s{i}") for i in range(1, len(s))] for s in problem.strategies]
+    parts = [rng.uniform(0, 3, size=(len(s), 4)) for s in problem.strategies]
+    extra = [np.array([rng.uniform(0, 2, size=4) if i == 0 else np.zeros(4) for i in range(len(s))])
+             for s in problem.strategies]
+    cut = int(rng.integers(1, n))
+    problem.times = LayerTimes(parts, extra, [MODULES[v % len(MODULES)] for v in range(n)],
+                               [list(range(cut)), list(range(cut, n))], overlap=overlap,
+                               local_call=tuple(rng.uniform(0, 1, size=2)),
+                               fixed_on=frozenset({"b.mlp"}) if rng.uniform() < 0.3 else frozenset())
+    return problem
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_layer_times_equal_brute_force_on_random_problems(seed):
+    """Kernels and host combined per layer (their max per pass where the host runs ahead, their sum else), DTensor
+    dispatch by module and local calls: the solver's linearisation gives brute force's optimum."""
+    rng = np.random.default_rng(100 + seed)
+    problem = with_layer_times(rng, random_problem(rng, n_ops=7, budget_frac=[None, 0.5][seed % 2]),
+                               overlap=seed % 3 != 0)
+    ilp, ref = solve(problem), brute_force(problem)
+    assert ilp.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-9)
+    assert problem.objective(ilp.choice) == pytest.approx(ilp.objective)
+
+
+def test_a_host_bound_layer_costs_its_host_time():
+    """Two ops whose sharded strategy cuts the kernels from 4 to 1 s but raises host dispatch from 1 to 4 s. Where
+    the host runs ahead of the kernels a layer costs max(kernels, host): sharding one op gives max(5, 5) = 5 s,
+    both max(2, 8) = 8 s, none max(8, 2) = 8 s, so the ILP shards one. Summed per op, as the ILP once priced it, all
+    three cost 8 s; on one timeline (CPU ranks: kernels + host) all three cost 10 s."""
+    strategies = [[_p("replicate"), _p("colwise")] for _ in range(2)]
+    parts = [np.array([[4.0, 0, 1.0, 0], [1.0, 0, 4.0, 0]]) for _ in range(2)]
+    none = [np.zeros((2, 4)) for _ in range(2)]
+
+    def problem(overlap):
+        return ILPProblem(names=["a", "b"], strategies=strategies, compute=[np.zeros(2), np.zeros(2)],
+                          memory=[np.zeros(2), np.zeros(2)],
+                          times=LayerTimes(parts, none, ["m.a", "m.b"], [[0, 1]], overlap=overlap))
+    gpu = problem(True)
+    assert [gpu.objective(c) for c in ((0, 0), (0, 1), (1, 0), (1, 1))] == [8.0, 5.0, 5.0, 8.0]
+    sol = solve(gpu)
+    assert sol.objective == 5.0 and sorted(sol.choice) == [0, 1]
+    cpu = problem(False)
+    assert {cpu.objective(c) for c in ((0, 0), (0, 1), (1, 1))} == {10.0}
+
+
+def test_replicated_ops_of_a_placed_module_pay_dtensor_dispatch():
+    """An op of module `m` left replicated dispatches as a DTensor op (+1 s) once another op of `m`, or of a module
+    under it, is placed; one of an unplaced module nested in a placed one pays a local call instead (0.25 s), as
+    `cost_model.layers` prices them."""
+    strategies = [[_p("replicate"), _p("colwise")], [_p("replicate")], [_p("replicate")]]
+    parts = [np.array([[1.0, 0, 0, 0], [0.5, 0, 0, 0]]), np.array([[1.0, 0, 0, 0]]), np.array([[1.0, 0, 0, 0]])]
+    extra = [np.array([[0, 0, 1.0, 0], [0, 0, 0, 0]]), np.array([[0, 0, 1.0, 0]]), np.array([[0, 0, 1.0, 0]])]
+    problem = ILPProblem(names=["lin", "act", "other"], strategies=strategies,
+                         compute=[np.zeros(n) for n in (2, 1, 1)], memory=[np.zeros(n) for n in (2, 1, 1)],
+                         times=LayerTimes(parts, extra, ["m.lin", "m", "m.other"], [[0, 1, 2]],
+                                          local_call=(0.25, 0.0)))
+    # replicated: nothing on DTensors; the outermost unplaced module m is one local call
+    assert problem.objective((0, 0, 0)) == pytest.approx(3.0 + 0.25)
+    # lin placed: m and m.lin on DTensors, act pays the DTensor extra, m.other is a local call
+    assert problem.objective((1, 0, 0)) == pytest.approx(2.5 + 1.0 + 0.25)
+    assert solve(problem).objective == pytest.approx(3.25)
 
 
 def test_infeasible_budget_raises():
@@ -389,3 +459,60 @@ def test_a_traced_parallel_block_sums_its_partial_sums_before_reducing():
         assert {result.ops[s].strategy for s in op.inputs} == {"rowwise"}
         r = propagate(op, p.inputs, p.params, 2)
         assert r.runs_as_placed and r.output == "P"
+
+
+def _qkv(norm_strategy: str):
+    """A norm read by three column-parallel linears (q, k, v), the norm's strategy fixed to `norm_strategy`."""
+    x = make_op("x", "elementwise", [], (1, 8, 16))
+    n = make_op("n", "norm", ["x"], (1, 8, 16), [("n.weight", (16,))], module="n")
+    lins = [make_op(q, "linear", ["n"], (1, 8, 16), [(f"{q}.weight", (16, 16))], in_shapes=[(1, 8, 16)], module=q)
+            for q in ("q", "k", "v")]
+    cands = {"n": [p for p in strategies_for(n, 2) if p.strategy == norm_strategy],
+             **{op.name: [p for p in strategies_for(op, 2) if p.strategy == "colwise"] for op in lins}}
+    return x, n, lins, cands
+
+
+@pytest.mark.parametrize("norm, shared", [("sequence", 1.0 + 0.5), ("replicate", 0.5)])
+def test_linears_reading_one_tensor_share_its_redistribution(norm, shared):
+    """q, k and v read the norm's output column-parallel: the executor redistributes it once for the three and
+    reduces its input gradient once (Megatron's f), as the step prediction prices them, so the ILP pays one S -> R
+    (1 s in the fake for these 128 elements) and one reduction (0.5 s), not three of each; from a replicated norm
+    only the reduction."""
+    x, n, lins, cands = _qkv(norm)
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    problem = build_problem([n, *lins], cands, FakeCostModel(partial_reduce=0.5), ctx,
+                            producers={o.name: o for o in (x, n, *lins)}, fixed={})
+    sol = solve(problem)
+    compute = problem.times.seconds(sol.choice, problem.strategies)
+    assert sol.objective - compute == pytest.approx(shared)
+    assert sol.objective == pytest.approx(brute_force(problem).objective)
+
+
+def test_fixed_linear_readers_share_one_redistribution():
+    """The same three linears already placed outside the problem: their reads are folded into the norm's cost once."""
+    from planner.search.ilp import add_fixed_consumers
+    x, n, lins, cands = _qkv("sequence")
+    ctx = CostContext(tp=2, microbatch_size=1, precision="bf16")
+    cm = FakeCostModel(partial_reduce=0.5)
+    problem = build_problem([n], {"n": cands["n"]}, cm, ctx, producers={o.name: o for o in (x, n)}, fixed={})
+    before = problem.compute[0].copy()
+    add_fixed_consumers(problem, [n], lins, {op.name: cands[op.name][0] for op in lins}, cm, ctx)
+    assert problem.compute[0] - before == pytest.approx([1.0 + 0.5])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_reads_solve_to_the_brute_force_optimum(seed):
+    from planner.search.ilp import SharedRead
+    rng = np.random.default_rng(100 + seed)
+    problem = random_problem(rng, n_ops=6, budget_frac=None)
+    sizes = [len(s) for s in problem.strategies]
+    for _ in range(3):
+        e = int(rng.integers(len(problem.edges)))
+        u, v, _ = problem.edges[e]
+        others = [(k, w) for k, (uu, w, _) in enumerate(problem.edges) if uu == u and w != v]
+        members = [(v, int(rng.integers(sizes[v])), e)] + [(w, int(rng.integers(sizes[w])), k) for k, w in others]
+        fixed_source = bool(rng.integers(2))
+        n = 1 if fixed_source else sizes[u]
+        problem.shared.append(SharedRead(None if fixed_source else u, members, members[:1],
+                                         rng.uniform(0, 5, size=n), rng.uniform(0, 5, size=n)))
+    assert solve(problem).objective == pytest.approx(brute_force(problem).objective, rel=1e-9, abs=1e-9)

@@ -110,6 +110,8 @@ class FakeCostModel:
     """Links and memory predict uses (fake_cluster() when None)."""
     default_time: float = 1.0
     """Seconds per sample of ops missing from `times`."""
+    partial_reduce: float = 0.0
+    """Seconds per 128 elements per sample of a column-parallel reader's input-gradient reduction (Megatron's f)."""
     calls: dict = field(default_factory=lambda: {"predict": 0})
 
     def op_time(self, op, placement, tp, microbatch_size, precision, graph=None):
@@ -119,9 +121,12 @@ class FakeCostModel:
         t *= microbatch_size
         return (t / 3, 2 * t / 3)
 
-    def op_parts(self, op, placement, tp, microbatch_size, precision):
+    def op_parts(self, op, placement, tp, microbatch_size, precision, graph=None, dtensor=None):
         """`op_time` as kernels, with no host dispatch (`compute.combine` adds them)."""
         return (*self.op_time(op, placement, tp, microbatch_size, precision), 0.0, 0.0)
+
+    async_host = False
+    local_call_host = (0.0, 0.0)
 
     @property
     def compute(self):
@@ -135,11 +140,14 @@ class FakeCostModel:
     def reshard_wait(tp):
         return 0.0
 
-    def reshard_time(self, meta, src, dst, tp, microbatch_size, precision):
-        if src == dst:
-            return (0.0, 0.0)
-        t = self.reshard[(_kind(src), _kind(dst))] * meta.numel / 128 * microbatch_size
-        return (t / 2, t / 2)
+    def reshard_time(self, meta, src, dst, tp, microbatch_size, precision, consumer_partial_grad=False):
+        f = b = 0.0
+        if src != dst:
+            t = self.reshard[(_kind(src), _kind(dst))] * meta.numel / 128 * microbatch_size
+            f, b = t / 2, t / 2
+        if consumer_partial_grad and _kind(dst) == "R":
+            b += self.partial_reduce * meta.numel / 128 * microbatch_size
+        return (f, b)
 
     def op_memory(self, op, placement, tp, microbatch_size, precision):
         params = 0

@@ -51,6 +51,7 @@ class PlacementSolver:
             bt: [by_name[n] for n in names if n in by_name] for bt, names in self.graph.block_types.items()}
         in_block = {i for layer in layers if layer.block_type is not None for i in layer.ops}
         self.rest = [self.graph.ops[i] for i in range(len(self.graph.ops)) if i not in in_block]
+        self.rest_layers = [[self.graph.ops[i].name for i in layer.ops] for layer in layers if layer.block_type is None]
         self.tp_modules = graph_tp_modules(self.graph)  # the parameter-holding modules (walks every op: once)
         self.refused_rowwise = partial_refusals(self.graph)
         """`planner.shard_flow.partial_refusals`: Linears never offered rowwise (any tp)."""
@@ -183,7 +184,8 @@ class PlacementSolver:
             return self._cache[key]
         ops = self.rest
         problem = build_problem(ops, self._candidates(ops, ctx.tp, choice), self.cost_model, ctx,
-                                producers=_Producers(self.graph), fixed=fixed, graph=self.graph)
+                                producers=_Producers(self.graph), fixed=fixed, graph=self.graph,
+                                layers=self.rest_layers)
         exclude_split_ties(problem, ops, {op.name: (op, fixed[op.name]) for op in self.graph.ops if op.name in fixed
                                           and op.params})
         rest_names = {op.name for op in ops}
