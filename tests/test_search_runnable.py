@@ -108,7 +108,7 @@ def test_an_all_replicated_tp_is_skipped_unless_forced():
     tp=2 groups' compute bound below tp=1's, so they are visited)."""
     search, res = _search({"dp": 1})
     assert all(s.plan.mesh.tp == 1 for s in res.ranked)
-    assert "tp=2: the placement ILP found no op worth sharding at tp=2 on this cluster" in " ".join(res.notes)
+    assert "tp=2: the placement ILP found no weight worth sharding at tp=2 on this cluster" in " ".join(res.notes)
     assert search.placer.solve(2, 1, "bf16", False).ops == {}
     search, res = _search({"tp": 2, "sp": 0})
     assert res.ranked and all(s.plan.mesh.tp == 2 for s in res.ranked)
@@ -259,5 +259,28 @@ def test_a_search_skips_an_all_replicated_tp_with_a_note(tmp_path, capsys):
     plan, report = _plan(tmp_path, _small_gpt(tmp_path), None, capsys)
     assert plan.mesh.tp == 1
     notes = " ".join(report["notes"])
-    assert "the placement ILP found no op worth sharding at tp=2 on this cluster" in notes
+    assert "the placement ILP found no weight worth sharding at tp=2 on this cluster" in notes
     assert "Megatron" not in notes
+
+
+def test_a_layout_that_shards_no_weight_counts_as_sharding_nothing():
+    """The executor refuses a tp plan that places no parameter, so activations alone (sequence-parallel norms, a
+    root-level elementwise op split) are not a tp layout: the search treats it as sharding nothing."""
+    from planner.plan import OpPlacement
+    from planner.search.outer import _shards_nothing
+    from planner.search.placement import PlacementResult
+    seq = OpPlacement(strategy="sequence", inputs=("S(1)",), output="S(1)", params=("R",))
+    split = OpPlacement(strategy="shard", inputs=("S(2)",), output="S(2)")
+    col = OpPlacement(strategy="colwise", inputs=("R",), output="S(2)", params=("S(0)", "S(0)"))
+    assert _shards_nothing(PlacementResult(ops={"n": seq, "x": split}, sequence_parallel=True))
+    assert not _shards_nothing(PlacementResult(ops={"n": seq, "fc": col}, sequence_parallel=True))
+
+
+def test_forced_sp_on_hf_llama_plans_a_runnable_layout(tmp_path, capsys):
+    """transformers' Llama at --force tp=2,sp=1 on 2 CPU ranks: the ILP's free answer split only activations (a
+    root-level op and the sequence-parallel norms), which the executor refuses; it is solved again with a Linear of
+    every block sharded, and the plan passes the dry run."""
+    pytest.importorskip("transformers")
+    plan, report = _plan(tmp_path, os.path.join(EXAMPLES, "hf_llama.py"), "tp=2,sp=1", capsys)
+    assert plan.mesh.tp == 2 and plan.parameters
+    assert any("solved again with at least one Linear of every block" in n for n in report["notes"])

@@ -355,8 +355,8 @@ class OuterSearch:
         skipped here (one note per tp and reason says why, naming the first group it happened in):
 
         - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
-        - at tp > 1 it shards no op beyond what sequence parallelism forces (tp ranks would duplicate the work):
-          skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
+        - at tp > 1 it shards no weight (tp ranks would duplicate the linears' work, and the executor refuses a tp
+          plan that places no parameter over tp): skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
           at least one Linear of every block sharded (`PlacementSolver.solve`'s `shard_a_linear`: the cheapest
           layout in which the tp ranks split some work; the ILP picks which Linears, how, and everything between)."""
         if tp <= 1:
@@ -368,10 +368,10 @@ class OuterSearch:
             if res is not None and _shards_nothing(res):
                 forced = f"tp={tp}" if "tp" in self.forced else "sp=1" if self.forced.get("sp") else ""
                 if not forced:
-                    self._note(("idle", tp), f"tp={tp}: the placement ILP found no op worth sharding at tp={tp} on "
+                    self._note(("idle", tp), f"tp={tp}: the placement ILP found no weight worth sharding at tp={tp} on "
                                              f"this cluster (first seen at {at}); skipped")
                     return None
-                self._note(("forced", tp), f"tp={tp}: the placement ILP found no op worth sharding (first seen at "
+                self._note(("forced", tp), f"tp={tp}: the placement ILP found no weight worth sharding (first seen at "
                                            f"{at}), but {forced} is forced: solved again with at least one Linear "
                                            "of every block sharded (the cheapest such layout: the ILP picks which "
                                            "Linears, colwise or rowwise, and the layout between)")
@@ -548,6 +548,7 @@ def with_prediction(plan: Plan, prediction: Any) -> Plan:
 
 
 def _shards_nothing(placement: PlacementResult) -> bool:
-    """Whether the placements shard no op beyond the `sequence` norms and elementwise ops sequence parallelism
-    forces: every Linear, attention and matmul replicated, so tp ranks would duplicate that work."""
-    return all(p.strategy == "sequence" for p in placement.ops.values())
+    """Whether the placements shard no parameter: every Linear replicated, so tp ranks would duplicate its work,
+    whatever activations (sequence-parallel norms, a root-level elementwise op) they split; executor.runner refuses
+    such a plan ("places no parameter over it")."""
+    return not any(s.startswith("S") for p in placement.ops.values() for s in p.params)
