@@ -423,8 +423,19 @@ def run_generated(root: nn.Module, where: Callable[[str], bool] = lambda path: T
     for path, m in root.named_modules():
         if where(path) and isinstance(getattr(m, "graph_module", None), torch.fx.GraphModule) \
                 and m.graph_module.graph is m.graph:
+            _drop_assertions(m.graph)
             m.graph_module.recompile()
             m._run_with_interpreter = False
+
+
+def _drop_assertions(graph: torch.fx.Graph) -> None:
+    """Erase export's own metadata assertions (`aten._assert_tensor_metadata` and the like, no users): they pin
+    the dtypes the trace saw, where a `.to(dtype)` was a no-op (transformers' RMSNorm upcasting an input that was
+    already fp32), and fail on the bf16 activations of FSDP2's bf16 parameters; no op of the plan, no DTensor
+    rule."""
+    for n in list(graph.nodes):
+        if n.op == "call_function" and not n.users and str(n.target).startswith("aten._assert"):
+            graph.erase_node(n)
 
 
 def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: DeviceMesh,
@@ -448,9 +459,7 @@ def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: 
     # a plain-tensor subtree, and (pipelining) a module outside the blocks, which follows DTensor's propagation
     run_generated(root, lambda path: under(path, local) or (within is not None and not under(path, within)))
     for path, m in modules:
-        for n in list(m.graph.nodes):
-            if n.op == "call_function" and not n.users and str(n.target).startswith("aten._assert"):
-                m.graph.erase_node(n)  # export's own dtype/shape assertions: no op of the plan, no DTensor rule
+        _drop_assertions(m.graph)
         specs = {n: (whole[n.name], plan.ops.get(n.name)) for n in m.graph.nodes
                  if n.op == "call_function" and n.name in whole and _makes_tensors(whole[n.name])}
         if specs:
