@@ -453,6 +453,10 @@ def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: 
     seen = {n.name for _, m in modules for n in m.graph.nodes if n.op in _CALLS}
     missing = [name for name in _absent(plan, seen) if not under(plan.ops[name].module, local)
                and (within is None or under(plan.ops[name].module, within))]
+    # a module called twice (ResNet's shared ReLU) keeps one graph, its first call's: a later call's op runs as
+    # placed when the plan places it as that first call's op of the same module
+    shared = {plan.ops[name] for name in seen if name in plan.ops}
+    missing = [name for name in missing if plan.ops[name] not in shared]
     if missing:  # unflattening dropped or renamed it: nothing would place that op
         raise ExecutorError(f"op {missing[0]} of the plan is in the model's torch.export graph but not in its "
                             "unflattened modules (torch.export.unflatten), so it cannot run as placed; report it")

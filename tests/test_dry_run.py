@@ -760,3 +760,19 @@ def test_export_assertions_do_not_pin_the_traced_dtypes(tmp_path, capsys):
     assert main(args) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
     assert not any("failed the dry run" in n for n in report["notes"]), report["notes"]
+
+
+def test_a_module_called_twice_runs_its_later_calls_as_placed(tmp_path, capsys):
+    """ResNet's blocks call one ReLU twice; torch.export.unflatten keeps one graph for it, its first call's, so the
+    second call's op is not in the unflattened modules. Placed as the first call's op (both sequence-sharded under
+    sp), it runs as that op does: the best plan passes the dry run (it used to fail, and a lesser candidate was
+    written)."""
+    from planner.cli import main
+    out = tmp_path / "tp.json"
+    args = [os.path.join(EXAMPLES, "resnet.py"), "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32",
+            "--force", "tp=2,sp=1", "-o", str(out), "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    assert not any("failed the dry run" in n for n in report["notes"]), report["notes"]
+    ops = json.loads(out.read_text())["ops"]
+    assert {n for n, o in ops.items() if o["module"] == "layer1.0.relu"} == {"relu__1", "relu__2"}
