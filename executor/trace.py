@@ -28,10 +28,11 @@ GROUP_SPAN = "shardwise group"
 """Prefix of the marker span that names a process group's threads."""
 MARKS_PER_GROUP = 4
 """Marker all-reduces per group: issued together, so each of a gloo group's worker threads (2 by default) runs one."""
-MARK_ELEMS = 2**16
-"""Elements of each marker all-reduce: 256 KiB of fp32, a fraction of a millisecond on gloo, so that a worker thread
-busy with one leaves the next to another thread (tiny ones were once all taken by one thread on a loaded machine,
-leaving the other thread's collectives unattributed)."""
+MARK_ELEMS = 2**18
+"""Elements of each marker all-reduce: 1 MiB of fp32, about 1-3 ms on gloo between local ranks, so that a worker
+thread busy with one leaves the next to another thread, which has long woken up by then (tiny ones were once all
+taken by one thread on a loaded machine, and 256 KiB ones once in a CI run of the test suite, leaving the other
+thread's collectives unattributed)."""
 MEASURED_PID = 100
 """Measured rank r is process MEASURED_PID + r in the merged compare.json (predicted pipeline ranks are 0..pp-1)."""
 
