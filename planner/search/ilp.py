@@ -119,12 +119,7 @@ class LayerTimes:
 
     def prefixes(self, layer: Sequence[int]) -> list[str]:
         """Every module path that is one of the layer's ops' paths or an ancestor of one (root excluded)."""
-        out: dict[str, None] = {}
-        for v in layer:
-            parts = self.modules[v].split(".") if self.modules[v] else []
-            for k in range(1, len(parts) + 1):
-                out[".".join(parts[:k])] = None
-        return list(out)
+        return list(dict.fromkeys(a for v in layer for a in _ancestors(self.modules[v])))
 
     def members(self, path: str, strategies: list[list[OpPlacement]]) -> list[tuple[int, int]]:
         """(op, strategy) pairs that put `path` on DTensors: a non-replicated strategy of an op at or under it."""
@@ -295,12 +290,11 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
         once = np.array([reshard_cost(cost_model, meta, o, w, args) for o in outs])
         part = np.array([reshard_cost(cost_model, meta, o, w, args, partial=True) for o in outs]) - once
         shared_reads.append(SharedRead(u, readers, partial if part.any() else [], once, np.maximum(part, 0.0)))
-    groups = [[index[n] for n in names if n in index] for names in layers] if layers else [list(range(len(ops)))]
+    per_layer = [[index[n] for n in names if n in index] for names in layers] if layers else [list(range(len(ops)))]
     placed_outside = {p.module for p in fixed.values() if p.strategy != "replicate"}
-    times = LayerTimes(parts, on_dtensors, [op.module_path for op in ops], [g for g in groups if g],
+    times = LayerTimes(parts, on_dtensors, [op.module_path for op in ops], [g for g in per_layer if g],
                        overlap=cost_model.async_host, local_call=tuple(cost_model.local_call_host),
-                       fixed_on=frozenset(".".join(q.split(".")[:k]) for q in placed_outside if q
-                                          for k in range(1, q.count(".") + 2)))
+                       fixed_on=frozenset(a for q in placed_outside for a in _ancestors(q)))
     return ILPProblem(names=[op.name for op in ops], strategies=strategies, compute=compute, memory=memory,
                       edges=edges, budget=budget, exclusions=exclusions, shared=shared_reads, times=times)
 
@@ -351,6 +345,12 @@ def _partial_grad(p: OpPlacement, want: str) -> bool:
     """Whether a linear under `p` reading its input as `want` makes a partial input gradient (column-parallel on a
     replicated read), as `cost_model.layers` charges it."""
     return p.strategy == "colwise" and want == "R"
+
+
+def _ancestors(path: str) -> list[str]:
+    """A module path and every ancestor of it, outermost first (`a`, `a.b`, `a.b.c`); none for the root ("")."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
 
 
 def partial_mismatch(have: str, want: str) -> bool:

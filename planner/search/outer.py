@@ -356,9 +356,10 @@ class OuterSearch:
 
         - the ILP fails, or its layout breaks a rule of `planner.strategies.plan_tp_problems`;
         - at tp > 1 it shards no weight (tp ranks would duplicate the linears' work, and the executor refuses a tp
-          plan that places no parameter over tp): skipped unless the user forced tp (or sp=1, which needs tp > 1), in which case it is solved again with
-          at least one Linear of every block sharded (`PlacementSolver.solve`'s `shard_a_linear`: the cheapest
-          layout in which the tp ranks split some work; the ILP picks which Linears, how, and everything between)."""
+          plan that places no parameter over tp): skipped unless the user forced tp (or sp=1, which needs tp > 1),
+          in which case it is solved again with at least one Linear of every block sharded
+          (`PlacementSolver.solve`'s `shard_a_linear`: the cheapest layout in which the tp ranks split some work;
+          the ILP picks which Linears, how, and everything between)."""
         if tp <= 1:
             return self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
         self._refused_note(tp)
