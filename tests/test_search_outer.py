@@ -79,6 +79,26 @@ def test_infeasible_says_what_is_needed_and_what_helps():
     assert "\n" not in msg
 
 
+def test_infeasible_names_the_forced_keys_that_hold_memory_up():
+    # a forced mesh fills the cluster: more nodes would contradict it, so the message must not offer them
+    with pytest.raises(PlanError) as e:
+        run(memory=2000, forced={"dp": 2, "tp": 2, "pp": 2, "zero": 1, "recompute": "none"})
+    msg = str(e.value)
+    assert "zero=3 instead of the forced zero=1" in msg and "recompute=full instead of the forced recompute=none" in msg
+    assert "a larger tp or pp than the forced tp=2, pp=2" in msg and "nodes" not in msg and "ZeRO-3" not in msg
+    # a forced dp leaves room for more nodes, in a count the forced axes still divide
+    with pytest.raises(PlanError) as e:
+        run(memory=2000, nodes=2, dpn=4, forced={"dp": 8, "recompute": "full"})
+    msg = str(e.value)
+    nodes = int(msg.split("--nodes ")[1].rstrip(")"))
+    assert nodes > 2 and nodes % 2 == 0 and "recompute=" not in msg.split("try ")[1]
+    with pytest.raises(PlanError) as e:
+        run(memory=2000, nodes=1, dpn=2, forced={"dp": 1, "tp": 2})
+    msg = str(e.value)
+    assert "ZeRO-3" not in msg  # dp = 1: nothing for ZeRO to shard over
+    assert "more nodes (try --nodes" in msg
+
+
 def test_time_budget_returns_best_so_far():
     res, cm = run(nodes=2, budget=0.0)
     assert res.ranked and any("time budget" in n for n in res.notes)

@@ -488,17 +488,35 @@ class OuterSearch:
         need, plan = self._leanest
         what = (f"dp={plan.mesh.dp} tp={plan.mesh.tp} pp={plan.mesh.pp} ZeRO-{plan.zero_stage} "
                 f"recompute={plan.recompute} mbs={plan.microbatch_size}")
-        helps = []
-        if self.forced:
-            helps.append("drop --force")
-        if plan.zero_stage < 3:
-            helps.append("ZeRO-3")
-        if plan.recompute != "full":
-            helps.append("full recompute")
-        nodes = max(self.cluster.nodes + 1, math.ceil(self.cluster.nodes * need / usable))
-        helps.append(f"more nodes (try --nodes {nodes})")
         return (f"the model fits nowhere: the leanest plan found ({what}) needs {format_bytes(need)} per device, "
-                f"a {self.cluster.device.name} has {format_bytes(usable)} usable; try {', '.join(helps)}")
+                f"a {self.cluster.device.name} has {format_bytes(usable)} usable; "
+                f"try {', '.join(self._memory_levers(plan, need / usable))}")
+
+    def _memory_levers(self, plan: Plan, over: float) -> list[str]:
+        """What could make the leanest plan fit: the forced keys that hold memory up (by name, with the value
+        forced), the levers the search did not pull, and more nodes where the forced mesh leaves room for them."""
+        f, out = self.forced, []
+        if plan.zero_stage < 3 and plan.mesh.dp > 1:
+            out.append(f"zero=3 instead of the forced zero={f['zero']}" if "zero" in f else "ZeRO-3")
+        if plan.recompute != "full":
+            out.append(f"recompute=full instead of the forced recompute={f['recompute']}"
+                       if "recompute" in f else "full recompute")
+        elif "recompute_blocks" in f:
+            out.append(f"more blocks than the forced recompute_blocks={f['recompute_blocks']}")
+        if f.get("mbs", 1) > 1:
+            out.append(f"mbs=1 instead of the forced mbs={f['mbs']}")
+        if f.get("sp") == 0 and plan.mesh.tp > 1:
+            out.append("sp=1 instead of the forced sp=0")
+        axes = [k for k in ("dp", "tp", "pp") if k in f]
+        if len(axes) == 3:  # the mesh is the device count: more nodes cannot be given to it
+            out.append(f"a larger tp or pp than the forced tp={f['tp']}, pp={f['pp']}")
+            return out
+        step = math.prod(f[k] for k in axes)  # the forced axes' product must keep dividing the device count
+        nodes = max(self.cluster.nodes + 1, math.ceil(self.cluster.nodes * over))
+        while nodes * self.cluster.devices_per_node % step:
+            nodes += 1
+        out.append(f"more nodes (try --nodes {nodes})")
+        return out
 
 
 def _rank_key(s: Scored) -> tuple:
