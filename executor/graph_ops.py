@@ -454,11 +454,20 @@ def place_exported_ops(root: nn.Module, flat: torch.fx.Graph, plan: Plan, mesh: 
     missing = [name for name in _absent(plan, seen) if not under(plan.ops[name].module, local)
                and (within is None or under(plan.ops[name].module, within))]
     # a module called twice (ResNet's shared ReLU) keeps one graph, its first call's: a later call's op runs as
-    # placed when the plan places it as that first call's op of the same module
-    shared = {plan.ops[name] for name in seen if name in plan.ops}
-    missing = [name for name in missing if plan.ops[name] not in shared]
-    if missing:  # unflattening dropped or renamed it: nothing would place that op
-        raise ExecutorError(f"op {missing[0]} of the plan is in the model's torch.export graph but not in its "
+    # its first call's op does, which must then be an op of that module with the same target, placed alike
+    for name in missing:
+        op = plan.ops[name]
+        twins = [s for s in seen if s in plan.ops and plan.ops[s].module == op.module and s in whole
+                 and name in whole and whole[s].target == whole[name].target]
+        if any(plan.ops[s] == op for s in twins):
+            continue
+        if twins:
+            raise ExecutorError(
+                f"op {name} is a later call of module {op.module}, which torch.export.unflatten keeps as its first "
+                f"call's graph, where op {twins[0]} runs; the plan places the two differently ({op.strategy} and "
+                f"{plan.ops[twins[0]].strategy}): place them alike in the plan's ops, or replan")
+        # unflattening dropped or renamed it: nothing would place that op
+        raise ExecutorError(f"op {name} of the plan is in the model's torch.export graph but not in its "
                             "unflattened modules (torch.export.unflatten), so it cannot run as placed; report it")
     # a plain-tensor subtree, and (pipelining) a module outside the blocks, which follows DTensor's propagation
     run_generated(root, lambda path: under(path, local) or (within is not None and not under(path, within)))

@@ -776,3 +776,15 @@ def test_a_module_called_twice_runs_its_later_calls_as_placed(tmp_path, capsys):
     assert not any("failed the dry run" in n for n in report["notes"]), report["notes"]
     ops = json.loads(out.read_text())["ops"]
     assert {n for n, o in ops.items() if o["module"] == "layer1.0.relu"} == {"relu__1", "relu__2"}
+    # placed unlike its first call, the second call cannot run as placed: plan check says which ops to align
+    relu2 = ops["relu__2"]
+    edited = json.loads(out.read_text())
+    edited["ops"]["relu__2"] = dict(relu2, strategy="replicate", inputs=["R"], output="R")
+    assert edited["ops"]["relu__1"] != edited["ops"]["relu__2"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert main(["check", str(bad), os.path.join(EXAMPLES, "resnet.py")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "later call of module layer1.0.relu" in err[0], err
+    assert "op relu__1 runs" in err[0] and "place them alike" in err[0] and "report it" not in err[0]
