@@ -26,15 +26,21 @@ plan runs as written and was chosen because it fits: the export refuses when the
    plan's selective recomputation is torchtitan's op-level policy, which keeps only every other one; the plan's
    `attention` recomputation is Megatron-LM's selective);
 3. more compute than planned: selective or attention-only recomputation where the target only recomputes whole
-   blocks (DeepSpeed's selective, Accelerate) or has no attention-only policy (torchtitan);
+   blocks (DeepSpeed's selective, Accelerate) or has no attention-only policy (torchtitan), and full recomputation
+   of more blocks than the plan's per-stage counts (torchtitan and Accelerate wrap every block; Megatron-LM takes
+   one count for every stage);
 4. other training math: a precision the target lacks (fp16 in torchtitan).
 
 It exports with a note when the target runs the same mesh, stages, tp layout, precision and recomputation, holds
 no more memory, and differs only in how or when the same collectives run: ZeRO-1 run with ZeRO-2's gradient
 sharding (torchtitan, Accelerate: FSDP has no ZeRO-1), plain DP run as FSDP where torchtitan has no DDP beside
 tp/pp, GPipe run as 1F1B (Megatron: same bubble, fewer activations held), sequence parallelism always on
-(torchtitan), and recomputation the DeepSpeed JSON cannot switch on. Both shardwise's executor and these trainers
-accumulate and reduce gradients in fp32 and compute a tp plan's loss vocabulary-parallel.
+(torchtitan), and recomputation the DeepSpeed JSON cannot switch on. Gradients are accumulated and reduced in
+fp32, as shardwise's executor does: the exports set it where the trainer would otherwise use the low precision
+(DeepSpeed's `communication_data_type`, Megatron-LM's `--accumulate-allreduce-grads-in-fp32` under fp16) and say
+so where only code can (Accelerate's FSDP2 plugin). A tp plan's loss is vocabulary-parallel in all of them.
+
+Megatron-LM and torchtitan train transformer language models: a model without a token embedding is refused.
 
 The model file the plan names (or `--model`) is read when it exists, on the meta device: it tells blocks from other
 modules, gives the block class (Accelerate's wrap policy), the sequence length and the Linears a tp layout must
@@ -160,10 +166,71 @@ def tp_layout_problems(plan: Plan, facts: ModelFacts | None, target: str) -> lis
 
 def _refuse_tp_layout(plan: Plan, facts: ModelFacts | None, target: str) -> None:
     problems = tp_layout_problems(plan, facts, target)
+    if not problems and facts is not None and plan.mesh.tp > 1:
+        problems = [p for p in [_pairing_problem(plan, facts, target)] if p]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise PlanError(f"cannot export to {target}: {problems[0]}{more}; this layout runs under shardwise's "
                         "executor only; re-plan with --force tp=1 to export")
+
+
+def _pairing_problem(plan: Plan, facts: ModelFacts, target: str) -> str | None:
+    """Megatron-LM and torchtitan split a block's input projections by columns and the projection after them by
+    rows: in each block, in the order the ops run, every rowwise Linear follows a colwise one since the last
+    rowwise, and the block ends on a rowwise one. The first way the plan breaks that, else None."""
+    linears = set(facts.block_linears)
+    owner = {lin: b for b in facts.blocks for lin in linears if lin.startswith(b + ".")}
+    runs: dict[str, list[tuple[str, str]]] = {}
+    for p in plan.ops.values():
+        if p.module in owner and p.strategy in ("colwise", "rowwise"):
+            run = runs.setdefault(owner[p.module], [])
+            if (p.module, p.strategy) not in run:  # a module's several ops (or calls) count once
+                run.append((p.module, p.strategy))
+    for block, run in runs.items():
+        open_ = None
+        for module, strategy in run:
+            if strategy == "colwise":
+                open_ = module
+            elif open_ is None:
+                return (f"module {module} is rowwise with no column-parallel Linear before it in block {block}; "
+                        f"{target} splits a block's input projections by columns and the one after them by rows")
+            else:
+                open_ = None
+        if open_ is not None:
+            return (f"block {block} ends on column-parallel {open_}; {target} ends each pair of split Linears on a "
+                    "row-parallel one")
+    return None
+
+
+def _language_model(facts: ModelFacts | None, target: str) -> None:
+    """Megatron-LM and torchtitan train transformer language models: refuse a model without a token embedding."""
+    if facts is not None and not facts.embeddings:
+        raise PlanError(f"cannot export to {target}: {facts.path} has no token embedding (nn.Embedding), and "
+                        f"{target} trains transformer language models; run this plan with shardwise's executor "
+                        "(executor.apply_plan) or export to deepspeed/accelerate")
+
+
+def _recompute_count(plan: Plan, facts: ModelFacts | None, target: str, uniform: bool) -> int | None:
+    """The plan's full recomputation of the first blocks of each stage as `target` can run it: None when it covers
+    every block (or the blocks are unknown); with `uniform` (one count for every stage: Megatron-LM's block
+    method, DeepSpeed's single stage) that count. PlanError when the target would recompute more blocks than
+    planned (torchtitan and Accelerate wrap every block)."""
+    if plan.recompute != "full" or not plan.recompute_blocks:
+        return None
+    counts, _ = stage_blocks(plan, facts)
+    if not any(counts):
+        return max(plan.recompute_blocks) if uniform else None
+    planned = [min(r, c) for r, c in zip(plan.recompute_blocks, counts)]
+    if planned == counts:
+        return None
+    n = max(planned)
+    if uniform and all(min(n, c) == r for r, c in zip(planned, counts)):
+        return n
+    ran = f"the first {n} of every stage" if uniform else "every block"
+    raise PlanError(f"cannot export to {target}: the plan recomputes the first {planned} blocks of its stages "
+                    f"(of {counts}) and {target} would recompute {ran}, more compute than planned; re-plan with "
+                    f"--force recompute=full,recompute_blocks={n if uniform else max(counts)} (the same count in "
+                    "every stage)")
 
 
 def _check_stage_ranks(plan: Plan, target: str) -> None:
@@ -180,6 +247,7 @@ def _check_stage_ranks(plan: Plan, target: str) -> None:
 def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     """The job TOML's [parallelism], [training] and [activation_checkpoint] keys."""
     m, notes = plan.mesh, []
+    _language_model(facts, "torchtitan")
     _refuse_tp_layout(plan, facts, "torchtitan")
     if plan.precision == "fp16":
         raise PlanError("cannot export to torchtitan: it trains in bfloat16 or float32 only "
@@ -210,7 +278,8 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     if seq is not None:
         train["seq_len"] = seq
     else:
-        notes.append("seq_len is left out: the model file was not read; set it to the length the plan was made for")
+        why = "the model file was not read" if facts is None else "the model's sample_batch has no 2-D token input"
+        notes.append(f"seq_len is left out: {why}; set it to the length the plan was made for")
     train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
                  mixed_precision_reduce="float32")
     if plan.recompute == "attention":
@@ -218,9 +287,7 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
                         "(its selective one also re-runs every other linear); re-plan with --force "
                         "recompute=selective (or none, full) or export to megatron")
     ac: dict[str, object] = {"mode": plan.recompute}
-    if plan.recompute_blocks:
-        notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: torchtitan's full activation checkpointing "
-                     "wraps every block, so more blocks are recomputed than planned (less memory, a slower step)")
+    _recompute_count(plan, facts, "torchtitan", uniform=False)  # its full mode wraps every block
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"  # torchtitan's op-level policy: the executor's selective recomputation
     head = [f"torchtitan job config for a shardwise plan: {describe(plan)}",
@@ -265,6 +332,7 @@ def _toml(value: object) -> str:
 def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
     """Megatron-LM command-line flags, as a bash array `SHARDWISE_ARGS=( ... )`."""
     m, notes = plan.mesh, []
+    _language_model(facts, "Megatron-LM")
     _refuse_tp_layout(plan, facts, "Megatron-LM")
     flags: list[tuple[str, object]] = [("--tensor-model-parallel-size", m.tp),
                                        ("--pipeline-model-parallel-size", m.pp)]
@@ -280,14 +348,10 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
                         "and keeps every linear's output, more memory than the plan's op-level policy (every other "
                         "linear kept); re-plan with --force recompute=attention (Megatron-LM's selective), full or "
                         "none, or export to torchtitan")
-    if plan.recompute == "full" and plan.recompute_blocks:
-        # Megatron-LM's block method re-runs the first N layers of every pipeline stage (model chunk): one N
-        n = max(plan.recompute_blocks)
+    # Megatron-LM's block method re-runs the first N layers of every pipeline stage (model chunk): one N
+    n = _recompute_count(plan, facts, "Megatron-LM", uniform=True)
+    if n is not None:
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "block"), ("--recompute-num-layers", n)]
-        if min(plan.recompute_blocks) != n:
-            notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: Megatron-LM takes one count for every "
-                         f"stage, so each recomputes its first {n} layers, more than planned on the later ones "
-                         "(less memory, a slower step)")
     elif plan.recompute == "full":
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", 1)]
@@ -295,6 +359,8 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
         flags.append(("--recompute-granularity", "selective"))
     if plan.precision != "fp32":
         flags.append((f"--{plan.precision}", None))
+    if plan.precision == "fp16":  # bf16 turns it on itself (arguments.py); the plan reduces gradients in fp32
+        flags.append(("--accumulate-allreduce-grads-in-fp32", None))
     if facts is not None and facts.seq_len is not None:
         flags.append(("--seq-length", facts.seq_len))
     head = [f"Megatron-LM flags for a shardwise plan: {describe(plan)}",
@@ -378,10 +444,13 @@ def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
         "bf16": {"enabled": plan.precision == "bf16"},
         "fp16": {"enabled": plan.precision == "fp16"} | ({"loss_scale": 0} if plan.precision == "fp16" else {}),
     }
+    if plan.precision != "fp32":  # DeepSpeed reduces in the training dtype unless told; the plan reduces in fp32
+        config.update(communication_data_type="fp32", data_types={"grad_accum_dtype": "fp32"})
     if plan.recompute == "full":
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False}
-        which = f"the first {plan.recompute_blocks[0]} blocks" if plan.recompute_blocks else "each block"
+        n = _recompute_count(plan, facts, "DeepSpeed", uniform=True)
+        which = f"the first {n} blocks" if n is not None else "each block"
         notes.append("recompute=full: DeepSpeed recomputes only what the model wraps; call "
                      f"deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on {which}")
     elif plan.recompute == "attention":
@@ -413,6 +482,10 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
              f"mixed_precision: {repr('no') if plan.precision == 'fp32' else plan.precision}",
              f"num_processes: {m.world_size}", f"num_machines: {nodes}", "machine_rank: 0",
              "main_training_function: main", "rdzv_backend: static", "same_network: true", "use_cpu: false"]
+    if nodes > 1:  # every node needs the rank-0 node's address and its own rank; a placeholder fails loudly
+        lines += ["main_process_ip: MAIN_NODE_ADDRESS", "main_process_port: 29500"]
+        notes.append(f"{nodes} machines: set main_process_ip to the rank-0 node's address, and on node N launch "
+                     "with --machine_rank N")
     if plan.zero_stage:
         if plan.zero_stage == 1:
             notes.append("ZeRO-1 runs as FSDP2 without resharding (ZeRO-2): FSDP has no ZeRO-1; gradients are "
@@ -425,14 +498,19 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
         else:
             notes.append("fsdp_transformer_layer_cls_to_wrap is left out (model file not read): Accelerate then "
                          "wraps the classes in the model's _no_split_modules")
-        if plan.recompute_blocks:
-            notes.append(f"recompute_blocks {list(plan.recompute_blocks)}: fsdp_activation_checkpointing wraps "
-                         "every block, more than planned (less memory, a slower step)")
+        _recompute_count(plan, facts, "Accelerate", uniform=False)  # fsdp_activation_checkpointing: every block
+        if plan.precision != "fp32":
+            notes.append(f"Accelerate's FSDP2 reduces gradients in {plan.precision} unless its plugin says "
+                         "otherwise, which no config key does; the plan reduces them in fp32: pass "
+                         "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, "
+                         "mixed_precision_policy=MixedPrecisionPolicy(param_dtype=torch."
+                         f"{'bfloat16' if plan.precision == 'bf16' else 'float16'}, reduce_dtype=torch.float32)))")
         fsdp += [f"fsdp_activation_checkpointing: {'true' if plan.recompute == 'full' else 'false'}",
                  "fsdp_offload_params: false", "fsdp_state_dict_type: SHARDED_STATE_DICT"]
         lines += ["fsdp_config:"] + [f"  {x}" for x in fsdp]
     elif plan.recompute == "full":
-        which = f"the first {plan.recompute_blocks[0]} blocks" if plan.recompute_blocks else "each block"
+        n = _recompute_count(plan, facts, "Accelerate", uniform=True)
+        which = f"the first {n} blocks" if n is not None else "each block"
         notes.append(f"recompute=full under DDP: wrap {which} with torch.utils.checkpoint in the model")
     notes.append(f"micro-batching is set in your script: DataLoader(batch_size={plan.microbatch_size}) and "
                  f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})")
@@ -520,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"note: the plan's model file was not read ({e}); pass --model to use it", file=sys.stderr)
     out = export(plan, args.to, facts)
     if args.output:
-        write_atomic(args.output, out.text)
+        write_atomic(args.output, out.text)  # PlanError (one line) when the path cannot be written
     else:
         sys.stdout.write(out.text)
     if args.output or not out.commented:  # on stdout the comments already say it

@@ -294,11 +294,25 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write text to path via a temp file in the same folder and a rename, so a crash never leaves half a file."""
+    """Write text to path via a temp file in the same folder and a rename, so a crash never leaves half a file.
+    A path that cannot be written (a directory, a folder under a file, no permission) is a PlanError, one line."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "it is a directory", path)
+        above = folder
+        while not os.path.exists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if not os.path.isdir(above):
+            raise NotADirectoryError(20, f"{above} is a file, not a folder", above)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and os.fspath(e.filename) not in (path, folder) and \
+            os.fspath(e.filename) not in (e.strerror or "") else ""
+        raise PlanError(f"cannot write {path}: {e.strerror or e}{where}; give a file path in a folder you can "
+                        "write to") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -29,9 +29,10 @@ TORCHTITAN_KEYS = {
 # Top-level keys of accelerate's ClusterConfig (commands/config/config_args.py) an export may write.
 ACCELERATE_KEYS = {"compute_environment", "distributed_type", "mixed_precision", "num_processes", "num_machines",
                    "machine_rank", "main_training_function", "rdzv_backend", "same_network", "use_cpu",
-                   "fsdp_config"}
+                   "fsdp_config", "main_process_ip", "main_process_port"}
 DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                  "zero_optimization", "bf16", "fp16", "activation_checkpointing"}
+                  "zero_optimization", "bf16", "fp16", "activation_checkpointing", "communication_data_type",
+                  "data_types"}
 
 
 def megatron_args(text):
@@ -44,7 +45,7 @@ def megatron_args(text):
                  "--global-batch-size", "--recompute-num-layers", "--seq-length"):
         p.add_argument(flag, type=int, default=None)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
-                 "--overlap-grad-reduce", "--bf16", "--fp16"):
+                 "--overlap-grad-reduce", "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
     p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
@@ -165,22 +166,28 @@ def test_megatron_needs_no_note_for_gradients_or_loss():
     assert not export(plan(precision="fp32"), "megatron", FACTS).notes
 
 
-def test_partial_recompute_exports_as_each_trainer_can():
-    # Megatron-LM's block method re-runs the first N layers of every stage: exact for equal counts, the largest
-    # count (with a note) otherwise; torchtitan and Accelerate wrap every block (a note says so); DeepSpeed and DDP
-    # are told which blocks to wrap
+def test_partial_recompute_exports_only_where_the_trainer_recomputes_as_planned():
+    # Megatron-LM's block method re-runs the first N layers of every stage: exact for equal counts; uneven counts
+    # would recompute more than planned on some stage, and torchtitan and Accelerate's FSDP wrap every block:
+    # refused (more compute than planned), naming the forced count that exports; DeepSpeed and DDP are told which
+    # blocks to wrap; counts that cover every block are plain full recomputation everywhere
     even = megatron_args(export(plan(dp=2, pp=2, recompute="full", recompute_blocks=(1, 1)), "megatron", FACTS).text)
     assert (even.recompute_granularity, even.recompute_method, even.recompute_num_layers) == ("full", "block", 1)
-    uneven = export(plan(dp=2, pp=2, recompute="full", recompute_blocks=(2, 1)), "megatron", FACTS)
-    a = megatron_args(uneven.text)
-    assert (a.recompute_method, a.recompute_num_layers) == ("block", 2) and "[2, 1]" in " ".join(uneven.notes)
-    assert "[2, 1]" in uneven.text  # the header's plan description
+    with pytest.raises(PlanError, match=r"recompute_blocks=2 \(the same count"):
+        export(plan(dp=2, pp=2, recompute="full", recompute_blocks=(2, 1)), "megatron", FACTS)
     one = plan(recompute="full", recompute_blocks=(3,))
-    titan = export(one, "torchtitan", FACTS)
-    assert tomllib.loads(titan.text)["activation_checkpoint"] == {"mode": "full"}
-    assert any("every block" in n for n in titan.notes)
+    for target in ("torchtitan", "accelerate"):
+        with pytest.raises(PlanError, match="would recompute every block.*recompute_blocks=4"):
+            export(one, target, FACTS)
     assert any("the first 3 blocks" in n for n in export(one, "deepspeed", FACTS).notes)
-    assert any("every block" in n for n in export(one, "accelerate", FACTS).notes)
+    assert any("the first 3 blocks" in n for n in export(plan(zero=0, recompute="full", recompute_blocks=(3,)),
+                                                           "accelerate", FACTS).notes)
+    every = plan(dp=2, pp=2, recompute="full", recompute_blocks=(2, 2))
+    titan = export(every, "torchtitan", FACTS)
+    assert tomllib.loads(titan.text)["activation_checkpoint"] == {"mode": "full"}
+    assert not any("recompute" in n for n in titan.notes)
+    a = megatron_args(export(every, "megatron", FACTS).text)
+    assert (a.recompute_method, a.recompute_num_layers) == ("uniform", 1)
 
 
 def test_torchtitan_selective_is_the_executors_op_policy():
@@ -376,3 +383,68 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli(["export", str(good), "--to", "jax"])
     assert e.value.code == 2
+
+
+def test_gradients_are_reduced_in_fp32_in_every_export():
+    # the plan (shardwise's executor) reduces gradients in fp32: DeepSpeed and Megatron-LM's fp16 are told so,
+    # Megatron's bf16 does it itself, Accelerate's FSDP2 can only be told in code (a note gives the call)
+    ds = json.loads(export(plan(precision="bf16"), "deepspeed", FACTS).text)
+    assert ds["communication_data_type"] == "fp32" and ds["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert "communication_data_type" not in json.loads(export(plan(precision="fp32"), "deepspeed", FACTS).text)
+    assert megatron_args(export(plan(precision="fp16"), "megatron", FACTS).text).accumulate_allreduce_grads_in_fp32
+    assert not megatron_args(export(plan(), "megatron", FACTS).text).accumulate_allreduce_grads_in_fp32
+    acc = export(plan(zero=3), "accelerate", FACTS)
+    assert any("reduce_dtype=torch.float32" in n for n in acc.notes) and "reduce_dtype=torch.float32" in acc.text
+    assert not any("reduce_dtype" in n for n in export(plan(zero=0), "accelerate", FACTS).notes)  # DDP: fp32
+
+
+def test_accelerate_multi_node_names_the_main_node(tmp_path):
+    two = plan(dp=16, zero=1)
+    assert two.cluster["nodes"] == 2
+    exp = export(two, "accelerate", FACTS)
+    cfg = yaml.safe_load(exp.text)
+    assert cfg["num_machines"] == 2 and cfg["main_process_ip"] == "MAIN_NODE_ADDRESS" and cfg["main_process_port"]
+    assert any("--machine_rank N" in n for n in exp.notes)
+    assert "main_process_ip" not in yaml.safe_load(export(plan(), "accelerate", FACTS).text)
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig
+    path = tmp_path / "two.yaml"
+    path.write_text(exp.text)
+    assert ClusterConfig.from_yaml_file(str(path)).main_process_ip == "MAIN_NODE_ADDRESS"
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_split_linears_must_pair_as_megatrons(target):
+    # every Linear split, but the attention's input projections rowwise and its output projection colwise: not
+    # the column-then-row pairs these trainers run
+    ops = megatron_ops()
+    for i in range(4):
+        for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj"):
+            ops[f"h_{i}_{n}"] = OpPlacement(strategy="rowwise", module=f"h.{i}.{n}")
+        ops[f"h_{i}_attn.c_proj"] = OpPlacement(strategy="colwise", module=f"h.{i}.attn.c_proj")
+    with pytest.raises(PlanError, match=r"module h\.0\.attn\.q_proj is rowwise with no column-parallel"):
+        export(plan(dp=4, tp=2, ops=ops), target, FACTS)
+    export(plan(dp=4, tp=2), target, FACTS)  # Megatron's own pairs pass
+
+
+def test_models_without_a_token_embedding_go_to_megatron_or_torchtitan_never():
+    cnn = ModelFacts(path="resnet.py", fingerprint="f00d", blocks=("layer1", "layer2"), block_classes=("Block",),
+                     block_linears=(), embeddings=(), head="fc", seq_len=None)
+    for target in ("megatron", "torchtitan"):
+        with pytest.raises(PlanError, match="no token embedding"):
+            export(plan(dp=8, zero=0), target, cnn)
+    assert json.loads(export(plan(dp=8, zero=0), "deepspeed", cnn).text)["train_batch_size"] == 64
+
+
+def test_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    good = tmp_path / "plan.json"
+    plan().save(good)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert cli(["export", str(good), "--to", "megatron", "-o", str(folder)]) == 2
+    assert cli(["export", str(good), "--to", "megatron", "-o", str(afile / "x.sh")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "it is a directory" in err[0] and "is a file, not a folder" in err[1], err
+    assert afile.read_text() == "mine" and not list(folder.iterdir())
