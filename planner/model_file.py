@@ -1,7 +1,8 @@
 """Loading a user's MODEL.py: `build_model()`, `sample_batch(batch_size)`, optional `loss_fn(outputs, targets)`.
 
-Every failure becomes a `ModelError` with one line naming the problem and the fix (missing file, syntax error with
-its line, missing functions, `build_model` raising).
+Every failure becomes a `ModelError` with one line naming the problem and the fix (missing file, a directory, binary
+or non-UTF-8 text, syntax error with its line, sys.exit at import, missing functions, `build_model` raising or
+returning a model with nothing to train, `sample_batch` returning the wrong number of samples).
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class ModelFile:
     """Returns (inputs, targets) for a batch size."""
     loss_fn: Callable[[Any, Any], torch.Tensor]
     """The file's `loss_fn`, or `default_loss`."""
+    user_file: bool = False
+    """Loaded by `load_model_file`: `build` and `batch` then refuse a model with nothing to train and a batch of
+    another size (a ModelFile made in code, such as a test's probe, may trace a module without parameters)."""
 
 
 def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
@@ -70,14 +74,43 @@ def _where(exc: BaseException, path: str) -> str:
     return f" (line {found[0]})" if found else ""
 
 
+def _exit_call(e: SystemExit) -> str:
+    """How the code called sys.exit: 'sys.exit(3)', 'sys.exit()'."""
+    return f"sys.exit({'' if e.code is None else repr(e.code)})"
+
+
+def _check_text(path: str) -> None:
+    """Raise ModelError unless the file at `path` is readable Python source text (UTF-8 or its coding cookie)."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read the model file: {e.strerror}; pass a readable .py file") from None
+    if b"\0" in source:
+        raise ModelError(f"{path}: is not a text file (it holds null bytes); pass a Python source file saved as "
+                         "UTF-8")
+    try:
+        source.decode("utf-8")
+    except UnicodeDecodeError as e:
+        try:
+            importlib.util.decode_source(source)  # another encoding its coding cookie declares
+        except (SyntaxError, UnicodeDecodeError, LookupError):
+            raise ModelError(f"{path}: is not UTF-8 text ({e.reason} at byte {e.start}); save the model file as "
+                             "UTF-8") from None
+
+
 def load_model_file(path: str) -> ModelFile:
     """Import MODEL.py and check it follows the convention; raises ModelError otherwise."""
     path = os.path.abspath(path)
     if not os.path.exists(path):
         raise ModelError(f"{path}: no such model file; pass a .py file that defines build_model() and "
                          "sample_batch(batch_size)")
+    if os.path.isdir(path):
+        raise ModelError(f"{path}: is a directory, not a model file; pass the .py file inside it that defines "
+                         "build_model() and sample_batch(batch_size)")
     if not path.endswith(".py"):
         raise ModelError(f"{path}: a model file must be a .py file defining build_model() and sample_batch()")
+    _check_text(path)
     folder = os.path.dirname(path)
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -89,7 +122,12 @@ def load_model_file(path: str) -> ModelFile:
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
-        raise ModelError(f"{path}:{e.lineno}: syntax error in the model file: {e.msg}") from None
+        at = f":{e.lineno}" if e.lineno else ""
+        raise ModelError(f"{path}{at}: syntax error in the model file: {e.msg}") from None
+    except SystemExit as e:  # a script's sys.exit() would end the planner silently with its status
+        raise ModelError(f"{path}: importing the model file called {_exit_call(e)}{_where(e, path)}; a model file "
+                         "must not exit when imported: put script code under if __name__ == \"__main__\":") \
+            from None
     except Exception as e:
         raise ModelError(f"{path}: importing the model file raised {type(e).__name__}: {e}{_where(e, path)}") \
             from None
@@ -99,7 +137,7 @@ def load_model_file(path: str) -> ModelFile:
                          "nn.Module and sample_batch(batch_size) -> (inputs, targets)")
     loss = getattr(module, "loss_fn", None)
     return ModelFile(path=path, build_model=module.build_model, sample_batch=module.sample_batch,
-                     loss_fn=loss if callable(loss) else default_loss)
+                     loss_fn=loss if callable(loss) else default_loss, user_file=True)
 
 
 def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn.Module:
@@ -107,26 +145,68 @@ def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn
     try:
         with torch.device(device):
             model = model_file.build_model()
+    except SystemExit as e:
+        raise ModelError(f"{model_file.path}: build_model() called {_exit_call(e)}{_where(e, model_file.path)}; "
+                         "make it return the model") from None
     except Exception as e:
         raise ModelError(f"{model_file.path}: build_model() raised {type(e).__name__}: {e}"
                          f"{_where(e, model_file.path)}") from None
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{model_file.path}: build_model() returned {type(model).__name__}, not a "
                          "torch.nn.Module")
+    if model_file.user_file:
+        _check_trainable(model_file.path, model)
     return model
+
+
+def _check_trainable(path: str, model: torch.nn.Module) -> None:
+    """Refuse a model with no parameter to train (also on meta): training would fail later naming no fix."""
+    params = list(model.parameters())
+    if not params:
+        raise ModelError(f"{path}: build_model() returned a module with no parameters: nothing to train; "
+                         f"return the model whose weights to train ({type(model).__name__} has none)")
+    if not any(p.requires_grad for p in params):
+        raise ModelError(f"{path}: no parameter of the model requires grad (all {len(params)} have "
+                         "requires_grad=False); unfreeze the ones to train (p.requires_grad_(True))")
 
 
 def batch(model_file: ModelFile, batch_size: int) -> tuple[Any, Any]:
     """Call sample_batch(batch_size) and check it returns (inputs, targets)."""
     try:
         out = model_file.sample_batch(batch_size)
+    except SystemExit as e:
+        raise ModelError(f"{model_file.path}: sample_batch({batch_size}) called {_exit_call(e)}"
+                         f"{_where(e, model_file.path)}; make it return (inputs, targets)") from None
     except Exception as e:
         raise ModelError(f"{model_file.path}: sample_batch({batch_size}) raised {type(e).__name__}: {e}"
                          f"{_where(e, model_file.path)}") from None
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise ModelError(f"{model_file.path}: sample_batch() must return a pair (inputs, targets), got "
                          f"{type(out).__name__}")
+    if model_file.user_file:
+        _check_batch_size(model_file.path, batch_size, out[0], out[1])
     return out[0], out[1]
+
+
+def _check_batch_size(path: str, batch_size: int, inputs: Any, targets: Any) -> None:
+    """Refuse a batch whose tensors' dim 0 is not `batch_size`: the planner and the executor split batches along
+    dim 0, so a batch of another size would be planned for silently."""
+    for what, part in (("inputs", inputs), ("targets", targets)):
+        wrong = next((n for n in _dim0_sizes(part) if n != batch_size), None)
+        if wrong is not None:
+            raise ModelError(f"{path}: sample_batch({batch_size}) returned a batch of {wrong} samples (dim 0 of its "
+                             f"{what}); make it return batch_size samples")
+
+
+def _dim0_sizes(x: Any) -> list[int]:
+    """Dim 0 of each tensor in `x` (a tensor, or tuples, lists and dicts of them) that has a dim 0."""
+    if isinstance(x, torch.Tensor):
+        return [int(x.shape[0])] if x.dim() else []
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (tuple, list)):
+        return [n for v in x for n in _dim0_sizes(v)]
+    return []
 
 
 class Batches:

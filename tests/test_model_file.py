@@ -1,6 +1,7 @@
 """Loading model files: the convention, and one clear ModelError per kind of bad file."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 
@@ -104,3 +105,82 @@ def test_batches_draw_the_same_data_whatever_the_model_draws_in_between(tmp_path
     before = torch.get_rng_state()
     busy(2)
     assert torch.equal(before, torch.get_rng_state()), "sampling a batch moved the model's random stream"
+
+
+def test_sample_batch_must_return_batch_size_samples(tmp_path):
+    """dim 0 of every input and target tensor (also inside tuples and dicts) must be the batch size asked for."""
+    wrong = load_model_file(_write(tmp_path, GOOD.replace("return torch.randn(batch_size, 4), torch.randint(0, 2, "
+                                                          "(batch_size,))",
+                                                          "return torch.randn(3, 4), torch.randint(0, 2, (3,))")))
+    with pytest.raises(ModelError, match=r"sample_batch\(1\) returned a batch of 3 samples \(dim 0 of its inputs\); "
+                                         r"make it return batch_size samples"):
+        batch(wrong, 1)
+    batch(wrong, 3)
+    empty = load_model_file(_write(tmp_path, GOOD.replace("batch_size, 4", "0, 4"), "m2.py"))
+    with pytest.raises(ModelError, match=r"returned a batch of 0 samples \(dim 0 of its inputs\)"):
+        batch(empty, 2)
+    nested = load_model_file(_write(tmp_path, """
+        import torch
+        import torch.nn as nn
+
+        def build_model():
+            return nn.Linear(4, 2)
+
+        def sample_batch(batch_size):
+            return ({"x": torch.randn(batch_size, 4), "scale": torch.tensor(2.0)},
+                    (torch.randn(batch_size), torch.randn(5)))
+        """, "m3.py"))
+    with pytest.raises(ModelError, match=r"sample_batch\(2\) returned a batch of 5 samples \(dim 0 of its targets\)"):
+        batch(nested, 2)
+
+
+def test_sys_exit_at_import_names_the_exit_code(tmp_path):
+    with pytest.raises(ModelError, match=r"model\.py: importing the model file called sys\.exit\(3\) \(line 2\); a "
+                                         r"model file must not exit when imported"):
+        load_model_file(_write(tmp_path, "import sys\nsys.exit(3)\n"))
+    mf = load_model_file(_write(tmp_path, GOOD.replace("return nn.Linear(4, 2)", "raise SystemExit('no')"), "m2.py"))
+    with pytest.raises(ModelError, match=r"build_model\(\) called sys\.exit\('no'\) \(line 6\)"):
+        build(mf, "meta")
+    with pytest.raises(KeyboardInterrupt):  # still stops the planner
+        load_model_file(_write(tmp_path, "raise KeyboardInterrupt\n", "m3.py"))
+
+
+def test_model_with_no_parameters_is_refused(tmp_path):
+    mf = load_model_file(_write(tmp_path, GOOD.replace("nn.Linear(4, 2)", "nn.ReLU()")))
+    for device in ("meta", "cpu"):
+        with pytest.raises(ModelError, match=r"build_model\(\) returned a module with no parameters: nothing to "
+                                             r"train"):
+            build(mf, device)
+    assert build(dataclasses.replace(mf, user_file=False), "meta") is not None  # made in code: unchecked
+
+
+def test_model_with_every_parameter_frozen_is_refused(tmp_path):
+    frozen = GOOD.replace("return nn.Linear(4, 2)", "return nn.Linear(4, 2).requires_grad_(False)")
+    mf = load_model_file(_write(tmp_path, frozen))
+    for device in ("meta", "cpu"):
+        with pytest.raises(ModelError, match=r"no parameter of the model requires grad \(all 2 have "
+                                             r"requires_grad=False\); unfreeze the ones to train"):
+            build(mf, device)
+    some = GOOD.replace("return nn.Linear(4, 2)", "m = nn.Linear(4, 2)\n    m.bias.requires_grad_(False)\n"
+                                                  "    return m")
+    assert build(load_model_file(_write(tmp_path, some, "m2.py")), "meta").weight.requires_grad
+
+
+def test_binary_non_utf8_and_directory_model_files(tmp_path):
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ModelError, match=r"binary\.py: is not a text file \(it holds null bytes\); pass a Python "
+                                         r"source file saved as UTF-8$"):
+        load_model_file(str(binary))
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b'x = "\xe9"\n')
+    with pytest.raises(ModelError, match=r"latin\.py: is not UTF-8 text \(invalid continuation byte at byte 5\); "
+                                         r"save the model file as UTF-8$"):
+        load_model_file(str(latin))
+    cookie = tmp_path / "cookie.py"
+    cookie.write_bytes(b'# -*- coding: latin-1 -*-\n' + GOOD.encode() + b'NAME = "\xe9"\n')
+    assert build(load_model_file(str(cookie)), "meta") is not None  # a declared encoding is fine
+    folder = tmp_path / "adir.py"
+    folder.mkdir()
+    with pytest.raises(ModelError, match=r"adir\.py: is a directory, not a model file; pass the \.py file inside"):
+        load_model_file(str(folder))
