@@ -95,3 +95,14 @@ def test_min_pipeline_bound_is_the_minimum_over_cuts(seed):
                 for cuts in itertools.combinations(range(1, n), pp - 1))
     assert min_pipeline_bound(t, pp, m) == pytest.approx(brute)
     assert min_pipeline_bound(t, n + 1, m) == np.inf
+
+
+def test_every_stage_holds_parameters():
+    # an MLP's layers: Linear, ReLU, Linear, ReLU, Linear; four stages would leave a ReLU alone in one (an optimizer
+    # over no parameters, which torch refuses): the cut keeps a Linear in each, and five stages do not fit
+    param = [10, 0, 10, 0, 10]
+    cut = cut_stages([1, 1, 1, 1, 1], param, [0] * 5, 3)
+    assert all(sum(param[i:j]) > 0 for i, j in cut.bounds)
+    assert cut_stages([1] * 5, param, [0] * 5, 4) is None
+    assert cut_stages_reference([1] * 5, param, [0] * 5, 4) is None
+    assert cut.bounds == cut_stages_reference([1, 1, 1, 1, 1], param, [0] * 5, 3).bounds

@@ -47,7 +47,7 @@ from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fi
 from planner.search.ilp import ILPError
 from planner.search.layer_costs import LayerArrays, LayerCosts
 from planner.search.placement import PlacementResult, PlacementSolver
-from planner.search.space import Group, check_forced, groups, meshes, recomputes, zero_stages
+from planner.search.space import MAX_MICROBATCHES, Group, check_forced, groups, meshes, recomputes, zero_stages
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
 from planner.strategies import plan_tp_problems
 
@@ -146,7 +146,8 @@ class OuterSearch:
             todo += groups(mesh, self.batch, len(self.layers), self.forced)
         if not todo:
             raise PlanError(f"no micro-batch size / schedule fits --batch-size {self.batch} with the forced keys "
-                            f"{self.forced}; relax --force")
+                            f"{self.forced} and at most {MAX_MICROBATCHES} micro-batches per step; relax --force or "
+                            "lower --batch-size")
         bounds = sorted(((self.lower_bound(g), i, g) for i, g in enumerate(todo)), key=lambda t: t[:2])
         self.stats["groups"] = len(bounds)
         if self.on_progress:

@@ -17,6 +17,10 @@ from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.plan import RECOMPUTE
 
+MAX_MICROBATCHES = 8192
+"""Micro-batches per step a candidate may have: the pipeline simulation and the dp timing are linear in them, so a
+batch of 10^11 samples in micro-batches of 1 would take hours to predict. Real runs use far fewer (GPT-3 1T on
+3072 GPUs, Narayanan et al. SC21 Table 1: 512 per pipeline)."""
 INTERLEAVE_DEPTHS = (2, 4)
 """Virtual stages per pipeline rank tried for the interleaved schedule (Megatron-LM's experiments use 2-4 chunks
 per rank; Narayanan et al. 2021, fig. 12); any other v can be forced with `--force vp=V`."""
@@ -98,7 +102,8 @@ def meshes(cluster: Cluster, num_layers: int, batch_size: int, forced: Mapping[s
     for tp in tps:
         if world % tp:
             continue
-        pps = [forced["pp"]] if "pp" in forced else [p for p in divisors(world // tp) if p <= num_layers]
+        pps = [forced["pp"]] if "pp" in forced else [p for p in divisors(world // tp) if p <= num_layers
+                                                         and (p > 1 or not _pipelined(forced))]
         for pp in pps:
             if (world // tp) % pp:
                 continue
@@ -113,11 +118,20 @@ def meshes(cluster: Cluster, num_layers: int, batch_size: int, forced: Mapping[s
     return out
 
 
+def _pipelined(forced: Mapping[str, Any]) -> bool:
+    """Whether the forced keys ask for a pipeline (a schedule or virtual stages) without pinning pp."""
+    return "schedule" in forced or forced.get("vp", 1) > 1
+
+
 def groups(mesh: tuple[int, int, int], batch_size: int, num_layers: int, forced: Mapping[str, Any]) -> list[Group]:
     """Every (micro-batch size, sp, schedule, v) combination for one mesh."""
     dp, tp, pp = mesh
     per_replica = batch_size // dp
     mbss = [forced["mbs"]] if "mbs" in forced else divisors(per_replica)
+    if "mbs" in forced and per_replica // forced["mbs"] > MAX_MICROBATCHES:
+        raise PlanError(f"--force mbs={forced['mbs']} makes {per_replica // forced['mbs']} micro-batches per step, "
+                        f"more than the {MAX_MICROBATCHES} a plan may have; raise mbs or lower --batch-size")
+    mbss = [mbs for mbs in mbss if per_replica // mbs <= MAX_MICROBATCHES]
     sps = [bool(forced["sp"])] if "sp" in forced else ([False, True] if tp > 1 else [False])
     out = []
     for mbs in mbss:

@@ -47,7 +47,9 @@ def stage_memory(param: np.ndarray, act: np.ndarray, inflight: np.ndarray, bound
 
 def cut_stages(time: np.ndarray, param: np.ndarray, act: np.ndarray, num_stages: int, mem_limit: float = np.inf,
                inflight: np.ndarray | None = None) -> StageCut | None:
-    """The cut minimising the bottleneck stage time under the memory limit; None when no cut fits.
+    """The cut minimising the bottleneck stage time under the memory limit, every stage holding parameters when
+    the layers have any (a stage of parameter-free layers, say a lone ReLU, has nothing for its optimizer, which
+    torch refuses); None when no cut fits.
 
     `inflight[k]` is the micro-batches whose activations stage k holds (1F1B: S - k; GPipe: all); default 1."""
     time, param, act = (np.asarray(x, dtype=float) for x in (time, param, act))
@@ -65,7 +67,7 @@ def cut_stages(time: np.ndarray, param: np.ndarray, act: np.ndarray, num_stages:
     valid = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
     for k in range(1, num_stages + 1):
         mem = (cp[None, :] - cp[:, None]) + infl[k - 1] * (ca[None, :] - ca[:, None])
-        ok = valid & (mem <= mem_limit)
+        ok = valid & (mem <= mem_limit) & ((cp[None, :] - cp[:, None] > 0) | (cp[-1] <= 0))
         val = np.where(ok, np.maximum(best[k - 1][:, None], span), np.inf)  # [i, j]
         lo = val.min(axis=0)
         sq = np.where(val <= lo[None, :] * (1 + 1e-12), even[k - 1][:, None] + span * span, np.inf)
@@ -100,7 +102,7 @@ def cut_stages_reference(time, param, act, num_stages: int, mem_limit: float = n
         edges = (0,) + cuts + (n,)
         bounds = tuple(zip(edges[:-1], edges[1:]))
         mem = stage_memory(param, act, infl, bounds)
-        if max(mem) > mem_limit:
+        if max(mem) > mem_limit or (param.sum() > 0 and any(not param[i:j].sum() > 0 for i, j in bounds)):
             continue
         times = tuple(float(time[i:j].sum()) for i, j in bounds)
         if best is None or max(times) < best.bottleneck:
