@@ -119,9 +119,18 @@ MAX_DRAWN_RANKS = 8
 
 
 def check_outputs(args) -> bool:
-    """--trace / --plot checks before anything runs; False (after printing the hint) when --plot lacks
-    matplotlib."""
+    """Output checks before anything runs (-o, --calibrate, --plot, --trace); False (after printing the hint) when
+    --plot lacks matplotlib."""
+    from executor.measure import read_calibration_file
     from executor.plots import HINT, have_matplotlib
+    from planner.plan import check_output
+    for flag, path in (("-o", args.output), ("--calibrate", args.calibrate), ("--plot", args.plot)):
+        if path is not None:  # before the run: a path that cannot be written must not cost it
+            check_output(path, flag, inputs=[args.plan, args.model, args.cluster])
+    if args.calibrate:
+        read_calibration_file(args.calibrate)
+    if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise ExecutorError(f"--plot {args.plot}: give a .png, .svg or .pdf file name")
     if args.plot:
         if not have_matplotlib():
             print(f"plan measure: --plot: {HINT}", file=sys.stderr)
@@ -130,9 +139,6 @@ def check_outputs(args) -> bool:
         if not os.path.isdir(folder):
             raise ExecutorError(f"--plot {args.plot}: the folder {folder} does not exist; create it or pick another")
     if args.trace:
-        if args.steps <= args.warmup:
-            raise ExecutorError(f"--trace profiles the steps after warm-up: --steps ({args.steps}) must be more than "
-                                f"--warmup ({args.warmup})")
         if args.calibrate:
             raise ExecutorError("--calibrate with --trace would record step times slowed by the profiler; run "
                                 "them separately")
@@ -185,6 +191,13 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
     args = _parser().parse_args(list(argv or []))
     if args.steps < 1 or args.warmup < 0:
         raise ExecutorError("--steps must be >= 1 and --warmup >= 0")
+    if args.steps <= args.warmup:
+        raise ExecutorError(f"--steps ({args.steps}) must be more than --warmup ({args.warmup}): the median is taken "
+                            "over the steps after warm-up")
+    if args.threads < 1:
+        raise ExecutorError(f"--threads must be >= 1 (CPU threads per rank), got {args.threads}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ExecutorError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if args.compile:
         import torch._dynamo
         known = torch._dynamo.list_backends(exclude_tags=())

@@ -27,11 +27,14 @@ def _parser():
 def main(argv: Sequence[str] | None = None) -> int:
     """`plan check`; returns the exit status (bad input raises PlanError / ModelError for the CLI to print)."""
     from executor.dry_run import dry_run
-    from planner.model_file import load_model_file
+    from executor.runner import check_plan_matches_model
+    from planner.model_file import build, load_model_file
     from planner.plan import Plan
     args = _parser().parse_args(list(argv or []))
     plan = Plan.load(args.plan)
     model_file = load_model_file(args.model)
+    # as `plan measure` does: a plan made for another model fails the dry run with a message naming no fix
+    check_plan_matches_model(plan, build(model_file, "meta"))
     t0 = time.perf_counter()
     notes: list[str] = []
     problems = dry_run(plan, model_file, label=os.path.basename(args.plan), debug=args.debug, notes=notes)

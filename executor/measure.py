@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 import torch.nn as nn
 
+from executor.errors import ExecutorError
 from planner.plan import Plan, write_atomic
 
 if TYPE_CHECKING:
@@ -395,6 +396,23 @@ def format_report(plan: Plan, measured: Mapping[str, Any]) -> str:
     return "\n".join([render(table)] + [f"note: {n}" for n in m.get("notes", ())])
 
 
+def read_calibration_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The calibration file `path` holds ({"entries": []} when it does not exist yet); ExecutorError (one line) when
+    it is not one (`plan measure` checks this before it runs anything)."""
+    if not os.path.exists(path):
+        return {"entries": []}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ExecutorError(f"--calibrate {path}: not a calibration file ({type(e).__name__}); give a new file "
+                            "name or one an earlier `plan measure --calibrate` wrote") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
+        raise ExecutorError(f"--calibrate {path}: not a calibration file (a JSON object with an entries list); "
+                            "give a new file name or one an earlier `plan measure --calibrate` wrote")
+    return data
+
+
 def write_calibration(path: str | os.PathLike, plan: Plan, result: Mapping[str, Any]) -> dict[str, Any]:
     """Record a measured step time next to the prediction in a calibration file (JSON), atomically.
 
@@ -402,10 +420,7 @@ def write_calibration(path: str | os.PathLike, plan: Plan, result: Mapping[str, 
     and `step_time_scale`, the median measured/predicted ratio over entries of the same cluster — the factor a
     later `plan` call on that profile multiplies its predicted step times by.
     """
-    data: dict[str, Any] = {"entries": []}
-    if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
+    data = read_calibration_file(path)
     p, m = result["predicted"].get("step_time_s"), result["measured"].get("step_time_s")
     entry = {"cluster": plan.cluster.get("name", ""), "mesh": result["plan"]["mesh"],
              "zero_stage": plan.zero_stage, "predicted_step_time_s": p, "measured_step_time_s": m,

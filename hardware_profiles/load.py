@@ -51,6 +51,8 @@ def _resolve(spec: str) -> Path:
         return path
     if spec in list_presets():
         return PRESET_DIR / f"{spec}.yaml"
+    if path.is_dir():
+        raise ProfileError(f"--cluster {spec} is a directory; give a YAML file written by `plan profile` or a preset")
     looks_like_path = spec.endswith((".yaml", ".yml")) or os.sep in spec
     what = f"no such file {spec!r}" if looks_like_path else f"no preset or file named {spec!r}"
     raise ProfileError(f"--cluster: {what}; presets: {', '.join(list_presets())} "
@@ -75,6 +77,9 @@ def load_cluster(spec: str, nodes: int | None = None) -> Cluster:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ProfileError(f"--cluster {spec}: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"--cluster {spec}: {path} is not a UTF-8 text file; give a YAML file written by "
+                           "`plan profile` or a preset name") from None
     data = parse_yaml(text, str(path))
     if data is None:
         raise ProfileError(f"{path}: the file is empty; expected the keys cluster, device and links")

@@ -537,6 +537,9 @@ def main(argv: Sequence[str] | None = None,
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
                            "another path")
+    for given in [args.links_from, *(args.model or [])]:  # writing an input would destroy it
+        if given and out.exists() and os.path.exists(given) and os.path.samefile(given, out):
+            raise ProfileError(f"-o {args.output} is also this command's input {given}; pick another file")
     cuda = torch.cuda.is_available()
     backend = args.backend or ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:

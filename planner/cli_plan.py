@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from planner.cli import ArgParser
 from planner.errors import PlanError
-from planner.plan import RECOMPUTE
+from planner.plan import RECOMPUTE, check_output
 
 FORCE_KEYS = {
     "dp": int, "tp": int, "pp": int, "zero": int, "mbs": int, "recompute": str, "schedule": str, "vp": int,
@@ -24,8 +24,10 @@ FORCE_KEYS = {
 def parse_force(text: str | None) -> dict[str, Any]:
     """Parse `--force K=V,...` into a dict; unknown keys or bad values raise PlanError."""
     out: dict[str, Any] = {}
-    if not text:
+    if text is None:
         return out
+    if not text.replace(",", "").strip():
+        raise PlanError(f"--force {text!r} pins nothing; give KEY=VALUE pairs (e.g. --force dp=2,tp=4) or leave it out")
     for item in text.split(","):
         item = item.strip()
         if not item:
@@ -216,6 +218,16 @@ def main(argv: Sequence[str]) -> int:
         raise PlanError("--plot draws the search's candidates: give --cluster and --batch-size")
     if args.json and args.summary:
         raise PlanError("--json prints the plan report only; run --summary without --json")
+    if args.top < 1:
+        raise PlanError(f"--top must be >= 1 (the candidates to show), got {args.top}")
+    if not args.time_budget > 0 or args.time_budget == float("inf"):
+        raise PlanError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
+    outputs = [(flag, path) for flag, path in (("-o", args.output), ("--timeline", args.timeline),
+                                               ("--plot", args.plot)) if path is not None]
+    for flag, path in outputs:  # before any work, so that a bad path loses no search and no file is half-written
+        check_output(path, flag, inputs=[args.model, args.cluster, args.calibration])
+    if len({os.path.abspath(path) for _, path in outputs}) < len(outputs):
+        raise PlanError(f"{' and '.join(flag for flag, _ in outputs)} name the same file; give each its own")
     if args.plot:  # before the search: a missing matplotlib costs nothing
         from planner.search_plot import check_plot_path
         check_plot_path(args.plot)
@@ -227,9 +239,11 @@ def main(argv: Sequence[str]) -> int:
             cluster = cluster.with_attention_kernel(args.attention)
     scale = read_calibration(args.calibration, cluster.name) if cluster and args.calibration else None
     precision = args.precision or (default_precision(cluster.device.peak_flops) if cluster else "bf16")
+    precision_note = ""
     if cluster and args.precision is None and precision != "bf16":
-        print(f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's bf16 peak "
-              "is below its fp32 peak", file=sys.stderr)
+        why = "is below its fp32 peak" if cluster.device.peak_flops.get("bf16") else "is not given"
+        precision_note = (f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's "
+                          f"bf16 peak {why}")
     model_file = load_model_file(args.model)
     graph = trace_model(model_file)
     if args.summary:
@@ -245,6 +259,8 @@ def main(argv: Sequence[str]) -> int:
     result = search(graph, cluster, cost_model, batch_size=args.batch_size, precision=precision,
                     forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path)
+    if precision_note:  # after the search: an error before it stays one line
+        print(precision_note, file=sys.stderr)
     if scale is not None:
         result = calibrate(result, scale, args.calibration)
     checked = ""

@@ -585,8 +585,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import os
 
     from planner.errors import ModelError
-    from planner.plan import write_atomic
+    from planner.plan import check_output, write_atomic
     args = _parser().parse_args(argv)
+    if args.output is not None:
+        check_output(args.output, "-o", inputs=[args.plan, args.model])
     plan = Plan.load(args.plan)
     facts, path = None, plan.model.get("path")
     if args.model:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -218,8 +219,12 @@ class Plan:
     def from_dict(cls, d: Mapping[str, Any], where: str = "plan") -> "Plan":
         """Build from plan.json's content. It is first validated against plan.json's JSON Schema
         (`planner.plan_schema`: unknown or missing keys, types, ranges, placement strings), then for consistency
-        (`validate`); either raises PlanError `where: field.path: problem` naming the first problem."""
+        (`validate`, then `_check_file_plan`); either raises PlanError `where: field.path: problem` naming the first
+        problem."""
         from planner.plan_schema import check_plan_dict
+        if _too_deep(d, MAX_DEPTH):  # the schema validator and to_dict recurse
+            raise PlanError(f"{where}: not a plan: nested too deeply (over {MAX_DEPTH} levels); pass the file "
+                            "`plan ... -o` wrote")
         check_plan_dict(d, where)
         d = dict(d)
         try:
@@ -234,10 +239,12 @@ class Plan:
                     d[k] = int(d[k])  # the schema accepts 2.0 as an integer, as JSON Schema does
             if "recompute_blocks" in d:
                 d["recompute_blocks"] = tuple(int(n) for n in d["recompute_blocks"])
-            return cls(mesh=mesh, stages=stages, ops=ops, **d)
+            plan = cls(mesh=mesh, stages=stages, ops=ops, **d)
         except PlanError as e:  # validate()'s consistency checks, said of this file
             msg = str(e)
             raise PlanError(f"{where}: {msg[len('plan: '):] if msg.startswith('plan: ') else msg}") from None
+        _check_file_plan(plan, where)
+        return plan
 
     def to_json(self) -> str:
         """JSON text of `to_dict()`."""
@@ -250,6 +257,9 @@ class Plan:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise PlanError(f"{where}: not valid JSON ({e.msg} at line {e.lineno}); regenerate it with `plan ... -o`")
+        except RecursionError:
+            raise PlanError(f"{where}: not a plan: nested too deeply (over {MAX_DEPTH} levels); pass the file "
+                            "`plan ... -o` wrote") from None
         return cls.from_dict(d, where)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -260,11 +270,83 @@ class Plan:
     def load(cls, path: str | os.PathLike) -> "Plan":
         """Read plan.json; a missing file or bad content raises PlanError."""
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8-sig") as f:  # -sig: a BOM some editors write is no error
                 text = f.read()
         except OSError as e:
             raise PlanError(f"{path}: cannot read plan ({e.strerror}); pass the file `plan ... -o` wrote")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"{path}: not a UTF-8 text file (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                            "pass the plan.json `plan ... -o` wrote") from None
         return cls.from_json(text, where=str(path))
+
+
+MAX_DEPTH = 32
+"""Nesting a plan file may have (its own is 4 deep); deeper is not a plan, and would overflow the recursion."""
+PREDICTED_NUMBERS = ("step_time_s", "peak_memory_bytes")
+"""Keys of `Plan.predicted` that `plan measure` compares with what it measures: finite and >= 0 when given."""
+
+
+def _too_deep(data: Any, limit: int) -> bool:
+    """Whether lists/objects in `data` nest more than `limit` levels (iteratively: no recursion to overflow)."""
+    todo = [(data, 0)]
+    while todo:
+        x, depth = todo.pop()
+        if isinstance(x, (Mapping, list, tuple)):
+            if depth >= limit:
+                return True
+            todo += [(v, depth + 1) for v in (x.values() if isinstance(x, Mapping) else x)]
+    return False
+
+
+def _bad_number(x: Any) -> bool:
+    return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
+
+
+def _check_file_plan(plan: Plan, where: str) -> None:
+    """Checks of a plan read from a file, beyond `validate`: PlanError `where: field: problem; fix`. Not in
+    `validate`, because plans built in code may leave out stages (the executor derives them) or the cluster."""
+    from planner.plan_schema import _show
+    m, n = plan.mesh, plan.mesh.pp * plan.virtual_stages
+    if n > 1 and not plan.stages:
+        raise PlanError(f"{where}: stages: pp={m.pp} x virtual_stages={plan.virtual_stages} needs {n} stages, the "
+                        "plan has 0; list them (start_layer, end_layer, modules, rank) or re-plan with `plan ... -o`")
+    listed = [k for k, s in enumerate(plan.stages) if s.modules]
+    if listed and len(listed) < len(plan.stages):  # the executor would ignore every stage's modules
+        k = next(k for k, s in enumerate(plan.stages) if not s.modules)
+        raise PlanError(f"{where}: stages[{k}].modules: stage {k} lists no modules but stage {listed[0]} does; list "
+                        "the modules it holds (or none in any stage, to cut the model by layer ranges)")
+    # a container of listed modules (`transformer` above `transformer.h.0`) may recur: its own ops run in each
+    # stage; any other module in two stages would run in one of them only, silently
+    listed_mods = {mod for s in plan.stages for mod in s.modules}
+    containers = {mod.rsplit(".", i)[0] for mod in listed_mods for i in range(1, mod.count(".") + 1)}
+    owner: dict[str, int] = {}
+    for k, s in enumerate(plan.stages):
+        for mod in s.modules:
+            if owner.get(mod, k) != k and mod not in containers:
+                raise PlanError(f"{where}: stages[{k}].modules: module {mod!r} is listed in stage {owner[mod]} and "
+                                f"stage {k}; list each module in one stage only")
+            owner.setdefault(mod, k)
+    nodes, per_node = plan.cluster.get("nodes"), plan.cluster.get("devices_per_node")
+    if isinstance(nodes, (int, float)) and isinstance(per_node, (int, float)) and \
+            m.world_size != int(nodes) * int(per_node):
+        devices = int(nodes) * int(per_node)
+        raise PlanError(f"{where}: mesh: dp x tp x pp = {m.dp} x {m.tp} x {m.pp} = {m.world_size} but the plan's "
+                        f"cluster has {devices} devices ({int(nodes)} node{'s' if int(nodes) != 1 else ''} x "
+                        f"{int(per_node)}); make the product {devices} or re-plan for the cluster with `plan ... -o`")
+    if m.tp == 1:
+        sharded = next((name for name, p in plan.parameters.items() if p != "R"), None)
+        if sharded is not None:
+            raise PlanError(f"{where}: parameters[{json.dumps(sharded)}]: placed {plan.parameters[sharded]} but "
+                            "mesh.tp is 1 (nothing to shard over); drop `parameters` or raise tp")
+    pred = plan.predicted
+    for key in PREDICTED_NUMBERS:
+        if key in pred and _bad_number(pred[key]):
+            raise PlanError(f"{where}: predicted.{key}: expected a finite number >= 0, got {_show(pred[key])}; drop "
+                            "`predicted` or re-plan with `plan ... -o`")
+    per_device = pred.get("memory_per_device_bytes", [])
+    if not isinstance(per_device, (list, tuple)) or any(_bad_number(x) for x in per_device):
+        raise PlanError(f"{where}: predicted.memory_per_device_bytes: expected a list of finite numbers >= 0, got "
+                        f"{_show(per_device)}; drop `predicted` or re-plan with `plan ... -o`")
 
 
 def recompute_counts(plan: Plan) -> str:
@@ -291,6 +373,28 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     return x
+
+
+def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike | None] = ()) -> None:
+    """Before any work: PlanError (one line) when `path`, given with `flag`, cannot be written (empty, a directory,
+    a folder under a file, a folder or file without write permission) or is one of the command's `inputs` (writing
+    it would destroy them)."""
+    path = os.fspath(path)
+    if not path:
+        raise PlanError(f"{flag} is empty; give a file path")
+    if os.path.isdir(path):
+        raise PlanError(f"{flag} {path}: it is a directory; give a file path")
+    for given in inputs:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
+            raise PlanError(f"{flag} {path} is also this command's input {os.fspath(given)}; writing it would "
+                            "destroy it: pick another file")
+    above = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise PlanError(f"{flag} {path}: {above} is a file, not a folder; give a file path in a folder")
+    if not os.access(above, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PlanError(f"{flag} {path}: no permission to write there; pick a folder you can write to")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:

@@ -1,0 +1,133 @@
+"""Output paths and flag values are checked before any work: a path that cannot be written, or that is one of the
+command's inputs, and a flag value that makes no sense, are one line and exit status 2, and no file the user had
+is changed (`plan`, `plan measure`, `plan export`, cluster files)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from planner.cli import main
+from planner.errors import PlanError
+from planner.plan import check_output
+from planner.search.space import MAX_MICROBATCHES, groups
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLP = os.path.join(ROOT, "examples", "mlp.py")
+PLAN = [MLP, "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32"]
+
+
+def _one_line(capsys) -> str:
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.strip().splitlines() if line.startswith("plan")]
+    assert len(err) == 1 and err[0].startswith("plan: error: "), captured.err
+    assert "Traceback" not in captured.err
+    return err[0]
+
+
+def test_check_output(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for path, match in (("", "is empty"), (tmp_path, "it is a directory"), (afile / "x.json", "is a file, not a folder")):
+        with pytest.raises(PlanError, match=match):
+            check_output(path, "-o")
+    with pytest.raises(PlanError, match="also this command's input"):
+        check_output(afile, "-o", inputs=[str(afile)])
+    check_output(tmp_path / "new" / "x.json", "-o")  # a missing folder is created when written
+
+
+def test_plan_refuses_unwritable_outputs_before_searching(tmp_path, capsys):
+    kept = tmp_path / "kept.json"
+    kept.write_text("mine")
+    assert main(PLAN + ["-o", str(tmp_path)]) == 2
+    assert "it is a directory" in _one_line(capsys)
+    assert main(PLAN + ["-o", str(kept), "--timeline", str(tmp_path)]) == 2  # the plan was written first before
+    assert "--timeline" in _one_line(capsys) and kept.read_text() == "mine"
+    assert main(PLAN + ["-o", str(kept), "--timeline", str(kept)]) == 2
+    assert "same file" in _one_line(capsys)
+    model = tmp_path / "model.py"
+    model.write_text(open(MLP).read())
+    assert main([str(model)] + PLAN[1:] + ["-o", str(model)]) == 2
+    assert "would destroy it" in _one_line(capsys) and model.read_text() == open(MLP).read()
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--top", "0"], "--top must be >= 1"),
+    (["--time-budget", "0"], "--time-budget must be a positive"),
+    (["--time-budget", "nan"], "--time-budget must be a positive"),
+    (["--force", ""], "pins nothing"),
+    (["--force", ","], "pins nothing"),
+])
+def test_plan_refuses_meaningless_flag_values(flags, match, capsys):
+    assert main(PLAN + flags) == 2
+    assert match in _one_line(capsys)
+
+
+def test_forced_virtual_stages_pipeline(capsys):
+    # vp > 1 asks for a pipeline: the search must not answer with pp = 1 (it did, silently)
+    gpt = os.path.join(ROOT, "examples", "gpt.py")
+    assert main([gpt] + PLAN[1:] + ["--force", "schedule=interleaved,vp=2", "--json", "--no-check"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["mesh"]["pp"] > 1 and report["plan"]["virtual_stages"] == 2
+
+
+def test_huge_batches_keep_the_micro_batch_count_bounded():
+    # 10^11 samples in micro-batches of 1 would take the pipeline simulation hours per candidate
+    per_group = groups((2, 1, 2), 10 ** 11, 6, {})
+    assert per_group and max(g.num_microbatches for g in per_group) <= MAX_MICROBATCHES
+    with pytest.raises(PlanError, match="micro-batches per step"):
+        groups((2, 1, 2), 10 ** 11, 6, {"mbs": 1})
+
+
+def test_cluster_file_that_is_not_text_or_not_a_file(tmp_path, capsys):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert main([MLP, "--cluster", str(binary), "--batch-size", "8"]) == 2
+    assert "not a UTF-8 text file" in _one_line(capsys)
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    assert main([MLP, "--cluster", str(folder), "--batch-size", "8"]) == 2
+    assert "is a directory" in _one_line(capsys)
+
+
+@pytest.fixture(scope="module")
+def mlp_plan(tmp_path_factory):
+    path = tmp_path_factory.mktemp("p") / "plan.json"
+    assert main(PLAN + ["-o", str(path), "--no-check"]) == 0
+    return path
+
+
+def test_export_never_writes_over_its_plan(mlp_plan, capsys):
+    before = mlp_plan.read_text()
+    assert main(["export", str(mlp_plan), "--to", "deepspeed", "-o", str(mlp_plan)]) == 2
+    assert "would destroy it" in _one_line(capsys) and mlp_plan.read_text() == before
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--steps", "2", "--warmup", "2"], "must be more than --warmup"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--timeout", "0"], "--timeout must be a positive"),
+    (["--plot", "x.txt"], ".png, .svg or .pdf"),
+])
+def test_measure_refuses_before_launching(mlp_plan, flags, match, capsys):
+    assert main(["measure", str(mlp_plan), MLP] + flags) == 2
+    assert match in _one_line(capsys)
+
+
+def test_measure_checks_its_outputs_before_launching(mlp_plan, tmp_path, capsys):
+    notjson = tmp_path / "calibration.json"
+    notjson.write_text("[1, 2]")
+    assert main(["measure", str(mlp_plan), MLP, "--calibrate", str(notjson)]) == 2
+    assert "not a calibration file" in _one_line(capsys) and notjson.read_text() == "[1, 2]"
+    assert main(["measure", str(mlp_plan), MLP, "-o", str(tmp_path)]) == 2
+    assert "it is a directory" in _one_line(capsys)
+    before = mlp_plan.read_text()
+    assert main(["measure", str(mlp_plan), MLP, "-o", str(mlp_plan)]) == 2
+    assert "would destroy it" in _one_line(capsys) and mlp_plan.read_text() == before
+
+
+def test_an_error_on_cpu_ranks_is_the_only_line(tmp_path, capsys):
+    # cpu-local's default precision note used to come before the model was read: an error then made two lines
+    assert main([str(tmp_path / "missing.py")] + PLAN[1:5]) == 2  # no --precision: the note applies
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
