@@ -124,13 +124,14 @@ def check_outputs(args) -> bool:
     from executor.measure import read_calibration_file
     from executor.plots import HINT, have_matplotlib
     from planner.plan import check_output
+    from planner.search_plot import FORMATS
     for flag, path in (("-o", args.output), ("--calibrate", args.calibrate), ("--plot", args.plot)):
         if path is not None:  # before the run: a path that cannot be written must not cost it
             check_output(path, flag, inputs=[args.plan, args.model, args.cluster])
     if args.calibrate:
         read_calibration_file(args.calibrate)
-    if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
-        raise ExecutorError(f"--plot {args.plot}: give a .png, .svg or .pdf file name")
+    if args.plot and os.path.splitext(args.plot)[1].lower() not in FORMATS:
+        raise ExecutorError(f"--plot {args.plot}: give a {', '.join(FORMATS[:-1])} or {FORMATS[-1]} file name")
     if args.plot:
         if not have_matplotlib():
             print(f"plan measure: --plot: {HINT}", file=sys.stderr)

@@ -45,45 +45,25 @@ Megatron-LM and torchtitan train transformer language models: a model without a 
 The model file the plan names (or `--model`) is read when it exists, on the meta device: it tells blocks from other
 modules, gives the block class (Accelerate's wrap policy), the sequence length and the Linears a tp layout must
 split. Without it (missing, or failing to import here) the export still runs for tp=1 and guesses blocks from
-module paths (`h.3`); tp>1 to Megatron or torchtitan then refuses, since the layout cannot be checked.
+module paths (`h.3`); tp>1 to Megatron or torchtitan then refuses, since the layout cannot be checked. The model
+facts and the refusals every target shares live in `planner.export_checks`; this module writes each target.
 """
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import dataclass
 from typing import Sequence
 
 from planner.errors import PlanError
+from planner.export_checks import (ModelFacts, check_stage_ranks, model_facts, recompute_count, refuse_tp_layout,
+                                   require_language_model, stage_blocks)
 from planner.plan import Plan, recompute_counts
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 """Frameworks `plan export` writes for."""
 TT_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 """Plan schedule -> torch.distributed.pipelining schedule name (what torchtitan's pipeline_parallel_schedule takes)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelFacts:
-    """What an export reads from the model file beyond the plan."""
-
-    path: str
-    """The model file."""
-    fingerprint: str
-    """`planner.plan.model_fingerprint` of the built model (a plan for another model is refused)."""
-    blocks: tuple[str, ...]
-    """Repeated block instances (`h.0`, ...), in model order."""
-    block_classes: tuple[str, ...]
-    """Class names of the blocks (Accelerate wraps each instance of these)."""
-    block_linears: tuple[str, ...]
-    """nn.Linear modules inside the blocks."""
-    embeddings: tuple[tuple[str, int], ...]
-    """(path, rows) of nn.Embedding modules outside the blocks."""
-    head: str | None
-    """The last nn.Linear after the blocks (the LM head), if any."""
-    seq_len: int | None
-    """Sequence length of `sample_batch` (dim 1 of its 2-D integer input), if it has one."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +89,7 @@ def export(plan: Plan, target: str, facts: ModelFacts | None = None) -> Export:
             "accelerate": to_accelerate}[target](plan, facts)
 
 
-# ---- shared checks ---------------------------------------------------------------------------------------------
+# ---- the plan in one line (every header) -----------------------------------------------------------------------
 
 def describe(plan: Plan) -> str:
     """One line naming the plan's configuration."""
@@ -122,137 +102,17 @@ def describe(plan: Plan) -> str:
             f"{plan.precision}")
 
 
-def _guess_blocks(names: Sequence[str]) -> set[str]:
-    """Block instances guessed from module paths: `PREFIX.N` with at least two indices under one PREFIX."""
-    by_prefix: dict[str, list[str]] = {}
-    for n in names:
-        hit = re.fullmatch(r"(.+)\.(\d+)", n)
-        if hit:
-            by_prefix.setdefault(hit.group(1), []).append(n)
-    return {n for group in by_prefix.values() if len(group) >= 2 for n in group}
-
-
-def stage_blocks(plan: Plan, facts: ModelFacts | None) -> tuple[list[int], bool]:
-    """Blocks per pipeline stage, and whether a non-block module sits between two blocks."""
-    names = [m for s in plan.stages for m in s.modules]
-    blocks = set(facts.blocks) if facts is not None else _guess_blocks(names)
-    counts = [sum(m in blocks for m in s.modules) for s in plan.stages]
-    where = [i for i, n in enumerate(names) if n in blocks]
-    between = bool(where) and any(n not in blocks for n in names[where[0]:where[-1] + 1])
-    return counts, between
-
-
-def tp_layout_problems(plan: Plan, facts: ModelFacts | None, target: str) -> list[str]:
-    """How the plan's tp layout differs from the fixed one of Megatron-LM and torchtitan (every Linear of a block
-    split colwise/rowwise, the vocabulary embedding split, the LM head colwise); empty when it does not."""
-    if plan.mesh.tp == 1:
-        return []
-    if facts is None:
-        raise PlanError(f"cannot export to {target}: tp={plan.mesh.tp} cannot be checked against {target}'s "
-                        "tensor-parallel layout without the model file; pass it with --model MODEL.py")
-    strategy = {p.module: p.strategy for p in plan.ops.values() if p.strategy in ("colwise", "rowwise", "vocab")}
-    out = [f"module {path} (a Linear in a block) is replicated by the plan; {target} splits every Linear of a "
-           "block" for path in facts.block_linears if strategy.get(path) not in ("colwise", "rowwise")]
-    if facts.embeddings:
-        vocab = max(facts.embeddings, key=lambda e: e[1])[0]
-        if strategy.get(vocab) != "vocab":
-            out.append(f"embedding {vocab} is replicated by the plan; {target} splits the vocabulary embedding")
-        out += [f"embedding {p} is split by the plan; {target} splits only the vocabulary embedding"
-                for p, _ in facts.embeddings if p != vocab and p in strategy]
-    if facts.head is not None and strategy.get(facts.head) != "colwise":
-        out.append(f"LM head {facts.head} is not colwise in the plan; {target}'s output layer is column-parallel")
-    return out
-
-
-def _refuse_tp_layout(plan: Plan, facts: ModelFacts | None, target: str) -> None:
-    problems = tp_layout_problems(plan, facts, target)
-    if not problems and facts is not None and plan.mesh.tp > 1:
-        problems = [p for p in [_pairing_problem(plan, facts, target)] if p]
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise PlanError(f"cannot export to {target}: {problems[0]}{more}; this layout runs under shardwise's "
-                        "executor only; re-plan with --force tp=1 to export")
-
-
-def _pairing_problem(plan: Plan, facts: ModelFacts, target: str) -> str | None:
-    """Megatron-LM and torchtitan split a block's input projections by columns and the projection after them by
-    rows: in each block, in the order the ops run, every rowwise Linear follows a colwise one since the last
-    rowwise, and the block ends on a rowwise one. The first way the plan breaks that, else None."""
-    linears = set(facts.block_linears)
-    owner = {lin: b for b in facts.blocks for lin in linears if lin.startswith(b + ".")}
-    runs: dict[str, list[tuple[str, str]]] = {}
-    for p in plan.ops.values():
-        if p.module in owner and p.strategy in ("colwise", "rowwise"):
-            run = runs.setdefault(owner[p.module], [])
-            if (p.module, p.strategy) not in run:  # a module's several ops (or calls) count once
-                run.append((p.module, p.strategy))
-    for block, run in runs.items():
-        open_ = None
-        for module, strategy in run:
-            if strategy == "colwise":
-                open_ = module
-            elif open_ is None:
-                return (f"module {module} is rowwise with no column-parallel Linear before it in block {block}; "
-                        f"{target} splits a block's input projections by columns and the one after them by rows")
-            else:
-                open_ = None
-        if open_ is not None:
-            return (f"block {block} ends on column-parallel {open_}; {target} ends each pair of split Linears on a "
-                    "row-parallel one")
-    return None
-
-
-def _language_model(facts: ModelFacts | None, target: str) -> None:
-    """Megatron-LM and torchtitan train transformer language models: refuse a model without a token embedding."""
-    if facts is not None and not facts.embeddings:
-        raise PlanError(f"cannot export to {target}: {facts.path} has no token embedding (nn.Embedding), and "
-                        f"{target} trains transformer language models; run this plan with shardwise's executor "
-                        "(executor.apply_plan) or export to deepspeed/accelerate")
-
-
-def _recompute_count(plan: Plan, facts: ModelFacts | None, target: str, uniform: bool) -> int | None:
-    """The plan's full recomputation of the first blocks of each stage as `target` can run it: None when it covers
-    every block (or the blocks are unknown); with `uniform` (one count for every stage: Megatron-LM's block
-    method, DeepSpeed's single stage) that count. PlanError when the target would recompute more blocks than
-    planned (torchtitan and Accelerate wrap every block)."""
-    if plan.recompute != "full" or not plan.recompute_blocks:
-        return None
-    counts, _ = stage_blocks(plan, facts)
-    if not any(counts):
-        return max(plan.recompute_blocks) if uniform else None
-    planned = [min(r, c) for r, c in zip(plan.recompute_blocks, counts)]
-    if planned == counts:
-        return None
-    n = max(planned)
-    if uniform and all(min(n, c) == r for r, c in zip(planned, counts)):
-        return n
-    ran = f"the first {n} of every stage" if uniform else "every block"
-    raise PlanError(f"cannot export to {target}: the plan recomputes the first {planned} blocks of its stages "
-                    f"(of {counts}) and {target} would recompute {ran}, more compute than planned; re-plan with "
-                    f"--force recompute=full,recompute_blocks={n if uniform else max(counts)} (the same count in "
-                    "every stage)")
-
-
-def _check_stage_ranks(plan: Plan, target: str) -> None:
-    """Both Megatron-LM and torchtitan run stage k on pipeline rank k % pp."""
-    bad = [k for k, s in enumerate(plan.stages) if s.rank != k % plan.mesh.pp]
-    if bad:
-        raise PlanError(f"cannot export to {target}: stage {bad[0]} runs on pipeline rank "
-                        f"{plan.stages[bad[0]].rank}, {target} runs stage k on rank k % pp; re-plan without "
-                        "hand-placed stage ranks")
-
-
 # ---- torchtitan ------------------------------------------------------------------------------------------------
 
 def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     """The job TOML's [parallelism], [training] and [activation_checkpoint] keys."""
     m, notes = plan.mesh, []
-    _language_model(facts, "torchtitan")
-    _refuse_tp_layout(plan, facts, "torchtitan")
+    require_language_model(facts, "torchtitan")
+    refuse_tp_layout(plan, facts, "torchtitan")
     if plan.precision == "fp16":
         raise PlanError("cannot export to torchtitan: it trains in bfloat16 or float32 only "
                         "(training.mixed_precision_param); re-plan with --precision bf16")
-    _check_stage_ranks(plan, "torchtitan")
+    check_stage_ranks(plan, "torchtitan")
     par = _torchtitan_data_parallel(plan, notes)
     par.update(tensor_parallel_degree=m.tp, enable_async_tensor_parallel=False)
     if m.tp > 1:
@@ -287,7 +147,7 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
                         "(its selective one also re-runs every other linear); re-plan with --force "
                         "recompute=selective (or none, full) or export to megatron")
     ac: dict[str, object] = {"mode": plan.recompute}
-    _recompute_count(plan, facts, "torchtitan", uniform=False)  # its full mode wraps every block
+    recompute_count(plan, facts, "torchtitan", uniform=False)  # its full mode wraps every block
     if plan.recompute == "selective":
         ac["selective_ac_option"] = "op"  # torchtitan's op-level policy: the executor's selective recomputation
     head = [f"torchtitan job config for a shardwise plan: {describe(plan)}",
@@ -332,8 +192,8 @@ def _toml(value: object) -> str:
 def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
     """Megatron-LM command-line flags, as a bash array `SHARDWISE_ARGS=( ... )`."""
     m, notes = plan.mesh, []
-    _language_model(facts, "Megatron-LM")
-    _refuse_tp_layout(plan, facts, "Megatron-LM")
+    require_language_model(facts, "Megatron-LM")
+    refuse_tp_layout(plan, facts, "Megatron-LM")
     flags: list[tuple[str, object]] = [("--tensor-model-parallel-size", m.tp),
                                        ("--pipeline-model-parallel-size", m.pp)]
     flags += _megatron_pipeline(plan, facts, notes)
@@ -349,7 +209,7 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
                         "linear kept); re-plan with --force recompute=attention (Megatron-LM's selective), full or "
                         "none, or export to torchtitan")
     # Megatron-LM's block method re-runs the first N layers of every pipeline stage (model chunk): one N
-    n = _recompute_count(plan, facts, "Megatron-LM", uniform=True)
+    n = recompute_count(plan, facts, "Megatron-LM", uniform=True)
     if n is not None:
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "block"), ("--recompute-num-layers", n)]
     elif plan.recompute == "full":
@@ -379,7 +239,7 @@ def _megatron_pipeline(plan: Plan, facts: ModelFacts | None, notes: list[str]) -
         if m.pp > 1:
             notes.append("the plan names no stages: Megatron-LM splits the transformer layers evenly")
         return []
-    _check_stage_ranks(plan, "Megatron-LM")
+    check_stage_ranks(plan, "Megatron-LM")
     counts, between = stage_blocks(plan, facts)
     total = sum(counts)
     out: list[tuple[str, object]] = [("--num-layers", total)] if total else []
@@ -449,7 +309,7 @@ def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
     if plan.recompute == "full":
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False}
-        n = _recompute_count(plan, facts, "DeepSpeed", uniform=True)
+        n = recompute_count(plan, facts, "DeepSpeed", uniform=True)
         which = f"the first {n} blocks" if n is not None else "each block"
         notes.append("recompute=full: DeepSpeed recomputes only what the model wraps; call "
                      f"deepspeed.checkpointing.checkpoint (or torch.utils.checkpoint) on {which}")
@@ -498,7 +358,7 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
         else:
             notes.append("fsdp_transformer_layer_cls_to_wrap is left out (model file not read): Accelerate then "
                          "wraps the classes in the model's _no_split_modules")
-        _recompute_count(plan, facts, "Accelerate", uniform=False)  # fsdp_activation_checkpointing: every block
+        recompute_count(plan, facts, "Accelerate", uniform=False)  # fsdp_activation_checkpointing: every block
         if plan.precision != "fp32":
             notes.append(f"Accelerate's FSDP2 reduces gradients in {plan.precision} unless its plugin says "
                          "otherwise, which no config key does; the plan reduces them in fp32: pass "
@@ -509,7 +369,7 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
                  "fsdp_offload_params: false", "fsdp_state_dict_type: SHARDED_STATE_DICT"]
         lines += ["fsdp_config:"] + [f"  {x}" for x in fsdp]
     elif plan.recompute == "full":
-        n = _recompute_count(plan, facts, "Accelerate", uniform=True)
+        n = recompute_count(plan, facts, "Accelerate", uniform=True)
         which = f"the first {n} blocks" if n is not None else "each block"
         notes.append(f"recompute=full under DDP: wrap {which} with torch.utils.checkpoint in the model")
     notes.append(f"micro-batching is set in your script: DataLoader(batch_size={plan.microbatch_size}) and "
@@ -521,46 +381,7 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
     return Export(text + "\n".join(lines) + "\n", tuple(notes))
 
 
-# ---- model facts and the command -------------------------------------------------------------------------------
-
-def model_facts(path: str) -> ModelFacts:
-    """Read what an export needs from a model file, built on the meta device (raises ModelError when it cannot)."""
-    import torch
-    from torch import nn
-
-    from planner.blocks import find_blocks
-    from planner.model_file import batch, build, load_model_file
-    from planner.plan import model_fingerprint
-
-    mf = load_model_file(path)
-    model = build(mf, "meta")
-    found = find_blocks(model)
-    blocks = tuple(found)
-    named = dict(model.named_modules())
-    inside = lambda p: any(p == b or p.startswith(b + ".") for b in blocks)  # noqa: E731
-    linears = [p for p, mod in named.items() if isinstance(mod, nn.Linear)]
-    first = next((i for i, p in enumerate(named) if inside(p)), None)
-    order = {p: i for i, p in enumerate(named)}
-    after = [p for p in linears if not inside(p) and first is not None and order[p] > first]
-    inputs, _ = batch(mf, 1)
-    return ModelFacts(
-        path=mf.path, fingerprint=model_fingerprint((n, p.shape) for n, p in model.named_parameters()),
-        blocks=blocks, block_classes=tuple(dict.fromkeys(type(named[b]).__name__ for b in blocks)),
-        block_linears=tuple(p for p in linears if inside(p)),
-        embeddings=tuple((p, mod.num_embeddings) for p, mod in named.items()
-                         if isinstance(mod, nn.Embedding) and not inside(p)),
-        head=after[-1] if after else None, seq_len=_seq_len(inputs, torch))
-
-
-def _seq_len(inputs, torch) -> int | None:
-    """Dim 1 of the first 2-D integer tensor among the inputs (token ids), if any."""
-    values = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (tuple, list)) \
-        else [inputs]
-    for t in values:
-        if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point():
-            return int(t.shape[1])
-    return None
-
+# ---- the command -----------------------------------------------------------------------------------------------
 
 def _parser():
     from planner.cli import ArgParser

@@ -375,48 +375,50 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike | None] = ()) -> None:
-    """Before any work: PlanError (one line) when `path`, given with `flag`, cannot be written (empty, a directory,
-    a folder under a file, a folder or file without write permission) or is one of the command's `inputs` (writing
-    it would destroy them)."""
-    path = os.fspath(path)
-    if not path:
-        raise PlanError(f"{flag} is empty; give a file path")
+def _unwritable(path: str) -> str | None:
+    """Why `path` cannot be written as a file (a directory, a folder under a file, no permission), or None."""
     if os.path.isdir(path):
-        raise PlanError(f"{flag} {path}: it is a directory; give a file path")
-    for given in inputs:
-        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
-            raise PlanError(f"{flag} {path} is also this command's input {os.fspath(given)}; writing it would "
-                            "destroy it: pick another file")
+        return "it is a directory"
     above = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(above) and os.path.dirname(above) != above:
         above = os.path.dirname(above)
     if not os.path.isdir(above):
-        raise PlanError(f"{flag} {path}: {above} is a file, not a folder; give a file path in a folder")
+        return f"{above} is a file, not a folder"
     if not os.access(above, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise PlanError(f"{flag} {path}: no permission to write there; pick a folder you can write to")
+        return "no permission to write there"
+    return None
+
+
+def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike | None] = ()) -> None:
+    """Before any work: PlanError (one line) when `path`, given with `flag`, cannot be written (empty, or
+    `_unwritable`) or is one of the command's `inputs` (writing it would destroy them)."""
+    path = os.fspath(path)
+    if not path:
+        raise PlanError(f"{flag} is empty; give a file path")
+    for given in inputs:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
+            raise PlanError(f"{flag} {path} is also this command's input {os.fspath(given)}; writing it would "
+                            "destroy it: pick another file")
+    why = _unwritable(path)
+    if why:
+        raise PlanError(f"{flag} {path}: {why}; give a file path in a folder you can write to")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write text to path via a temp file in the same folder and a rename, so a crash never leaves half a file.
-    A path that cannot be written (a directory, a folder under a file, no permission) is a PlanError, one line."""
+    A path that cannot be written (`_unwritable`, or an error making the folder or the temp file) is a PlanError,
+    one line."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    try:
-        if os.path.isdir(path):
-            raise IsADirectoryError(21, "it is a directory", path)
-        above = folder
-        while not os.path.exists(above) and os.path.dirname(above) != above:
-            above = os.path.dirname(above)
-        if not os.path.isdir(above):
-            raise NotADirectoryError(20, f"{above} is a file, not a folder", above)
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    except OSError as e:
-        where = f" ({e.filename})" if e.filename and os.fspath(e.filename) not in (path, folder) and \
-            os.fspath(e.filename) not in (e.strerror or "") else ""
-        raise PlanError(f"cannot write {path}: {e.strerror or e}{where}; give a file path in a folder you can "
-                        "write to") from None
+    why = _unwritable(path)
+    if why is None:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        except OSError as e:
+            why = e.strerror or str(e)
+    if why:
+        raise PlanError(f"cannot write {path}: {why}; give a file path in a folder you can write to")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
