@@ -10,7 +10,8 @@ descriptors back to graph values (by storage), which is how a tensor saved by se
 Attention: `scaled_dot_product_attention` is analysed as the fused flash kernel (efficient-attention when a mask is
 given), as it runs on GPUs: FLOPs from FlopCounterMode's formulas for those kernels (backward recomputes the scores:
 2.5x forward), and saved activations q, k, v, output and log-sum-exp rather than the s x s score matrix the
-math fallback would keep.
+math fallback would keep. Grouped-query k/v (`enable_gqa=True`) stay unexpanded without a mask: torch's flash kernel
+reads the shared heads in place (`backend_supports_grouped_query_attention` in ATen's sdp_utils.cpp).
 """
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
     if query.dim() != 4 or query.device.type != "meta":
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    if key.shape[1] != query.shape[1]:  # grouped-query attention: kernels expand k/v heads
+    if attn_mask is None:  # flash reads grouped k/v heads as they are (enable_gqa): k and v are saved unexpanded
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
+    if key.shape[1] != query.shape[1]:  # grouped-query attention with a mask: k/v heads expanded, as in SDPA's documented reference
         rep = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
-    if attn_mask is None:
-        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
     if attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             attn_mask.logical_not(), float("-inf"))

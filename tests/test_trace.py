@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from planner.graph import TensorMeta
 from planner.model_file import batch, build, load_model_file
 from planner.trace import trace_model
 
@@ -190,6 +191,43 @@ def test_fx_failure_falls_back_to_export_and_unused_parameters_are_kept(tmp_path
     linear = next(op for op in graph.ops if op.kind == "linear")
     assert linear.module_path == "fc" and linear.fwd_flops == 2 * 3 * 8 * 8
     assert graph.ops[-1].kind == "loss"
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_grouped_query_attention_saves_k_and_v_as_flash_keeps_them(tmp_path, mask):
+    # enable_gqa without a mask: flash reads the 2 shared k/v heads in place and saves them at that size (the
+    # tracer used to expand them to the 8 query heads, 4x the k/v bytes); with a mask they are expanded
+    path = tmp_path / "gqa.py"
+    path.write_text(textwrap.dedent(f"""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class GQA(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q, self.kv = nn.Linear(64, 64), nn.Linear(64, 32)
+
+            def forward(self, x):
+                b, s, _ = x.shape
+                q = self.q(x).view(b, s, 8, 8).transpose(1, 2)
+                k, v = self.kv(x).view(b, s, 2, 2, 8).permute(2, 0, 3, 1, 4)
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril() if {mask} else None
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                return y.transpose(1, 2).reshape(b, s, 64)
+
+        def build_model():
+            return GQA()
+
+        def sample_batch(batch_size):
+            return torch.randn(batch_size, 16, 64), torch.randn(batch_size, 16, 64)
+    """))
+    graph = trace_model(load_model_file(str(path)), 2)
+    attn = next(op for op in graph.ops if op.kind == "attention")
+    expanded = [t for t in attn.saved if t.shape == (2, 8, 16, 8)]  # the output, and k and v where expanded
+    assert len(expanded) == (3 if mask else 1)
+    assert (TensorMeta((2, 16, 32), "float32") in attn.saved) == (not mask)  # the k/v projection's output
+    assert attn.fwd_flops == 2 * (2 * 2 * 8 * 16 * 16 * 8)  # q k^T and p v over the 8 query heads either way
 
 
 @pytest.mark.parametrize("name,block_type,count", [("hf_gpt2", "transformer.h.*", 2),
