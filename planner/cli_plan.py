@@ -137,6 +137,18 @@ def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
     return result, f"dry run: {ok} for candidate {i + 1} ({took:.1f} s; the best failed, see the note)"
 
 
+def memory_ignored_note(pred: Any, cluster: Any) -> str:
+    """What `--ignore-memory` means for the plan it printed."""
+    from planner.search.outer import format_bytes
+    usable = cluster.device.usable_memory_bytes
+    if pred.fits:
+        return (f"--ignore-memory: this plan fits anyway ({format_bytes(pred.peak_memory_bytes)} of "
+                f"{format_bytes(usable)} usable); run without --ignore-memory to write it")
+    return (f"--ignore-memory: this plan needs {format_bytes(pred.peak_memory_bytes)} per device, a "
+            f"{cluster.device.name} has {format_bytes(usable)} usable: shardwise's executor would run out of memory "
+            "here, so the step time is a what-if (a runtime that keeps fewer activations), and no plan is written")
+
+
 def build_parser() -> ArgParser:
     """The `plan` argument parser."""
     p = ArgParser(
@@ -173,6 +185,10 @@ def build_parser() -> ArgParser:
                         "recomputation of only the first N blocks of each pipeline stage, as Megatron-LM's "
                         "--recompute-method block; unforced, the search recomputes only the blocks each "
                         "stage's memory needs)")
+    p.add_argument("--ignore-memory", action="store_true",
+                   help="rank candidates as if device memory were unlimited and print the fastest with the memory "
+                        "it needs: a what-if, e.g. the step time of a published run whose runtime (fused kernels) "
+                        "keeps fewer activations than shardwise's executor; writes no plan (-o is refused)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="show the K best candidates (default 5)")
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runner-up")
     p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
@@ -220,6 +236,11 @@ def main(argv: Sequence[str]) -> int:
         raise PlanError("--json prints the plan report only; run --summary without --json")
     if args.top < 1:
         raise PlanError(f"--top must be >= 1 (the candidates to show), got {args.top}")
+    if args.ignore_memory and args.output:
+        raise PlanError("--ignore-memory predicts plans that may not fit the device, and -o writes only plans that "
+                        "run: drop one of them")
+    if args.ignore_memory and not args.cluster:
+        raise PlanError("--ignore-memory changes the search: give --cluster and --batch-size")
     if not args.time_budget > 0 or args.time_budget == float("inf"):
         raise PlanError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     outputs = [(flag, path) for flag, path in (("-o", args.output), ("--timeline", args.timeline),
@@ -258,7 +279,9 @@ def main(argv: Sequence[str]) -> int:
     cost_model = CostModel(cluster)
     result = search(graph, cluster, cost_model, batch_size=args.batch_size, precision=precision,
                     forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
-                    model_path=model_file.path)
+                    model_path=model_file.path, ignore_memory=args.ignore_memory)
+    if args.ignore_memory:
+        result.notes.append(memory_ignored_note(result.best_prediction, cluster))
     if precision_note:  # after the search: an error before it stays one line
         print(precision_note, file=sys.stderr)
     if scale is not None:

@@ -105,3 +105,20 @@ def test_attention_flag_picks_the_profiles_kernel_or_unfused(tmp_path, capsys):
     assert main([str(model), "--cluster", "dgx-a100-80gb", "--batch-size", "8", "--attention", "flash3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--attention flash3" in err[0] and "flash2, unfused" in err[0]
+
+
+def test_ignore_memory_predicts_a_forced_plan_that_fits_nowhere_and_writes_nothing(tmp_path, capsys):
+    # 65536 samples per micro-batch need ~100 GiB of activations on an 80 GB A100: an error naming --ignore-memory,
+    # which then predicts the forced plan, says it does not fit, and refuses -o
+    args = [GPT, "--cluster", "dgx-a100-80gb", "--nodes", "1", "--batch-size", "524288",
+            "--force", "dp=8,mbs=65536,recompute=none"]
+    assert main(args) == 2
+    assert "predict it anyway with --ignore-memory" in capsys.readouterr().err
+    assert main(args + ["--ignore-memory"]) == 0
+    text = capsys.readouterr().out
+    assert "(DOES NOT FIT)" in text and "recompute=none" in text and "mbs=65536" in text
+    assert "note: --ignore-memory: this plan needs" in text and "no plan is written" in text
+    out = tmp_path / "plan.json"
+    assert main(args + ["--ignore-memory", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--ignore-memory" in err and "-o" in err and len(err.strip().splitlines()) == 1 and not out.exists()

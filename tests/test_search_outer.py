@@ -79,6 +79,20 @@ def test_infeasible_says_what_is_needed_and_what_helps():
     assert "\n" not in msg
 
 
+def test_ignore_memory_ranks_what_does_not_fit_as_the_unlimited_search_does():
+    # a forced mesh and recompute=none that fit nowhere: --ignore-memory predicts them anyway, marked as not fitting,
+    # the same plans and step times as on a device large enough for them
+    forced = {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "recompute": "none"}
+    with pytest.raises(PlanError, match=r"; or predict it anyway with --ignore-memory"):
+        run(memory=2000, forced=forced)
+    small, _ = run(memory=2000, forced=forced, ignore_memory=True)
+    big, _ = run(forced=forced)
+    assert [s.prediction.step_time_s for s in small.ranked] == [s.prediction.step_time_s for s in big.ranked]
+    assert [s.plan.zero_stage for s in small.ranked] == [s.plan.zero_stage for s in big.ranked]
+    assert not any(s.prediction.fits for s in small.ranked) and all(s.prediction.fits for s in big.ranked)
+    assert all(s.plan.recompute == "none" for s in small.ranked)
+
+
 def test_infeasible_names_the_forced_keys_that_hold_memory_up():
     # a forced mesh fills the cluster: more nodes would contradict it, so the message must not offer them
     with pytest.raises(PlanError) as e:
@@ -90,7 +104,7 @@ def test_infeasible_names_the_forced_keys_that_hold_memory_up():
     with pytest.raises(PlanError) as e:
         run(memory=2000, nodes=2, dpn=4, forced={"dp": 8, "recompute": "full"})
     msg = str(e.value)
-    nodes = int(msg.split("--nodes ")[1].rstrip(")"))
+    nodes = int(msg.split("--nodes ")[1].split(")")[0])
     assert nodes > 2 and nodes % 2 == 0 and "recompute=" not in msg.split("try ")[1]
     with pytest.raises(PlanError) as e:
         run(memory=2000, nodes=1, dpn=2, forced={"dp": 1, "tp": 2})

@@ -100,8 +100,10 @@ class OuterSearch:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
                  forced: Mapping[str, Any] | None = None, time_budget_s: float = 60.0, model_path: str = "",
-                 on_progress: Callable[[int, int, float], None] | None = None, top_k: int = 5):
+                 on_progress: Callable[[int, int, float], None] | None = None, top_k: int = 5,
+                 ignore_memory: bool = False):
         self.graph, self.cluster, self.cm = graph, cluster, cost_model
+        self.ignore_memory = ignore_memory  # rank every candidate as if it fitted (a what-if; nothing is written)
         self.top_k = max(1, top_k)
         self._top: list[float] = []  # the top_k fastest fitting step times found so far, ascending
         self.batch, self.precision = batch_size, precision
@@ -244,7 +246,7 @@ class OuterSearch:
                 preds[(zero, recompute)] = pred
                 if leanest is None or pred.peak_memory_bytes < leanest[0].peak_memory_bytes:
                     leanest = (pred, plan)
-                if not pred.fits:
+                if not self.fits(pred):
                     failed = todo[k:]  # less sharding needs more memory: these cannot fit either
                     break
                 found.append(Scored(plan, pred, level_lb))
@@ -280,14 +282,14 @@ class OuterSearch:
         saved = None  # per rank: peak without recomputation - peak with full, at the last ZeRO stage predicted so
         for zero in zero_stages(g.dp, self.forced):  # leanest first
             without = preds.get((zero, "none"))
-            if without is not None and without.fits:
+            if without is not None and self.fits(without):
                 continue
             if without is None and saved is None:
                 break  # the none level stopped before any ZeRO stage failed: nothing to estimate from
             if (zero, "full") not in preds:
                 preds[(zero, "full")] = self.predict(self.build(g, placement, stages, zero, "full"), bound)
             full = preds[(zero, "full")]
-            if not full.fits:
+            if not self.fits(full):
                 break  # less sharding needs more memory
             lo = full.memory_per_device_bytes
             if without is not None:
@@ -303,7 +305,7 @@ class OuterSearch:
             while counts != nblocks:
                 plan = replace(base, recompute_blocks=tuple(counts))
                 pred = self.predict(plan, bound)
-                if pred.fits:
+                if self.fits(pred):
                     out.append(Scored(plan, pred, bound))
                     break
                 # a rank still over: the same estimate from where it now stands, at least one more block a stage
@@ -468,6 +470,10 @@ class OuterSearch:
             cache[key] = (placement.ops, parameter_placements(self.graph, placement.ops))
         return dict(cache[key][1])
 
+    def fits(self, pred: Any) -> bool:
+        """Whether the search may rank `pred`: it fits the device's usable memory, or memory is ignored."""
+        return pred.fits or self.ignore_memory
+
     def predict(self, plan: Plan, lb: float) -> Any:
         """Score with the cost model; keep the leanest prediction for the infeasible message."""
         pred = self.cm.predict(self.graph, plan)
@@ -491,7 +497,8 @@ class OuterSearch:
                 f"recompute={plan.recompute} mbs={plan.microbatch_size}")
         return (f"the model fits nowhere: the leanest plan found ({what}) needs {format_bytes(need)} per device, "
                 f"a {self.cluster.device.name} has {format_bytes(usable)} usable; "
-                f"try {', '.join(self._memory_levers(plan, need / usable))}")
+                f"try {', '.join(self._memory_levers(plan, need / usable))}; or predict it anyway with "
+                "--ignore-memory (no plan is written)")
 
     def _memory_levers(self, plan: Plan, over: float) -> list[str]:
         """What could make the leanest plan fit: the forced keys that hold memory up (by name, with the value
