@@ -222,8 +222,9 @@ class LayerCoster:
                 pl = vocab_loss
             # kernels and host dispatch are summed apart and combined per layer (max on GPUs: asynchronous)
             dt = self.on_dtensors(op.module_path)
+            casting = self._shared_casts(op, pl, cast_done)
             kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt,
-                                        dtypes=self._shared_casts(op, pl, cast_done), grads=self.grads[op.name])
+                                        dtypes=casting, grads=self.grads[op.name])
             cf, cb = self._autocast_copies(op, pl)
             pf, pb = self._autocast_copy_dispatch(op, dt)
             af, ah = self._gradient_sums(op, pl)
@@ -261,8 +262,11 @@ class LayerCoster:
                 if rerun and ef > 0 and not scattered and (full or src not in regathered):
                     rec_tp += ef
                     regathered.add(src)
+            # an input saved by an earlier op, cast again here (not shared by the tp executor): its own copy is kept
+            recast = tuple(i for i in op.saved_elsewhere if casting is not None and i in casting.casts)
             _, a = m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced,
-                               input_sources=tuple(sources), keep_shards=keep, dtypes=self.dtypes.get(op.name))
+                               input_sources=tuple(sources), keep_shards=keep, dtypes=self.dtypes.get(op.name),
+                               recast=recast)
             act_full += a
             # a checkpointed SDPA call keeps its inputs and output, not the kernel's internals
             act += m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, input_sources=tuple(sources),

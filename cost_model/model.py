@@ -155,7 +155,8 @@ class CostModel:
 
     def op_memory(self, op: OpNode, placement: OpPlacement | None, tp: int, microbatch_size: int, precision: str,
                   *, traced_batch_size: int = 1, input_sources: tuple[str, ...] | None = None,
-                  keep_shards: bool = False, dtypes=None, inputs_only: bool = False) -> tuple[float, float]:
+                  keep_shards: bool = False, dtypes=None, inputs_only: bool = False,
+                  recast: tuple[int, ...] = ()) -> tuple[float, float]:
         """(parameter bytes, saved activation bytes) of one op on one tp rank for one micro-batch.
 
         Parameter bytes are the weights alone at the training precision (model states with gradients and Adam
@@ -169,7 +170,9 @@ class CostModel:
         the op is re-run on its own in backward: its inputs (the re-run keeps them, q, k and v in whatever layout the
         kernel saved them) and its output (its reader keeps it: the output projection after SDPA saves it, and a
         flash kernel's (b, s, h, d) output transposes back without a copy), not the kernel's internals (the
-        log-sum-exp, RNG state, and priced unfused the s x s probabilities)."""
+        log-sum-exp, RNG state, and priced unfused the s x s probabilities). `recast`: the `input_meta` indices of
+        inputs that another op saved first (`OpNode.saved_elsewhere`) and that this op casts itself under autocast:
+        it saves its own copy at the cast dtype (q, k and v projections of one fp32 norm output keep three)."""
         bytes_per = 4 if precision == "fp32" else 2
         pls = list(placement.params) if placement is not None else []
         par = 0.0
@@ -199,6 +202,13 @@ class CostModel:
             else:
                 sharded = split
             total += tensor_bytes(t, at) * scale / (tp if sharded and tp > 1 else 1)
+        for i in recast if dtypes is not None and not inputs_only else ():
+            k = acts.index(i) if i in acts else None
+            if k is None:
+                continue
+            d = placement.inputs[k] if placement is not None and k < len(placement.inputs) else "R"
+            total += tensor_bytes(op.input_meta[i], dtypes.inputs[i]) * scale / (tp if d.startswith("S") and tp > 1
+                                                                                  else 1)
         if op.kind == "attention" and self.compute.unfused_attention and len(metas) >= 2 and not inputs_only:
             # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
             # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither

@@ -106,6 +106,10 @@ class OpNode:
     """Activations autograd keeps for this op's backward (parameters excluded). A tensor saved by several ops (a
     LayerNorm output read by the q, k and v projections) is listed at its first saving op only, so that summing
     over ops counts it once."""
+    saved_elsewhere: tuple[int, ...] = ()
+    """Indices into `input_meta` of tensor inputs this op saves for backward that an earlier op (or an earlier input
+    of this op) already saved, so that `saved` leaves them out. Under autocast an op that casts such an input saves
+    its own cast copy (autocast caches casts of parameters only), which the cost model adds."""
     block: str | None = None
     """Repeated-block instance this op belongs to, e.g. `transformer.h.3`; None outside any block."""
     block_type: str | None = None

@@ -330,6 +330,7 @@ class _Builder:
             if pname is not None:
                 params.setdefault(pname, self.param_info[pname])
         saved: list[TensorMeta] = []
+        elsewhere: list[int] = []
         for where, what in cost.saved:
             if where == "internal":
                 saved.append(what)
@@ -337,6 +338,8 @@ class _Builder:
             t = (ins if where == "input" else outs)[what]
             k = storage_key(t)
             if k in self.state_storages or k in self.saved_seen:
+                if where == "input" and k not in self.state_storages:
+                    elsewhere.append(what)
                 continue
             self.saved_seen.add(k)
             saved.append(self.owner.get(k) or storage_meta(t))
@@ -347,7 +350,8 @@ class _Builder:
             name=name, kind=kind_of(bool(params)), target=label, module_path=path, inputs=producers,
             input_meta=in_meta, output_meta=out_meta, fwd_flops=cost.fwd_flops, bwd_flops=cost.bwd_flops,
             bytes_read=sum(m.bytes for m in in_meta), bytes_written=sum(m.bytes for m in out_meta),
-            params=tuple(params.values()), saved=tuple(saved), block=block, block_type=block_type,
+            params=tuple(params.values()), saved=tuple(saved), saved_elsewhere=tuple(elsewhere), block=block,
+            block_type=block_type,
             args=plain_args(call_args), causal=causal, copies=copies,
             input_sources=tuple(sources) + (-1,) * (len(read) - len(ins)) if sources is not None
             and len(sources) == len(ins) else ()))

@@ -78,6 +78,31 @@ def test_an_fp32_stream_costs_more_time_and_memory_than_the_bf16_one(llama):
     assert a.act_bytes > b.act_bytes
 
 
+def test_each_linear_keeps_its_own_cast_of_a_shared_fp32_input(llama):
+    """wq, wk and wv read the RMSNorm's fp32 output; autocast caches casts of parameters only, so each casts it and
+    saves its own bf16 copy for backward: three copies at tp=1 where the trace lists the tensor once (at wq); at tp=2
+    the executor casts once before the redistribution, for all three (executor.tp), so one copy."""
+    from cost_model.layers import LayerCoster
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from dataclasses import replace
+    from planner.defaults import default_plan
+    wq, wk, wv = (llama.module_op(f"layers.0.attention.{w}") for w in ("wq", "wk", "wv"))
+    assert wq.saved and not wk.saved and not wv.saved and wk.saved_elsewhere == wv.saved_elsewhere == (0,)
+    hidden = replace(llama, ops=tuple(replace(op, saved_elsewhere=()) for op in llama.ops))  # what was priced before
+    cl = load_cluster("dgx-h100")
+    cm = CostModel(cl)
+    copy = wk.input_meta[0].numel / llama.batch_size * 2  # one bf16 copy for a micro-batch of 1
+    extra = {}
+    for tp in (1, 2):
+        plan = default_plan(llama, cl, 8, "bf16", {"dp": 8 // tp, "tp": tp, "pp": 1, "zero": 0, "mbs": 1}, "llama.py")
+        act = [LayerCoster(cm, g, plan, cm.tp_group(tp)).cost(next(x for x in g.layers() if x.block_type)).act_bytes
+               for g in (llama, hidden)]
+        extra[tp] = (act[0] - act[1]) / copy
+    # tp=1: wk and wv's copies of the attention norm's output, w3's of the FFN norm's (w1 saved it first)
+    assert extra == {1: pytest.approx(3), 2: 0}
+
+
 def test_gradients_of_a_tensor_read_several_times_are_summed_in_backward(llama):
     """Autograd adds the gradients of a tensor several ops read: the RMSNorm's output read by wq, wk and wv gets
     two adds, the block's input (read by the norm's pow and mul and by the residual add) two, a chunked tensor's
