@@ -43,6 +43,8 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
         return [list(s.modules) for s in stages]
     layers = layer_modules(model)
     if stages:
+        if layers and layers[-1][0] in block_paths:
+            layers.append([])  # `OpGraph.layers()` ends with the loss (root ops after the last block): no module
         if stages[-1].end_layer > len(layers):
             raise ExecutorError(f"plan stages end at layer {stages[-1].end_layer} but the model has {len(layers)} "
                                 "layers (blocks and the modules between them); re-plan for this model")

@@ -69,6 +69,20 @@ def test_graph_layers_follow_the_rule(example):
     assert set(graph.block_types) == set(layer_blocks(build(mf, "meta")).values())
 
 
+def test_layer_ranges_of_a_plan_without_modules_count_the_loss_layer():
+    """A hand-written plan's stage layer ranges are `OpGraph.layers()`'s, which end with the loss after a model's last
+    block (examples/mlp.py: 5 modules, 6 layers): the executor cuts the same layers (it said 'the model has 5 layers')."""
+    from executor.pipeline import stage_modules
+    from planner.model_file import build, load_model_file
+    from planner.plan import Mesh, Plan, StageSpec
+    from planner.trace import trace_model
+    mf = load_model_file(os.path.join(ROOT, "examples", "mlp.py"))
+    assert len(trace_model(mf, batch_size=2, progress=False).layers()) == 6
+    stages = (StageSpec(start_layer=0, end_layer=3, rank=0), StageSpec(start_layer=3, end_layer=6, rank=1))
+    plan = Plan(mesh=Mesh(pp=2), global_batch_size=2, microbatch_size=1, num_microbatches=2, stages=stages)
+    assert stage_modules(build(mf, "meta"), plan) == [["0", "1", "2"], ["3", "4"]]
+
+
 def test_pipeline_split_of_a_model_without_blocks():
     """The executor's fallback stages (a plan without StageSpec.modules) cut between units, and the chained stages
     compute the model's forward."""
