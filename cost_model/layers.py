@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cost_model.dtypes import autocast_dtypes
+from cost_model.kernels import PRECISION_BYTES
 from cost_model.work import FREE_KINDS, floating, split_inputs, tensor_bytes
 from cost_model.ops import attention_core, logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.autocast import AUTOCAST_LOWER_KINDS
@@ -107,6 +108,12 @@ class LayerCost:
     `bwd_compute` + `recompute` combine with `host`)."""
     host: tuple[float, float] = (0.0, 0.0)
     """(forward, backward) seconds of host dispatch alone, the backward's re-run and checkpointing included."""
+    cast_weight_bytes: float = 0.0
+    """Bytes of the 16-bit copies autocast makes of the layer's linear weights (fp32 parameters under autocast,
+    cached for the autocast region and saved by each linear for its backward; 0 where FSDP2 gathers them 16-bit)."""
+    checkpointed: bool = False
+    """Whether the layer's forward runs under torch's checkpoint (full or selective recomputation): its linears
+    then keep no weight copies for backward, and its re-run casts them again."""
 
 
 TENSOR_KINDS = ("plain", "dtensor", "partial")
@@ -278,6 +285,12 @@ class LayerCoster:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
                 if tensors[p.name] == "partial":
                     partial_elems[p.name] = local[p.name]
+        casts: dict[str, float] = {}  # autocast's weight copies, once per parameter (its cache)
+        if self.prec != "fp32" and not mixed_precision_parameters(plan):
+            for i in layer.ops:
+                op = g.ops[i]
+                if op.kind == "linear" and op.params:
+                    casts.update(_local_params(op, plan.ops.get(op.name), tp))
         calls = self._local_calls(layer)
         if calls:  # executor.tp runs each such subtree on plain tensors through hooks that unwrap and rewrap
             ov = m.cluster.device.op_overhead
@@ -300,7 +313,8 @@ class LayerCoster:
                          param_elems=sum(params.values()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors, partial_elems=partial_elems, kernels=(kern_f, kern_b + rec_k),
-                         host=(host_f, host_b + rec_h))
+                         host=(host_f, host_b + rec_h),
+                         cast_weight_bytes=sum(casts.values()) * PRECISION_BYTES[self.prec], checkpointed=full or selective)
 
     def _inputs_from_outside(self, layer: Layer) -> tuple[str, ...]:
         """The output placement of each tensor an op of `layer` reads from an op outside it, in read order."""

@@ -130,7 +130,9 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
     (reshard_after_forward=False), ZeRO-3 the root module's (FSDP2 never reshards the root after forward) and a
     block being computed plus the next one's all-gather output. Without FSDP2, autocast keeps a bf16 copy of the
-    weights per forward, saved for backward (counted with the activations).
+    linears' weights per forward (counted with the activations): cached while the forward runs, saved for backward
+    outside checkpointed blocks, made again by a checkpointed block's re-run, all kept under pipelining (one
+    autocast region for the schedule step). So under recomputation the forward's end is a phase of its own.
     """
     n = max(1, w.dp)
     z = w.zero_stage if n > 1 else 0
@@ -149,7 +151,11 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         gathered = psi * unsharded
     elif z == 3:
         gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
-    cast_weights = psi * 2.0 if amp and not fsdp else 0.0
+    # autocast's 16-bit weight copies (fp32 parameters): cached until the autocast region ends (the forward and loss;
+    # under pipelining the whole schedule step) and saved for backward by each linear outside checkpointed blocks
+    every = [l for ch in w.layers for l in ch]
+    all_casts = sum(l.cast_weight_bytes for l in every)
+    cast_weights = all_casts if w.pipelined else sum(l.cast_weight_bytes for l in every if not l.checkpointed)
     buffers = psi * FP32 if w.ddp and n > 1 and z == 0 else 0.0
     # gradients accumulated over micro-batches: whole fp32 (DDP, no dp), unsharded until the last micro-batch
     # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward; FSDP2
@@ -163,6 +169,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     held = sum(k * acts_mb[c] for c, k in w.held.items())
     loss_tmp = 2 * w.logits * FP32
     phases = [_phase(**static, activations=held + cast_weights, temporaries=loss_tmp + gather_buffer)]
+    if all_casts > cast_weights:  # forward end, inside autocast: the checkpointed blocks' copies still cached
+        phases.append(_phase(**static, activations=held + all_casts, temporaries=gather_buffer))
     if w.microbatches > 1:
         # a later backward: one micro-batch at a time without pipelining, or the 1F1B steady state, holds as
         # much as the first; GPipe has released one micro-batch
@@ -205,8 +213,9 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                 during, after = fresh + own, fresh
             else:
                 during = after = min(fresh + own, accumulated)
+            recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
             out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
-                              + cast_weights, temporaries=gather_buffer + recv))
+                              + cast_weights + recast, temporaries=gather_buffer + recv))
             out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
                               temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
             fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)

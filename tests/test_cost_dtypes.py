@@ -103,6 +103,28 @@ def test_each_linear_keeps_its_own_cast_of_a_shared_fp32_input(llama):
     assert extra == {1: pytest.approx(3), 2: 0}
 
 
+def test_layers_count_the_weight_copies_autocast_makes(llama):
+    """bf16 with fp32 parameters: each linear's weight is cast to a 16-bit copy (not the embedding's: autocast leaves
+    embedding alone, nor the norms' weights, multiplied in fp32); FSDP2's bf16 parameters need none; a block under
+    full recomputation is marked checkpointed (it keeps no copy for backward)."""
+    from cost_model.layers import LayerCoster
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from planner.defaults import default_plan
+    cl = load_cluster("dgx-h100")
+    cm = CostModel(cl)
+    layers = llama.layers()
+    block = next(layer for layer in layers if layer.block_type)
+    linear = sum(p.numel for i in block.ops for p in llama.ops[i].params if llama.ops[i].kind == "linear")
+    for zero, recompute, want in ((0, "none", 2 * linear), (1, "none", 0.0), (0, "full", 2 * linear)):
+        plan = default_plan(llama, cl, 8, "bf16", {"dp": 8, "tp": 1, "pp": 1, "zero": zero, "mbs": 1,
+                                                   "recompute": recompute}, "llama.py")
+        coster = LayerCoster(cm, llama, plan, cm.tp_group(1))
+        c = coster.cost(block)
+        assert c.cast_weight_bytes == want and c.checkpointed == (recompute == "full")
+        assert coster.cost(layers[0]).cast_weight_bytes == 0  # the token embedding
+
+
 def test_gradients_of_a_tensor_read_several_times_are_summed_in_backward(llama):
     """Autograd adds the gradients of a tensor several ops read: the RMSNorm's output read by wq, wk and wv gets
     two adds, the block's input (read by the norm's pow and mul and by the residual add) two, a chunked tensor's

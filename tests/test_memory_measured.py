@@ -57,6 +57,25 @@ def test_peak_is_the_worst_phase_not_a_sum_of_maxima():
     assert fused["total"] == psi * (4 + 8 + 4 + 4) + 10.0  # the last backward: no optimizer phase is higher
 
 
+def test_autocast_weight_copies_are_kept_outside_checkpointed_blocks_only():
+    """bf16 with fp32 parameters (no FSDP2): autocast's 16-bit copies of the linears' weights are cached through the
+    forward and saved for backward by each linear, but a checkpointed block saves none (its re-run casts its own
+    again); under pipelining one autocast region spans the schedule step, so every copy stays."""
+    from dataclasses import replace
+    psi, act, copy = 1000.0, 100_000.0, 2 * 500.0  # two blocks of 500 parameters; one block's bf16 copy
+    blocks = [replace(_layer(psi / 2, act / 2), cast_weight_bytes=copy) for _ in range(2)]
+    plain = peak_memory(_work(params=psi, layers=(tuple(blocks),), precision="bf16"))
+    # the last block's backward: both blocks' activations, both copies, its fresh gradient
+    assert plain["activations"] == act + 2 * copy
+    kept = [replace(b, act_bytes=10.0, checkpointed=True) for b in blocks]
+    rec = peak_memory(_work(params=psi, layers=(tuple(kept),), precision="bf16"))
+    # the first block's re-run (both blocks' gradients by then): its full working set and its own new copy only
+    assert rec["activations"] == act / 2 + copy
+    assert rec["total"] == psi * (4 + 8 + 4) + act / 2 + copy
+    piped = peak_memory(_work(params=psi, layers=(tuple(kept),), precision="bf16", pipelined=True))
+    assert piped["activations"] == act / 2 + 2 * copy
+
+
 def test_zero3_holds_the_root_and_two_blocks_gathered():
     blocks = tuple(_layer(100.0) for _ in range(4))
     w = _work(params=4 * 100.0 + 30.0, layers=((_layer(30.0, block=False),) + blocks,), dp=2, zero_stage=3)
