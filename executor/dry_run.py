@@ -44,6 +44,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                           UnsupportedOperatorException, unset_fake_temporarily)
 
 from executor.errors import ExecutorError
+from planner.errors import ModelError
 from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
 from planner.plan import Plan
 
@@ -93,7 +94,8 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     and the model-file line, e.g. `dry run of plan.json at world 2 (rank 0: pp 0 dp 0 tp 0): forward of module
     h.0.attn (q_proj, k_proj, v_proj colwise; o_proj rowwise): aten.view.default on local [4, 32, 32]:
     RuntimeError: shape '[4, 32, 4, 16]' is invalid for input of size 4096 at model.py:11`. Leaves no process
-    group, environment variable or tensor mode behind; raises ExecutorError when a process group is running.
+    group, environment variable or tensor mode behind; raises ExecutorError when a process group is running, and
+    the model file's ModelError when build_model() or sample_batch() fails outside the fake run too.
     `debug` (or SHARDWISE_DEBUG set): also print the failure's traceback. An op fake tensors cannot run (one
     whose result depends on tensor values, `.item()`, `nonzero`, or a kernel without a fake implementation) ends
     the check there without a problem: a line saying what was left unchecked is appended to `notes`.
@@ -114,6 +116,8 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
         head += f" (dp {m.dp} run as dp {run.mesh.dp})"
     try:
         stages = _stages(plan, mf)
+    except ModelError:  # build_model() itself failed: the model file's error, not the plan's
+        raise
     except Exception as e:  # noqa: BLE001 — stage_modules refusing the model: what apply_plan would say
         return [f"{head} (rank 0): {_describe(e, _Where(), mf)}"]
     boundary: tuple | None = None
@@ -125,6 +129,8 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
             continue
         out, where, error = _check_stage(run, mf, stage, boundary)
         if error is not None:
+            if isinstance(error, ModelError):
+                _raise_model_file_error(mf, run.microbatch_size)
             if debug or os.environ.get("SHARDWISE_DEBUG"):
                 traceback.print_exception(error)
             st = "" if stage is None else f", stage {stage}"
@@ -140,6 +146,15 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
             done[key] = out
         boundary = out
     return []
+
+
+def _raise_model_file_error(mf: ModelFile, batch_size: int) -> None:
+    """Raise the ModelError that build_model() (on meta) or sample_batch(batch_size) gives outside the fake run,
+    if any: then the model file is at fault, and says so as `plan MODEL.py` would, not as a plan's failure."""
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as in the run: its warnings belong to the real run
+        build(mf, "meta")
+        batch(mf, batch_size)
 
 
 def _hashable(x) -> bool:

@@ -5,11 +5,11 @@ lanes (`plan measure --trace DIR` writes DIR/compare.png), and predicted vs meas
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any, Mapping, Sequence
 
 from executor.errors import ExecutorError
 from executor.trace import MEASURED_PID, TRACKS
+from planner.plan import atomic_output
 
 HINT = "matplotlib is not installed; pip install 'shardwise[plot]'"
 """The one line printed when a picture is asked for without matplotlib."""
@@ -38,16 +38,9 @@ def _pyplot():
 
 
 def _save(fig, path: str | os.PathLike) -> None:
-    """Save as PNG atomically (temp file in the same folder, then rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".plot.", suffix=".png", dir=folder)
-    os.close(fd)
-    try:
+    """Save as PNG via `atomic_output` (a failed write leaves the old file; a symlink's target is written)."""
+    with atomic_output(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _lanes(doc: Mapping[str, Any]) -> dict[tuple[int, str], list[tuple[float, float]]]:

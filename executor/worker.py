@@ -87,15 +87,14 @@ def _write_trace(args: argparse.Namespace, runner, prof, pg_names: dict[str, str
     import torch.distributed as dist
 
     from executor import trace
-    from planner.plan import write_atomic
+    from planner.plan import atomic_output, write_atomic
     rank = dist.get_rank()
     profiled = runner.timings.step[args.warmup:]
     pick = [sorted(range(len(profiled)), key=profiled.__getitem__)[(len(profiled) - 1) // 2]]
     dist.broadcast_object_list(pick, src=0)
     raw_path = os.path.join(args.trace, f"profiler_rank{rank}.json")
-    tmp = raw_path + ".tmp"
-    prof.export_chrome_trace(tmp)
-    os.replace(tmp, raw_path)
+    with atomic_output(raw_path, suffix=".json") as tmp:
+        prof.export_chrome_trace(tmp)
     with open(raw_path) as f:
         raw = json.load(f)
     m = runner.mesh

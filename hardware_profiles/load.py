@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,31 @@ _FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                       |\.(?:nan|NaN|NAN))$""", re.X)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A key written twice in one mapping (plain YAML keeps the last silently)."""
+
+    def __init__(self, key: Any, first: int, again: int):
+        super().__init__(key, first, again)
+        self.key, self.first, self.again = key, first, again
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads `80e9` and `1e-6` (YAML 1.2 floats) as numbers."""
+    """SafeLoader that also reads `80e9` and `1e-6` (YAML 1.2 floats) as numbers, and refuses duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may override on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in lines:
+                    raise _DuplicateKey(key, lines[key], line)
+                lines[key] = line
+            except TypeError:  # an unhashable key: the base class says so
+                pass
+        return super().construct_mapping(node, deep)
 
 
 _Loader.yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:float"]
@@ -63,6 +87,9 @@ def parse_yaml(text: str, source: str) -> Any:
     """Parse profile YAML text; a syntax error becomes a ProfileError naming the line."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except _DuplicateKey as e:
+        raise ProfileError(f"{source}: line {e.again}: the key {e.key!r} is given twice in the same mapping (first at "
+                           f"line {e.first}); keep one of them") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -97,10 +124,22 @@ def dump_cluster(cluster: Cluster, header: str = "") -> str:
     return comment + body
 
 
+def _output_mode(target: Path) -> int:
+    """The replaced file's mode, else what open() would give (planner.plan.output_mode; this package imports
+    nothing of ours)."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "") -> None:
-    """Write `cluster` as YAML to `path` atomically (temporary file in the same folder, then rename)."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
+    """Write `cluster` as YAML to `path` atomically (temporary file in the same folder, then rename); a symlink's
+    target is written, so the link survives."""
+    target = Path(os.path.realpath(path))
+    folder = target.parent
     if not folder.is_dir():
         raise ProfileError(f"-o {path}: the folder {folder} does not exist; create it or pick another path")
     text = dump_cluster(cluster, header)
@@ -113,6 +152,7 @@ def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _output_mode(target))  # mkstemp makes the file private (0600)
         os.replace(tmp, target)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

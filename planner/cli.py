@@ -74,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from planner.cli_plan import main as run
         return run(argv)
     except errors as e:
-        if debug:
-            raise
+        if debug:  # the traceback too, but still the bad-input status
+            import traceback
+            traceback.print_exc()
         print(f"plan: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

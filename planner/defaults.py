@@ -13,7 +13,7 @@ first block on (norms, residual adds, dropout) are sharded on the sequence dim. 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cost_model.ops import downstream, lm_head, vocab_embedding
 from hardware_profiles.schema import Cluster
@@ -256,12 +256,35 @@ def _mesh(cluster: Cluster, forced: Mapping[str, Any]) -> Mesh:
     return mesh
 
 
-def forced_recompute_blocks(forced: Mapping[str, Any], stages: int) -> tuple[int, ...]:
+def stage_block_counts(layers: Sequence[Any], stages: Sequence[StageSpec]) -> list[int]:
+    """How many blocks (of `graph.layers()`, those with a block type) each stage holds."""
+    return [sum(1 for l in layers[s.start_layer:s.end_layer] if l.block_type) for s in stages]
+
+
+def check_forced_recompute_blocks(forced: Mapping[str, Any], num_blocks: int) -> None:
+    """PlanError (one line) for `--force recompute_blocks=N` above the model's block count: no stage can have
+    that many, whatever the pipeline."""
+    n = forced.get("recompute_blocks")
+    if n is None or forced.get("recompute", "full") != "full" or n <= num_blocks:
+        return
+    if num_blocks == 0:
+        raise PlanError(f"--force recompute_blocks={n}: the model has no repeated blocks to count; drop "
+                        "recompute_blocks (recompute=full re-runs the whole model)")
+    raise PlanError(f"--force recompute_blocks={n}: the model has {num_blocks} blocks in all, so no pipeline stage "
+                    f"has more than {num_blocks}; use recompute_blocks={num_blocks} or fewer (or recompute=full alone "
+                    "to re-run every block)")
+
+
+def forced_recompute_blocks(forced: Mapping[str, Any], stages: int | Sequence[int]) -> tuple[int, ...]:
     """`--force recompute_blocks=N`: N blocks of each of the plan's stages (Megatron-LM's `--recompute-method
-    block --recompute-num-layers N`); () when not forced."""
+    block --recompute-num-layers N`); () when not forced. `stages`: each stage's block count (N is capped at it, so
+    the plan says what runs), or only how many stages there are (N as given)."""
     if "recompute_blocks" not in forced or forced.get("recompute", "full") != "full":
         return ()
-    return (int(forced["recompute_blocks"]),) * stages
+    n = int(forced["recompute_blocks"])
+    if isinstance(stages, int):
+        return (n,) * stages
+    return tuple(min(n, have) for have in stages)
 
 
 def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: str, forced: Mapping[str, Any],
@@ -302,11 +325,13 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
     if zero and mesh.dp == 1:
         notes.append(f"zero={zero} with dp=1 shards nothing")
     ops = megatron_placements(graph, mesh.tp, sp)
+    stages, layers = even_stages(graph, mesh.pp, vp), graph.layers()
+    check_forced_recompute_blocks(forced, sum(1 for l in layers if l.block_type))
     return Plan(
         mesh=mesh, zero_stage=zero, sequence_parallel=sp, recompute=forced.get("recompute", "none"),
-        recompute_blocks=forced_recompute_blocks(forced, mesh.pp * vp),
+        recompute_blocks=forced_recompute_blocks(forced, stage_block_counts(layers, stages)),
         schedule=schedule, virtual_stages=vp, global_batch_size=batch_size, microbatch_size=mbs,
-        num_microbatches=m, precision=precision, stages=even_stages(graph, mesh.pp, vp),
+        num_microbatches=m, precision=precision, stages=stages,
         ops=ops, parameters=parameter_placements(graph, ops),
         cluster={"name": cluster.name, "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node},
         model={"path": model_path, "parameters": graph.num_parameters,

@@ -7,13 +7,15 @@ dimension. Per-op placements use DTensor's shorthand over the tp axis: `R` repli
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from planner.errors import PlanError
 
@@ -379,6 +381,8 @@ def _unwritable(path: str) -> str | None:
     """Why `path` cannot be written as a file (a directory, a folder under a file, no permission), or None."""
     if os.path.isdir(path):
         return "it is a directory"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return "it is not a regular file (a device or a pipe, which the rename would replace)"
     above = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(above) and os.path.dirname(above) != above:
         above = os.path.dirname(above)
@@ -399,34 +403,51 @@ def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.P
         if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
             raise PlanError(f"{flag} {path} is also this command's input {os.fspath(given)}; writing it would "
                             "destroy it: pick another file")
-    why = _unwritable(path)
+    why = _unwritable(os.path.realpath(path))  # a symlink is written through, to its target
     if why:
         raise PlanError(f"{flag} {path}: {why}; give a file path in a folder you can write to")
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write text to path via a temp file in the same folder and a rename, so a crash never leaves half a file.
-    A path that cannot be written (`_unwritable`, or an error making the folder or the temp file) is a PlanError,
-    one line."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    why = _unwritable(path)
-    if why is None:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        except OSError as e:
-            why = e.strerror or str(e)
-    if why:
-        raise PlanError(f"cannot write {path}: {why}; give a file path in a folder you can write to")
+def output_mode(target: str) -> int:
+    """The mode an output written to `target` gets: that of the file it replaces, else what open() would give."""
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual permissions
-        os.replace(tmp, path)
+        return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
+    """Yield a temp file name in the folder of `path`'s real file (a symlink's target, so the link survives); when
+    the block ends without error it gets `output_mode` and is renamed over that file, else it is removed. OSError
+    (making the temp file, renaming) propagates."""
+    target = os.path.realpath(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(target))
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, output_mode(target))  # mkstemp makes the file private (0600)
+        os.replace(tmp, target)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text to path via `atomic_output`, so a crash never leaves half a file. A path that cannot be written
+    (`_unwritable`, or an error making the folder, the temp file or the rename) is a PlanError, one line."""
+    path = os.fspath(path)
+    target = os.path.realpath(path)
+    why = _unwritable(target)
+    if why is None:
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with atomic_output(target) as tmp, open(tmp, "w") as f:
+                f.write(text)
+            return
+        except OSError as e:
+            why = e.strerror or str(e)
+    raise PlanError(f"cannot write {path}: {why}; give a file path in a folder you can write to")

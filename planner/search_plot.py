@@ -8,10 +8,10 @@ search so a missing install costs nothing. PNG, SVG or PDF by the file's extensi
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any, Sequence
 
 from planner.errors import PlanError
+from planner.plan import atomic_output
 
 HINT = "--plot needs matplotlib, which is not installed: pip install 'shardwise[plot]'"
 """The one line `plan --plot` prints without matplotlib."""
@@ -177,20 +177,9 @@ def _as_point(plan: Any, pred: Any) -> Any:
 
 
 def _save(fig: Any, path: str | os.PathLike) -> None:
-    """savefig to a temp file in the target folder, then rename (a failed write leaves the old file)."""
+    """savefig via `atomic_output` (a failed write leaves the old file; a symlink's target is written)."""
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
     ext = os.path.splitext(path)[1].lower()
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=ext, dir=folder)
-    os.close(fd)
-    try:
+    with atomic_output(path, suffix=ext) as tmp:
         fig.savefig(tmp, format=ext[1:] if ext in FORMATS else "png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a picture is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -131,3 +132,85 @@ def test_an_error_on_cpu_ranks_is_the_only_line(tmp_path, capsys):
     # cpu-local's default precision note used to come before the model was read: an error then made two lines
     assert main([str(tmp_path / "missing.py")] + PLAN[1:5]) == 2  # no --precision: the note applies
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _writers():
+    """Each way an output is written through a temp file: (name, write(path))."""
+    import matplotlib.pyplot as plt
+
+    from executor import plots
+    from hardware_profiles import load_cluster, save_cluster
+    from planner import search_plot
+    from planner.plan import write_atomic
+
+    def figure(save):
+        def write(path):
+            fig = plt.figure(figsize=(1, 1))
+            try:
+                save(fig, path)
+            finally:
+                plt.close(fig)
+        return write
+    return {"write_atomic": lambda path: write_atomic(path, "{}\n"),
+            "search_plot": figure(search_plot._save),
+            "measure_plot": figure(plots._save),
+            "save_cluster": lambda path: save_cluster(load_cluster("cpu-local"), path)}
+
+
+@pytest.mark.parametrize("writer", ["write_atomic", "search_plot", "measure_plot", "save_cluster"])
+def test_outputs_get_the_usual_mode_and_keep_a_replaced_files(writer, tmp_path):
+    pytest.importorskip("matplotlib")
+    write = _writers()[writer]
+    old = os.umask(0o022)
+    try:
+        new = tmp_path / "new.png"
+        write(new)
+        assert new.stat().st_mode & 0o777 == 0o644  # as open() gives, not mkstemp's 0600
+        kept = tmp_path / "kept.png"
+        kept.write_text("old")
+        kept.chmod(0o640)
+        write(kept)
+        assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_bytes() != b"old"
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("writer", ["write_atomic", "search_plot", "measure_plot", "save_cluster"])
+def test_outputs_write_through_a_symlink(writer, tmp_path):
+    pytest.importorskip("matplotlib")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "real.png"
+    target.write_text("old")
+    link = tmp_path / "link.png"
+    link.symlink_to(target)
+    _writers()[writer](link)
+    assert link.is_symlink() and os.path.samefile(link, target) and target.read_bytes() != b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "link.png"]
+    assert [p.name for p in elsewhere.iterdir()] == ["real.png"]  # no temp file left beside either
+
+
+def test_plan_output_through_a_symlink(tmp_path, capsys):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert main(PLAN + ["-o", str(link), "--no-check"]) == 0
+    assert link.is_symlink() and json.loads(target.read_text())["mesh"]
+
+
+def test_debug_shows_the_traceback_but_keeps_status_2(tmp_path, capsys):
+    assert main([str(tmp_path / "missing.py")] + PLAN[1:] + ["--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("plan: error: ")
+    assert main(["export", str(tmp_path / "missing.json"), "--to", "deepspeed", "--debug"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path):
+    # the atomic rename would replace a device or a pipe (as root, -o /dev/null would replace /dev/null)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(PlanError, match="not a regular file"):
+        check_output(str(fifo), "-o")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -122,3 +122,15 @@ def test_ignore_memory_predicts_a_forced_plan_that_fits_nowhere_and_writes_nothi
     assert main(args + ["--ignore-memory", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--ignore-memory" in err and "-o" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_force_recompute_blocks_counts_real_blocks(tmp_path, capsys):
+    # more blocks than the model has is one line; a count above a stage's blocks is capped (the label says what runs)
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", "recompute_blocks=99"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "the model has 4 blocks in all" in err, err
+    out = tmp_path / "plan.json"
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force",
+               "dp=4,tp=1,pp=2,mbs=2,schedule=1f1b,recompute_blocks=3", "-o", str(out), "--no-check"])
+    assert rc == 0 and Plan.load(out).recompute_blocks == (2, 2)
+    assert "full[2/2]" in capsys.readouterr().out

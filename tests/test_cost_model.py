@@ -11,7 +11,7 @@ from cost_model.communication import NCCL_RING_BASE_LATENCY_S, CommModel, Group,
 from cost_model.compute import interp_log
 from cost_model.model import CostModel
 from hardware_profiles.schema import CollectiveCurve
-from planner.defaults import default_plan, even_stages
+from planner.defaults import default_plan, even_stages, stage_block_counts
 from planner.errors import PlanError
 from planner.graph import TensorMeta
 from planner.plan import Plan
@@ -173,6 +173,19 @@ def test_default_plan_errors():
     notes: list[str] = []
     plan = default_plan(g, cluster(nodes=2, per_node=2), 4, "bf16", {"tp": 4, "dp": 1}, "m", notes=notes)
     assert plan.mesh.tp == 4 and any("spans 2 nodes" in n for n in notes)
+
+
+def test_default_plan_forced_recompute_blocks_are_real_counts():
+    # recompute_blocks=N is N blocks of each stage: capped at what a stage holds (the label said [3/3] for two
+    # stages of 2), and refused past the model's own block count, which no pipeline can reach
+    g = megatron_gpt(layers=4)
+    force = {"dp": 4, "tp": 1, "pp": 2, "recompute": "full"}
+    plan = default_plan(g, cluster(per_node=8), 8, "bf16", {**force, "recompute_blocks": 3}, "m")
+    assert plan.recompute_blocks == tuple(stage_block_counts(g.layers(), plan.stages)) == (2, 2)
+    assert default_plan(g, cluster(per_node=8), 8, "bf16", {**force, "recompute_blocks": 1}, "m").recompute_blocks \
+        == (1, 1)
+    with pytest.raises(PlanError, match="recompute_blocks=5: the model has 4 blocks in all.*recompute_blocks=4 or"):
+        default_plan(g, cluster(per_node=8), 8, "bf16", {**force, "recompute_blocks": 5}, "m")
 
 
 def test_even_stages_balance():

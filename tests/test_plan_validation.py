@@ -152,3 +152,19 @@ def test_plan_check_refuses_a_plan_made_for_another_model(tmp_path, capsys, mlp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "plan was made for another model" in err and "re-plan" in err, err
     assert main(["check", str(path), MLP]) == 0, capsys.readouterr().err
+
+
+def test_plan_check_reports_a_model_file_error_as_plan_model_does(tmp_path, capsys, mlp_model):
+    """Before: `plan check: dry run of ... apply_plan: ModelError: ...`, as if the plan were at fault."""
+    from planner.cli import main
+    bad = tmp_path / "bad.py"
+    bad.write_text(f"import sys\nsys.path.insert(0, {os.path.dirname(MLP)!r})\nfrom mlp import build_model\n"
+                   "def sample_batch(batch_size):\n    raise ValueError('no data here')\n")
+    path = tmp_path / "mlp.json"
+    path.write_text(json.dumps(_good(mlp_model)))  # micro-batches of 8
+    assert main([str(bad), "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32"]) == 2
+    planned = capsys.readouterr().err.strip()
+    assert planned.startswith(f"plan: error: {bad}: sample_batch(1) raised ValueError: no data here"), planned
+    assert main(["check", str(path), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == planned.replace("sample_batch(1)", "sample_batch(8)") and "dry run" not in err, err

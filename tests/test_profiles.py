@@ -99,6 +99,21 @@ def test_malformed_yaml_names_the_line(tmp_path):
     assert "malformed YAML at line" in _error(str(path))
 
 
+def test_duplicate_key_names_the_file_key_and_line(tmp_path, capsys):
+    # plain YAML keeps the last of two equal keys silently: a typo'd second memory_bytes would win unseen
+    path = _write_variant(tmp_path, "memory_bytes: 84986665369", "memory_bytes: 84986665369\n  memory_bytes: 80e9")
+    line = 1 + next(i for i, t in enumerate(open(path).read().splitlines()) if t.strip() == "memory_bytes: 80e9")
+    msg = _error(path)
+    assert path in msg and "'memory_bytes'" in msg and f"line {line}:" in msg and f"line {line - 1})" in msg
+    assert plan_main(["examples/mlp.py", "--cluster", path, "--batch-size", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "given twice" in err
+    merged = tmp_path / "merged.yaml"  # a merge key (<<) overriding on purpose is not a duplicate
+    merged.write_text("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\n")
+    from hardware_profiles.load import parse_yaml
+    assert parse_yaml(merged.read_text(), "merged.yaml")["b"] == {"k": 2}
+
+
 @pytest.mark.parametrize("old,new,expected", [
     ("  memory_bandwidth: 2039000000000.0\n", "", "device.memory_bandwidth: missing key"),
     ("memory_bytes: 84986665369", "memory_bytes: 80000000000\n  color: green", "device.color: unknown key"),

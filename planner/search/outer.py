@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 from cost_model.ops import attention_recompute_problem
 from hardware_profiles.schema import UNFUSED_ATTENTION, Cluster
-from planner.defaults import forced_recompute_blocks
+from planner.defaults import check_forced_recompute_blocks, forced_recompute_blocks, stage_block_counts
 from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.layout import parameter_placements
@@ -141,6 +141,7 @@ class OuterSearch:
         if self.batch < 1:
             raise PlanError(f"--batch-size must be >= 1, got {self.batch}")
         self.notes += check_forced(self.forced, self.cluster, self.batch)
+        check_forced_recompute_blocks(self.forced, sum(1 for l in self.layers if l.block_type))
         if self.forced.get("recompute") == "attention" and self._attention_problem:
             raise PlanError(self._attention_problem)
         todo = []
@@ -453,7 +454,7 @@ class OuterSearch:
         c = self.cluster
         return Plan(mesh=Mesh(dp=g.dp, tp=g.tp, pp=g.pp), zero_stage=zero,
                     sequence_parallel=g.sp and placement.sequence_parallel, recompute=recompute,
-                    recompute_blocks=forced_recompute_blocks(self.forced, len(stages)) if recompute == "full" else (),
+                    recompute_blocks=forced_recompute_blocks(self.forced, stage_block_counts(self.layers, stages)) if recompute == "full" else (),
                     schedule=g.schedule, virtual_stages=g.vp, global_batch_size=batch or self.batch,
                     microbatch_size=g.mbs,
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
