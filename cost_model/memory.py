@@ -129,7 +129,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
     (reshard_after_forward=False), ZeRO-3 the root module's (FSDP2 never reshards the root after forward) and a
-    block being computed plus the next one's all-gather output. Without FSDP2, autocast keeps a bf16 copy of the
+    block being computed plus the next one's all-gather output; ZeRO-0 through FSDP2's `replicate` (dp with tp or
+    pp) its 16-bit copies of all parameters. Without FSDP2, autocast keeps a bf16 copy of the
     linears' weights per forward (counted with the activations): cached while the forward runs, saved for backward
     outside checkpointed blocks, made again by a checkpointed block's re-run, all kept under pipelining (one
     autocast region for the schedule step). So under recomputation the forward's end is a phase of its own.
@@ -151,6 +152,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         gathered = psi * unsharded
     elif z == 3:
         gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
+    elif n > 1 and not w.ddp and amp:  # FSDP2's replicate (tp or pp): 16-bit copies of the whole parameters
+        gathered = psi * unsharded
     # autocast's 16-bit weight copies (fp32 parameters): cached until the autocast region ends (the forward and loss;
     # under pipelining the whole schedule step) and saved for backward by each linear outside checkpointed blocks
     every = [l for ch in w.layers for l in ch]

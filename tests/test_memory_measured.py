@@ -74,6 +74,11 @@ def test_autocast_weight_copies_are_kept_outside_checkpointed_blocks_only():
     assert rec["total"] == psi * (4 + 8 + 4) + act / 2 + copy
     piped = peak_memory(_work(params=psi, layers=(tuple(kept),), precision="bf16", pipelined=True))
     assert piped["activations"] == act / 2 + 2 * copy
+    # dp under pp: FSDP2's replicate computes with its bf16 copies of the parameters (the layers then report no
+    # autocast copies), held with the parameters
+    bare = [replace(b, cast_weight_bytes=0.0) for b in kept]
+    rep = peak_memory(_work(params=psi, layers=(tuple(bare),), precision="bf16", pipelined=True, dp=2))
+    assert rep["parameters"] == psi * (4 + 2) and rep["activations"] == act / 2
 
 
 def test_zero3_holds_the_root_and_two_blocks_gathered():
