@@ -69,7 +69,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
          "bytes per parameter)"),
         f"activations: the traced graph's saved tensors at {plan.precision}"
         + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
-        + " (masks 1 byte), recompute "
+        + " (masks 1 byte" + ("; each op that casts a shared input keeps its own copy; autocast's 16-bit weight "
+                              "copies outside checkpointed blocks" if plan.precision in ("bf16", "fp16") else "")
+        + "), recompute "
         f"{plan.recompute}"
         + (" (each SDPA call re-run on its own in backward: its internals are not kept)"
            if plan.recompute == "attention" else "")
