@@ -314,7 +314,8 @@ class LayerCoster:
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors, partial_elems=partial_elems, kernels=(kern_f, kern_b + rec_k),
                          host=(host_f, host_b + rec_h),
-                         cast_weight_bytes=sum(casts.values()) * PRECISION_BYTES[self.prec], checkpointed=full or selective)
+                         cast_weight_bytes=sum(casts.values()) * PRECISION_BYTES[self.prec],
+                         checkpointed=full or selective)
 
     def _inputs_from_outside(self, layer: Layer) -> tuple[str, ...]:
         """The output placement of each tensor an op of `layer` reads from an op outside it, in read order."""

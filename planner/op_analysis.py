@@ -37,7 +37,7 @@ def fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     if attn_mask is None:  # flash reads grouped k/v heads as they are (enable_gqa): k and v are saved unexpanded
         return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
-    if key.shape[1] != query.shape[1]:  # grouped-query attention with a mask: k/v heads expanded, as in SDPA's documented reference
+    if key.shape[1] != query.shape[1]:  # GQA with a mask: k/v heads expanded, as in SDPA's documented reference
         rep = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
     if attn_mask.dtype == torch.bool:

@@ -71,7 +71,8 @@ def test_graph_layers_follow_the_rule(example):
 
 def test_layer_ranges_of_a_plan_without_modules_count_the_loss_layer():
     """A hand-written plan's stage layer ranges are `OpGraph.layers()`'s, which end with the loss after a model's last
-    block (examples/mlp.py: 5 modules, 6 layers): the executor cuts the same layers (it said 'the model has 5 layers')."""
+    block (examples/mlp.py: 5 modules, 6 layers): the executor cuts the same layers (it said 'the model has 5
+    layers')."""
     from executor.pipeline import stage_modules
     from planner.model_file import build, load_model_file
     from planner.plan import Mesh, Plan, StageSpec

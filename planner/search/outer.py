@@ -452,9 +452,11 @@ class OuterSearch:
               recompute: str, batch: int | None = None) -> Plan:
         """The Plan for one candidate (`batch` overrides the global batch, for one-replica probes)."""
         c = self.cluster
+        blocks = forced_recompute_blocks(self.forced, stage_block_counts(self.layers, stages)) \
+            if recompute == "full" else ()
         return Plan(mesh=Mesh(dp=g.dp, tp=g.tp, pp=g.pp), zero_stage=zero,
                     sequence_parallel=g.sp and placement.sequence_parallel, recompute=recompute,
-                    recompute_blocks=forced_recompute_blocks(self.forced, stage_block_counts(self.layers, stages)) if recompute == "full" else (),
+                    recompute_blocks=blocks,
                     schedule=g.schedule, virtual_stages=g.vp, global_batch_size=batch or self.batch,
                     microbatch_size=g.mbs,
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
