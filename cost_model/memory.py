@@ -120,7 +120,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
       has all of them and one micro-batch fewer held under GPipe;
     - each layer's backward, last to first: that layer's full working set (recomputed activations), the earlier
       layers' activations, the gradients produced so far, the output gradient the stage received for this
-      backward, and under ZeRO-2/3 its unsharded gradient and the fp32 reduce-scatter input (FSDP2
+      backward, a tied weight's second gradient before it is added to the first, and under ZeRO-2/3 its unsharded
+      gradient and the fp32 reduce-scatter input (FSDP2
       foreach_reduce);
     - the optimizer step: gradients and AdamW's temporaries (the fused kernel on GPUs: none;
       `_single_tensor_adam` on CPU: `exp_avg_sq.sqrt() / bias_correction` while the previous tensor's denominator
@@ -206,9 +207,14 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
         # gradients (DDP, replicate) or unsharded ones until the last micro-batch
         per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
         reduces = z >= 1 or (n > 1 and not w.ddp)
+        done: set[str] = set()  # parameters whose gradient a later layer's backward already made
         for l in reversed(layers):
             below -= l.act_bytes
             own = l.param_elems * (FP32 if z == 0 else unsharded)
+            # a weight tied to a later layer (GPT's embedding, read again by the LM head): its second gradient is
+            # a dense tensor of its own until autograd adds it to the first
+            tied = sum(e for name, e in l.params.items() if name in done) * (FP32 if z == 0 else unsharded)
+            done.update(l.params)
             rs_input = l.param_elems * FP32 if reduces else 0.0
             if w.microbatches > 1:
                 during, after = accumulated, accumulated
@@ -218,7 +224,7 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                 during = after = min(fresh + own, accumulated)
             recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
             out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
-                              + cast_weights + recast, temporaries=gather_buffer + recv))
+                              + cast_weights + recast, temporaries=gather_buffer + recv + tied))
             out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
                               temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
             fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)

@@ -81,6 +81,18 @@ def test_autocast_weight_copies_are_kept_outside_checkpointed_blocks_only():
     assert rep["parameters"] == psi * (4 + 2) and rep["activations"] == act / 2
 
 
+def test_a_tied_weights_second_gradient_is_a_temporary():
+    """GPT's embedding is read again by the LM head: the head's backward makes the weight's gradient first, and the
+    embedding's backward a second dense one, held until autograd adds it to the first; an untied one is not."""
+    from dataclasses import replace
+    table, act = 1000.0, 10.0
+    for tied in (False, True):
+        head = replace(_layer(table, 0.0, block=False), params={"wte.weight" if tied else "head.weight": table})
+        emb = replace(_layer(table, act, block=False), params={"wte.weight": table})
+        mem = peak_memory(_work(params=table * (1 if tied else 2), layers=((emb, head),)))
+        assert mem["temporaries"] == (table * 4 if tied else 0.0)
+
+
 def test_zero3_holds_the_root_and_two_blocks_gathered():
     blocks = tuple(_layer(100.0) for _ in range(4))
     w = _work(params=4 * 100.0 + 30.0, layers=((_layer(30.0, block=False),) + blocks,), dp=2, zero_stage=3)
