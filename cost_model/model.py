@@ -15,7 +15,7 @@ from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
 from cost_model.compute import ComputeModel
 from cost_model.dtypes import autocast_dtypes
-from cost_model.layers import input_grads, recompute_stop
+from cost_model.backward import input_grads, recompute_stop
 from cost_model.ops import sequence_shard
 from cost_model.prediction import Prediction
 from cost_model.work import attention_dropout, kernel_elems, op_work, split_inputs, splits_work, tensor_bytes
@@ -64,7 +64,7 @@ class CostModel:
         priced in fp32 under a bf16/fp16 plan (`op_precision`: autocast runs them in fp32). With the op's `graph`
         it is priced as the step prediction prices it: autocast's per-tensor dtypes and casts (parameters held in
         fp32, as DDP and plain autocast hold them) and only the input gradients the graph needs
-        (`cost_model.layers.input_grads`)."""
+        (`cost_model.backward.input_grads`)."""
         kernel_f, kernel_b, host_f, host_b = self.op_parts(op, placement, tp, microbatch_size, precision,
                                                            traced_batch_size=traced_batch_size, dtensor=dtensor,
                                                            graph=graph)
@@ -94,7 +94,7 @@ class CostModel:
         """(forward kernel, backward kernel, forward host, backward host) seconds of one op, as `op_time` before
         `ComputeModel.combine` joins kernels and host dispatch (a layer combines their sums). `dtypes`: the op's
         `cost_model.dtypes.OpDtypes` (each tensor's precision under autocast, and its casts); `grads`: which of
-        its inputs need a gradient (`cost_model.layers.input_grads`); both come from `graph` when it is given."""
+        its inputs need a gradient (`cost_model.backward.input_grads`); both come from `graph` when it is given."""
         if graph is not None:
             dtypes = autocast_dtypes(graph, precision, "fp32").get(op.name)
             grads = input_grads(graph).get(op.name)

@@ -303,7 +303,7 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     the op itself is placed (not replicated), the ops that run on DTensors whatever the rest of the plan.
     `dtypes` (a `cost_model.dtypes.OpDtypes`): each tensor's precision under autocast, instead of `precision` for
     all, and the casts autocast runs first.
-    `grads`: per `input_meta` tensor, whether it needs a gradient (`cost_model.layers.input_grads`, from the
+    `grads`: per `input_meta` tensor, whether it needs a gradient (`cost_model.backward.input_grads`, from the
     graph's gradient flow); None: parameters and floating tensors made by a graph op do.
     """
     at = (lambda i: dtypes.inputs[i]) if dtypes is not None else (lambda i: precision)  # noqa: E731

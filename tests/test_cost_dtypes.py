@@ -129,7 +129,8 @@ def test_gradients_of_a_tensor_read_several_times_are_summed_in_backward(llama):
     """Autograd adds the gradients of a tensor several ops read: the RMSNorm's output read by wq, wk and wv gets
     two adds, the block's input (read by the norm's pow and mul and by the residual add) two, a chunked tensor's
     pieces none (its backward joins them); each add reads two gradients and writes one."""
-    from cost_model.layers import LayerCoster, extra_reads
+    from cost_model.backward import extra_reads
+    from cost_model.layers import LayerCoster
     from cost_model.model import CostModel
     from hardware_profiles.load import load_cluster
     from planner.defaults import default_plan
@@ -159,7 +160,7 @@ def test_elementwise_backward_counts_each_input_gradient(llama):
     RMSNorm's x * rsqrt(...) multiplies for both operands and sums the broadcast one down; RoPE's q * cos has one
     gradient (the table needs none); pow runs three kernels."""
     from cost_model.compute import ComputeModel
-    from cost_model.layers import input_grads
+    from cost_model.backward import input_grads
     from hardware_profiles.load import load_cluster
     d = autocast_dtypes(llama, "bf16", "fp32")
     grads = input_grads(llama)

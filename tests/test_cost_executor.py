@@ -312,7 +312,7 @@ def test_a_recomputed_blocks_host_work_joins_its_backward_on_gpus(gpt):
     # on GPUs (async host) the re-run's kernels and host work (its dispatches, checkpointing's hooks) are set
     # against the backward's as a whole: hidden while the kernels outlast the host, all of it once the host is
     # the bottleneck; on CPU ranks (one thread) everything adds up
-    from cost_model.layers import recompute_stop
+    from cost_model.backward import recompute_stop
     block = next(l for l in gpt.layers() if l.block_type)
     ops = [gpt.ops[i] for i in block.ops]
     stop = recompute_stop(gpt, block)

@@ -100,7 +100,7 @@ def test_the_ilp_prices_an_op_as_the_step_prediction_does():
     import os
 
     from cost_model.dtypes import autocast_dtypes
-    from cost_model.layers import input_grads
+    from cost_model.backward import input_grads
     from hardware_profiles.load import load_cluster
     from planner.model_file import load_model_file
     from planner.search.placement import PlacementSolver

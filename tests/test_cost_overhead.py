@@ -8,7 +8,8 @@ import pytest
 
 from cost_model.work import kernel_family
 from cost_model.dtypes import autocast_dtypes
-from cost_model.layers import LayerCoster, extra_reads, recompute_stop, runs_on_dtensors
+from cost_model.backward import extra_reads, recompute_stop
+from cost_model.layers import LayerCoster, runs_on_dtensors
 from cost_model.model import CostModel
 from hardware_profiles.load import cluster_from_dict, cluster_to_dict, load_cluster
 from hardware_profiles.schema import OpOverhead, ProfileError
