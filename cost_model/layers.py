@@ -220,6 +220,8 @@ class LayerCoster:
         backward_gathers: set[str] = set()
         shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         cast_done: set[str] = set()  # producers whose autocast cast the tp executor shares among their readers
+        casts: dict[str, float] = {}  # autocast's 16-bit weight copies, once per parameter (its cache)
+        cast_weights = self.prec != "fp32" and not mixed_precision_parameters(plan)
         n_fwd = n_bwd = 0  # blocking tp collectives per pass (each waits for the ranks: `CommModel.sync_wait`)
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
@@ -278,19 +280,15 @@ class LayerCoster:
             # a checkpointed SDPA call keeps its inputs and output, not the kernel's internals
             act += m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, input_sources=tuple(sources),
                                keep_shards=keep, dtypes=self.dtypes.get(op.name), inputs_only=True)[1] if core else a
-            params.update(_local_params(op, pl, tp))
-            kind = _tensor_kind(pl, dt, plan.sequence_parallel)
             local = _local_params(op, pl, tp)
+            params.update(local)
+            if cast_weights and op.kind == "linear":
+                casts.update(local)
+            kind = _tensor_kind(pl, dt, plan.sequence_parallel)
             for p in op.params:
                 tensors[p.name] = max(tensors.get(p.name, "plain"), kind, key=TENSOR_KINDS.index)
                 if tensors[p.name] == "partial":
                     partial_elems[p.name] = local[p.name]
-        casts: dict[str, float] = {}  # autocast's weight copies, once per parameter (its cache)
-        if self.prec != "fp32" and not mixed_precision_parameters(plan):
-            for i in layer.ops:
-                op = g.ops[i]
-                if op.kind == "linear" and op.params:
-                    casts.update(_local_params(op, plan.ops.get(op.name), tp))
         calls = self._local_calls(layer)
         if calls:  # executor.tp runs each such subtree on plain tensors through hooks that unwrap and rewrap
             ov = m.cluster.device.op_overhead
