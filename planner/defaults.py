@@ -275,16 +275,14 @@ def check_forced_recompute_blocks(forced: Mapping[str, Any], num_blocks: int) ->
                     "to re-run every block)")
 
 
-def forced_recompute_blocks(forced: Mapping[str, Any], stages: int | Sequence[int]) -> tuple[int, ...]:
+def forced_recompute_blocks(forced: Mapping[str, Any], blocks: Sequence[int]) -> tuple[int, ...]:
     """`--force recompute_blocks=N`: N blocks of each of the plan's stages (Megatron-LM's `--recompute-method
-    block --recompute-num-layers N`); () when not forced. `stages`: each stage's block count (N is capped at it, so
-    the plan says what runs), or only how many stages there are (N as given)."""
+    block --recompute-num-layers N`), capped at each stage's block count (`blocks`) so the plan says what runs; ()
+    when not forced."""
     if "recompute_blocks" not in forced or forced.get("recompute", "full") != "full":
         return ()
     n = int(forced["recompute_blocks"])
-    if isinstance(stages, int):
-        return (n,) * stages
-    return tuple(min(n, have) for have in stages)
+    return tuple(min(n, have) for have in blocks)
 
 
 def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: str, forced: Mapping[str, Any],
