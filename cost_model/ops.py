@@ -126,6 +126,14 @@ def attention_recompute_problem(graph: OpGraph) -> str | None:
         how = " (its attention is hand-written matmul/softmax)" if any(op.kind == "softmax" for op in in_blocks) else ""
         return (f"recompute=attention re-runs F.scaled_dot_product_attention calls, but the model's blocks make "
                 f"none{how}; use recompute=selective or full")
+    with_sdpa = {op.block for op in in_blocks if attention_core(op)}
+    without = next((op.block for op in in_blocks if op.block not in with_sdpa), None)
+    if without is not None:
+        units = "" if any(len(v) > 1 for v in graph.block_types.values()) else (
+            " (no repeated blocks were found in an nn.ModuleList, nn.Sequential or nn.ModuleDict, so each top-level "
+            "module is a block: keep the repeated layers in one)")
+        return (f"recompute=attention re-runs each block's F.scaled_dot_product_attention call, but block {without} "
+                f"makes none{units}; use recompute=selective or full")
     return None
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hardware_profiles.files import output_mode
 from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict
 from hardware_profiles.schema import Cluster, ProfileError
 
@@ -124,17 +124,6 @@ def dump_cluster(cluster: Cluster, header: str = "") -> str:
     return comment + body
 
 
-def _output_mode(target: Path) -> int:
-    """The replaced file's mode, else what open() would give (planner.plan.output_mode; this package imports
-    nothing of ours)."""
-    try:
-        return stat.S_IMODE(target.stat().st_mode)
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "") -> None:
     """Write `cluster` as YAML to `path` atomically (temporary file in the same folder, then rename); a symlink's
     target is written, so the link survives."""
@@ -152,7 +141,7 @@ def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _output_mode(target))  # mkstemp makes the file private (0600)
+        os.chmod(tmp, output_mode(target))  # mkstemp makes the file private (0600)
         os.replace(tmp, target)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from hardware_profiles import host
+from hardware_profiles.files import unwritable
 from hardware_profiles.schema import Cluster, CollectiveCurve, DeviceSpec, LinkSpec, OpOverhead, ProfileError
 
 
@@ -537,6 +538,9 @@ def main(argv: Sequence[str] | None = None,
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
                            "another path")
+    why = unwritable(os.path.realpath(out))  # a symlink is written through, to its target
+    if why:
+        raise ProfileError(f"-o {args.output}: {why}; give a file path in a folder you can write to")
     for given in [args.links_from, *(args.model or [])]:  # writing an input would destroy it
         if given and out.exists() and os.path.exists(given) and os.path.samefile(given, out):
             raise ProfileError(f"-o {args.output} is also this command's input {given}; pick another file")
@@ -550,6 +554,9 @@ def main(argv: Sequence[str] | None = None,
             raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
         shapes = merged_shapes(args.model, args.quick, shapes_for)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if args.links_from and int(os.environ["WORLD_SIZE"]) > 1:
+            raise ProfileError(f"--links-from keeps a preset's links for a one-rank profile, and torchrun's "
+                               f"{os.environ['WORLD_SIZE']} ranks measure this machine's own: drop --links-from")
         result = profile_torchrun(args.quick, backend, args.name, progress=True, shapes=shapes)
         if result is None:
             return 0
@@ -559,6 +566,9 @@ def main(argv: Sequence[str] | None = None,
         if nproc < 1 or (nproc == 1 and not args.links_from):
             raise ProfileError(f"--nproc {nproc}: collectives need at least 2 ranks (with one GPU, add --links-from "
                                "PRESET to keep that profile's links, e.g. --links-from dgx-h100)")
+        if nproc > 1 and args.links_from:
+            raise ProfileError(f"--links-from keeps a preset's links for a one-rank profile, and --nproc {nproc} "
+                               "measures this machine's own: drop --links-from (or use --nproc 1)")
         if nproc == 1:
             from hardware_profiles.load import load_cluster
             try:

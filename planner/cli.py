@@ -12,6 +12,8 @@ Bad input of any kind ends with one line on stderr and exit status 2 (a tracebac
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
 from typing import NoReturn, Sequence
 
@@ -71,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] == "check":
             from executor.cli_check import main as run
             return run(argv[1:])
+        if argv and not argv[0].startswith("-") and not os.path.exists(argv[0]):
+            near = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1, cutoff=0.6)
+            if near:  # `plan mesure ...` would otherwise be planned as a model file named "mesure"
+                from planner.errors import PlanError
+                raise PlanError(f"unknown command '{argv[0]}'; did you mean `plan {near[0]}`? (commands: "
+                                f"{', '.join(SUBCOMMANDS)}; anything else is a model file)")
         from planner.cli_plan import main as run
         return run(argv)
     except errors as e:
@@ -83,7 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("plan: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `plan ... | head`: the reader left; say nothing (Python docs, "Note on SIGPIPE")
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 

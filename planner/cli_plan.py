@@ -14,6 +14,8 @@ from planner.cli import ArgParser
 from planner.errors import PlanError
 from planner.plan import RECOMPUTE, check_output
 
+MAX_BATCH = 10 ** 12  # samples per step: far above any run, and small enough for the search's divisor loops
+
 FORCE_KEYS = {
     "dp": int, "tp": int, "pp": int, "zero": int, "mbs": int, "recompute": str, "schedule": str, "vp": int,
     "sp": int, "recompute_blocks": int,
@@ -223,6 +225,18 @@ def main(argv: Sequence[str]) -> int:
     forced = parse_force(args.force)
     if args.batch_size is not None and args.batch_size < 1:
         raise PlanError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_size is not None and args.batch_size > MAX_BATCH:
+        raise PlanError(f"--batch-size {args.batch_size} is above 10^12 samples per optimizer step, "
+                        "more than any training run takes; give the global batch in samples (sequences)")
+    if args.summary and not args.cluster:
+        ignored = [flag for flag, given in (("-o", args.output), ("--timeline", args.timeline), ("--force", args.force),
+                                            ("--batch-size", args.batch_size is not None), ("--nodes", args.nodes),
+                                            ("--calibration", args.calibration), ("--explain", args.explain),
+                                            ("--no-check", args.no_check), ("--precision", args.precision))
+                   if given]
+        if ignored:
+            raise PlanError(f"--summary alone only inspects the model, so {', '.join(ignored)} would do nothing; "
+                            "add --cluster and --batch-size to plan as well")
     if not args.summary and not args.cluster:
         raise PlanError("--cluster is required to plan (a preset such as dgx-a100-80gb, or a YAML file); "
                         "use --summary alone to only inspect the model")
@@ -286,34 +300,34 @@ def main(argv: Sequence[str]) -> int:
         print(precision_note, file=sys.stderr)
     if scale is not None:
         result = calibrate(result, scale, args.calibration)
-    checked = ""
-    if args.output and not args.no_check:
-        result, checked = dry_run_gate(result, model_file, args.output)
-    if args.json:
-        from planner.report import format_json
-        print(format_json(result, explain=args.explain))
-    else:
-        from planner.report import format_result
-        print(format_result(result, explain=args.explain))
-    said = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
+    said = []  # the outputs are written before the report is printed: `plan ... -o p.json | head` still writes them
     if args.output:
-        if checked:
-            print(checked, file=said)
+        if not args.no_check:
+            result, checked = dry_run_gate(result, model_file, args.output)
+            said += [checked] if checked else []
         result.best.save(args.output)
-        print(f"wrote {args.output}", file=said)
+        said.append(f"wrote {args.output}")
     if args.timeline:
         from cost_model.timeline import write_chrome_trace
         prediction = cost_model.predict(graph, result.best, timeline=True)
         if scale is not None:
             prediction = prediction.calibrated(scale, args.calibration)
         write_chrome_trace(prediction, args.timeline)
-        print(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)", file=said)
+        said.append(f"wrote {args.timeline} (open in https://ui.perfetto.dev or chrome://tracing)")
     if args.plot:
         from planner.search_plot import plot_search
         plot_search(result, cluster.device.usable_memory_bytes, args.plot, top_k=args.top,
                     title=f"{os.path.basename(args.model)} on {cluster.name} ({cluster.nodes} node(s) x "
                           f"{cluster.devices_per_node}), global batch {args.batch_size}")
-        print(f"wrote {args.plot} ({len(result.evaluated)} candidates)", file=said)
+        said.append(f"wrote {args.plot} ({len(result.evaluated)} candidates)")
+    if args.json:
+        from planner.report import format_json
+        print(format_json(result, explain=args.explain))
+    else:
+        from planner.report import format_result
+        print(format_result(result, explain=args.explain))
+    for line in said:
+        print(line, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout is the JSON alone
     return 0
 
 

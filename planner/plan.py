@@ -12,11 +12,11 @@ import hashlib
 import json
 import math
 import os
-import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from hardware_profiles.files import output_mode, unwritable
 from planner.errors import PlanError
 
 RECOMPUTE = ("none", "attention", "selective", "full")
@@ -377,25 +377,9 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _unwritable(path: str) -> str | None:
-    """Why `path` cannot be written as a file (a directory, a folder under a file, no permission), or None."""
-    if os.path.isdir(path):
-        return "it is a directory"
-    if os.path.exists(path) and not os.path.isfile(path):
-        return "it is not a regular file (a device or a pipe, which the rename would replace)"
-    above = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(above) and os.path.dirname(above) != above:
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        return f"{above} is a file, not a folder"
-    if not os.access(above, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "no permission to write there"
-    return None
-
-
 def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike | None] = ()) -> None:
     """Before any work: PlanError (one line) when `path`, given with `flag`, cannot be written (empty, or
-    `_unwritable`) or is one of the command's `inputs` (writing it would destroy them)."""
+    `unwritable`) or is one of the command's `inputs` (writing it would destroy them)."""
     path = os.fspath(path)
     if not path:
         raise PlanError(f"{flag} is empty; give a file path")
@@ -403,19 +387,9 @@ def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.P
         if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
             raise PlanError(f"{flag} {path} is also this command's input {os.fspath(given)}; writing it would "
                             "destroy it: pick another file")
-    why = _unwritable(os.path.realpath(path))  # a symlink is written through, to its target
+    why = unwritable(os.path.realpath(path))  # a symlink is written through, to its target
     if why:
         raise PlanError(f"{flag} {path}: {why}; give a file path in a folder you can write to")
-
-
-def output_mode(target: str) -> int:
-    """The mode an output written to `target` gets: that of the file it replaces, else what open() would give."""
-    try:
-        return stat.S_IMODE(os.stat(target).st_mode)
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 @contextlib.contextmanager
@@ -438,10 +412,10 @@ def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write text to path via `atomic_output`, so a crash never leaves half a file. A path that cannot be written
-    (`_unwritable`, or an error making the folder, the temp file or the rename) is a PlanError, one line."""
+    (`unwritable`, or an error making the folder, the temp file or the rename) is a PlanError, one line."""
     path = os.fspath(path)
     target = os.path.realpath(path)
-    why = _unwritable(target)
+    why = unwritable(target)
     if why is None:
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -214,3 +214,50 @@ def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path):
     with pytest.raises(PlanError, match="not a regular file"):
         check_output(str(fifo), "-o")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_profile_refuses_a_pipe_and_links_from_with_several_ranks(tmp_path, capsys):
+    # the profile's -o got no check but its folder's: a pipe was replaced by a file after the whole profile ran
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(["profile", "--quick", "-o", str(fifo)]) == 2
+    assert "not a regular file" in _one_line(capsys) and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert main(["profile", "--quick", "--nproc", "2", "--links-from", "dgx-h100", "-o", str(tmp_path / "p.yaml")]) == 2
+    assert "drop --links-from" in _one_line(capsys) and not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["mesure", "plan.json", MLP], "did you mean `plan measure`"),
+    (["chek"], "did you mean `plan check`"),
+    (PLAN[:1] + ["--batch-size", str(10 ** 20), "--cluster", "cpu-local"], "above 10^12 samples"),
+    ([MLP, "--summary", "-o", "x.json", "--force", "dp=2"], "-o, --force would do nothing"),
+])
+def test_plan_names_a_misspelled_command_a_huge_batch_and_summary_flags(argv, match, capsys):
+    # each was silent or misleading: "unrecognized arguments", a divisor loop over 10^10, no file written
+    assert main(argv) == 2
+    assert match in _one_line(capsys)
+
+
+@pytest.mark.parametrize("force,match", [
+    ("pp=8", "the model has 6 layers"),
+    ("pp=2,vp=4", "needs 8 virtual stages"),
+    ("vp=4", "at least 8 virtual stages"),
+])
+def test_forced_stages_beyond_the_layers_say_so(force, match, capsys):
+    # they said "no micro-batch size / schedule fits ... lower --batch-size", or "no candidate plan could be built"
+    gpt = os.path.join(ROOT, "examples", "gpt.py")
+    assert main([gpt, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", force, "--no-check"]) == 2
+    assert match in _one_line(capsys)
+
+
+def test_outputs_are_written_before_the_report(tmp_path, capsys, monkeypatch):
+    # `plan ... -o p.json | head`: the reader leaving while the report printed lost the plan (a BrokenPipeError)
+    import planner.report
+    def closed(*args, **kwargs):
+        raise BrokenPipeError
+    monkeypatch.setattr(planner.report, "format_result", closed)
+    from planner.cli_plan import main as plan_main
+    out = tmp_path / "p.json"
+    with pytest.raises(BrokenPipeError):  # `plan`'s entry point then says nothing and exits 1
+        plan_main(PLAN + ["-o", str(out), "--no-check"])
+    assert json.loads(out.read_text())["mesh"]

@@ -63,3 +63,40 @@ def test_search_recomputes_only_the_blocks_memory_needs(graph):
     # a forced recompute level is kept as given: full means every block
     forced = _search(graph, (lo + hi) // 2, recompute="full").ranked
     assert all(not s.plan.recompute_blocks for s in forced)
+
+
+FLAT = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.qkv, self.o = nn.LayerNorm(32), nn.Linear(32, 96), nn.Linear(32, 32)
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln(x)).view(x.shape[0], x.shape[1], 3, 4, 8).permute(2, 0, 3, 1, 4)
+        return x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2))
+class Flat(nn.Module):  # blocks as plain attributes: no container to find them in
+    def __init__(self):
+        super().__init__()
+        self.emb, self.block0, self.block1, self.head = nn.Embedding(64, 32), Block(), Block(), nn.Linear(32, 64)
+    def forward(self, idx):
+        return self.head(self.block1(self.block0(self.emb(idx))))
+def build_model():
+    return Flat()
+def sample_batch(b):
+    ids = torch.randint(0, 64, (b, 17))
+    return ids[:, :-1], ids[:, 1:]
+'''
+
+
+def test_a_model_without_repeated_blocks_says_what_its_blocks_are(tmp_path, capsys):
+    # its top-level modules are the blocks: recompute_blocks=1 re-ran the embedding without a word, and
+    # recompute=attention failed in the dry run blaming nn.MultiheadAttention
+    from planner.cli import main
+    model = tmp_path / "flat.py"
+    model.write_text(FLAT)
+    base = [str(model), "--cluster", "cpu-local", "--batch-size", "4", "--no-check"]
+    assert main(base + ["--force", "dp=2,recompute=full,recompute_blocks=1"]) == 0
+    assert "recompute_blocks counts emb, block0, block1, head" in capsys.readouterr().out
+    assert main(base + ["--force", "dp=2,recompute=attention"]) == 2
+    err = capsys.readouterr().err
+    assert "block emb makes none (no repeated blocks were found" in err and err.count("\n") == 1

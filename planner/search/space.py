@@ -74,7 +74,9 @@ def check_forced(forced: Mapping[str, Any], cluster: Cluster, batch_size: int) -
                         f"cluster has {where}; make the product {world} or change --nodes")
     if world % prod:
         shown = ",".join(f"{k}={v}" for k, v in axes.items())
-        raise PlanError(f"--force {shown}: their product {prod} does not divide the cluster's {where}")
+        what = f"their product {prod} does not" if len(axes) > 1 else "it does not"
+        raise PlanError(f"--force {shown}: {what} divide the cluster's {where}; pick a divisor of {world} or "
+                        "change --nodes")
     if "tp" in forced and forced["tp"] > dpn:
         notes.append(f"tp={forced['tp']} spans nodes ({dpn} devices per node): its collectives cross the "
                      "inter-node link on every layer")
@@ -116,6 +118,18 @@ def meshes(cluster: Cluster, num_layers: int, batch_size: int, forced: Mapping[s
         raise PlanError(f"no mesh dp x tp x pp = {world} with dp dividing --batch-size {batch_size} and pp <= "
                         f"{num_layers} layers (forced: {pinned}); change --batch-size, --nodes or --force")
     return out
+
+
+def check_forced_stages(forced: Mapping[str, Any], num_layers: int) -> None:
+    """A forced pp (times vp) needs at least one of the model's layers per (virtual) stage: one-line PlanError."""
+    pp, vp = forced.get("pp"), forced.get("vp", 1)
+    if pp is not None and pp > num_layers:
+        raise PlanError(f"--force pp={pp}: the model has {num_layers} layers (the units a pipeline stage holds), "
+                        f"so at most pp={num_layers}")
+    if vp > 1 and (pp or 2) * vp > num_layers:
+        stages = f"{pp * vp} virtual stages" if pp else f"pp >= 2, so at least {2 * vp} virtual stages"
+        raise PlanError(f"--force {f'pp={pp},' if pp else ''}vp={vp} needs {stages}, but the model has {num_layers} "
+                        f"layers (the units a stage holds); force pp x vp <= {num_layers}")
 
 
 def _pipelined(forced: Mapping[str, Any]) -> bool:
