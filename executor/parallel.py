@@ -52,6 +52,29 @@ def _present(model: nn.Module, paths: list[str]) -> list[nn.Module]:
     return [mods[p] for p in paths if p in mods]
 
 
+def _units(model: nn.Module, paths: list[str]) -> list[nn.Module | list[nn.Module]]:
+    """The blocks of `paths` present in `model` as FSDP2 units: a block alone, or blocks sharing a parameter
+    (a module reused by two blocks) together, as one list in the position of its first block. FSDP2 manages a
+    parameter in one unit only ("use fully_shard([module_a, module_b])", its error for a shared parameter)."""
+    blocks = _present(model, paths)
+    group = list(range(len(blocks)))  # union-find over blocks, joined by a parameter they both hold
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+    owner: dict[int, int] = {}
+    for i, block in enumerate(blocks):
+        for p in block.parameters():
+            j = owner.setdefault(id(p), i)
+            if root(j) != root(i):
+                group[root(i)] = root(j)
+    units: dict[int, list[nn.Module]] = {}
+    for i, block in enumerate(blocks):
+        units.setdefault(root(i), []).append(block)
+    return [mods[0] if len(mods) == 1 else mods for mods in units.values()]
+
+
 SAC_SAVED_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_attention_math", "max")
@@ -257,8 +280,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype:
     mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
         MixedPrecisionPolicy()
     reshard = zero_stage == 3
-    for block in _present(model, block_paths):
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    for unit in _units(model, block_paths):
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
     return model
 
@@ -280,8 +303,8 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
         mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
             MixedPrecisionPolicy()
-        for block in _present(model, block_paths or []):
-            replicate(block, mesh=dp_mesh, mp_policy=mp)
+        for unit in _units(model, block_paths or []):
+            replicate(unit, mesh=dp_mesh, mp_policy=mp)
         return replicate(model, mesh=dp_mesh, mp_policy=mp)
     if any(isinstance(p, FakeTensor) for p in model.parameters()):
         model = replicate(model, mesh=dp_mesh)

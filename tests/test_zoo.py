@@ -28,7 +28,7 @@ EXAMPLES = os.path.join(ROOT, "examples")
 WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
 STEPS, BATCH, TOL = 3, 4, 1e-5
 LAUNCH_TIMEOUT_S = 900
-"""One mesh's launch (12 models); a healthy one takes well under a minute here."""
+"""One mesh's launch (13 models); a healthy one takes well under a minute here."""
 MAX_LAUNCHES = 3
 """Launches per mesh when one dies (see `_train_all`)."""
 
@@ -39,6 +39,7 @@ MODELS = {
     "titan_style": os.path.join(ZOO, "titan_style.py"),  # view(bs, seqlen, -1, head_dim), complex RoPE, GQA
     "swiglu_fused": os.path.join(ZOO, "swiglu_fused.py"),  # gate_up Linear + chunk(2)
     "swiglu_separate": os.path.join(ZOO, "swiglu_separate.py"),  # its control: separate gate and up
+    "shared_module": os.path.join(ZOO, "shared_module.py"),  # the last block reuses the first's MLP
     "gpt": os.path.join(EXAMPLES, "gpt.py"),  # tied embeddings
     "llama": os.path.join(EXAMPLES, "llama.py"),  # RoPE passed as forward args, GQA, hand-written RMSNorm
     "hf_gpt2": os.path.join(EXAMPLES, "hf_gpt2.py"),  # transformers: Conv1D, dict inputs, ModelOutput
