@@ -11,8 +11,10 @@ exits 1.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,6 +95,10 @@ def failure_reason(err: str, rc: int) -> str:
     return tail[-1] if tail else f"exit status {rc}"
 
 
+TIMED_OUT = 124
+"""`launch`'s exit status for a job stopped at its timeout (as timeout(1) exits)."""
+
+
 def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int, threads: int,
            result: str, timeout: float | None = None, trace: str | None = None,
            compile: str | None = None) -> tuple[int, str]:
@@ -104,14 +110,35 @@ def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int,
     cmd += ["--compile", compile] if compile else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCHELASTIC_ERROR_FILE="")
     env.pop("TORCHELASTIC_ERROR_FILE")
-    proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env)
+    # in a session of its own, stopped by `_stop` on a timeout or Ctrl-C
+    proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _stop(proc)
         _, err = proc.communicate()
-        return 124, err
+        return TIMED_OUT, err
+    except BaseException:  # Ctrl-C reaches this process only: the job is in a session of its own
+        _stop(proc)
+        raise
     return proc.returncode, err
+
+
+STOP_GRACE_S = 20.0
+"""Seconds torchrun gets to stop its ranks after SIGTERM before everything left in its group is killed."""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the job: SIGTERM to torchrun, which stops its ranks (each in a session of its own, so a SIGKILL to
+    torchrun alone left them training to the end, holding stderr open), then SIGKILL to what is left of its group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 MAX_DRAWN_RANKS = 8
@@ -225,8 +252,10 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         rc, err = launch(args.plan, args.model, plan.world_size, args.steps, args.warmup, args.threads, result,
                          args.timeout, args.trace, args.compile)
         if not os.path.exists(result):
-            why = failure_reason(err, rc)
-            print(f"plan measure: the job failed after {time.perf_counter() - t0:.1f} s: {why}", file=sys.stderr)
+            elapsed = time.perf_counter() - t0
+            why = (f"it ran past --timeout {args.timeout:g} s and was stopped; raise --timeout or lower --steps"
+                   if rc == TIMED_OUT and args.timeout is not None and elapsed >= args.timeout else failure_reason(err, rc))
+            print(f"plan measure: the job failed after {elapsed:.1f} s: {why}", file=sys.stderr)
             if args.debug:
                 print(err, file=sys.stderr)
             return 1

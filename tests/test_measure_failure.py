@@ -73,3 +73,29 @@ def test_no_result_is_a_failure(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "launch", _fake_launch(write=False, rc=-11))
     assert cli.main([str(plan), gpt, "--steps", "2", "--warmup", "1"]) == 1
     assert "the job failed" in capsys.readouterr().err
+
+
+def test_a_timeout_stops_the_ranks_too(tmp_path, capsys):
+    # a SIGKILL to torchrun alone left its ranks (each in a session of its own) training to the end: `--timeout 6`
+    # of a 100000-step job returned after minutes, with the ranks' result
+    import os
+    import time
+    from planner.cli import main as plan_main
+    mlp = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mlp.py")
+    plan = tmp_path / "plan.json"
+    assert plan_main([mlp, "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32", "--no-check",
+                      "-o", str(plan)]) == 0
+    start = time.monotonic()
+    assert plan_main(["measure", str(plan), mlp, "--steps", "100000", "--timeout", "6"]) == 1
+    assert time.monotonic() - start < 120  # the job's 100000 steps take several minutes here
+    assert "ran past --timeout 6 s" in capsys.readouterr().err
+    ranks = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "executor.worker" in line and str(plan) in line:
+            ranks.append(line)
+    assert not ranks
