@@ -83,6 +83,9 @@ def read_calibration(path: str, cluster_name: str) -> float:
         raise PlanError(f"--calibration {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict):
         raise PlanError(f"--calibration {path}: expected a JSON object written by `plan measure --calibrate`")
+    if "cluster" not in data or "step_time_scale" not in data:
+        raise PlanError(f"--calibration {path}: not a calibration file (no cluster and step_time_scale in it); give "
+                        "one that `plan measure ... --calibrate FILE` wrote")
     if data.get("cluster") != cluster_name:
         raise PlanError(f"--calibration {path}: recorded for cluster {data.get('cluster')!r}, not "
                         f"{cluster_name!r}; calibrate on this profile with `plan measure ... --calibrate`")

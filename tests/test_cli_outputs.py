@@ -261,3 +261,11 @@ def test_outputs_are_written_before_the_report(tmp_path, capsys, monkeypatch):
     with pytest.raises(BrokenPipeError):  # `plan`'s entry point then says nothing and exits 1
         plan_main(PLAN + ["-o", str(out), "--no-check"])
     assert json.loads(out.read_text())["mesh"]
+
+
+def test_a_json_file_that_is_no_calibration_file_says_so(tmp_path, capsys):
+    # it said "recorded for cluster None, not 'cpu-local'"
+    other = tmp_path / "other.json"
+    other.write_text('{"a": 1}')
+    assert main(PLAN + ["--calibration", str(other)]) == 2
+    assert "not a calibration file" in _one_line(capsys)

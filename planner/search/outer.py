@@ -506,7 +506,7 @@ class OuterSearch:
         what = (f"dp={plan.mesh.dp} tp={plan.mesh.tp} pp={plan.mesh.pp} ZeRO-{plan.zero_stage} "
                 f"recompute={plan.recompute} mbs={plan.microbatch_size}")
         return (f"the model fits nowhere: the leanest plan found ({what}) needs {format_bytes(need)} per device, "
-                f"a {self.cluster.device.name} has {format_bytes(usable)} usable; "
+                f"one {self.cluster.device.name} has {format_bytes(usable)} usable; "
                 f"try {', '.join(self._memory_levers(plan, need / usable))}; or predict it anyway with "
                 "--ignore-memory (no plan is written)")
 
