@@ -28,6 +28,11 @@ from planner.blocks import layer_modules
 from planner.plan import Plan, StageSpec
 
 
+def _first(names, k: int = 8) -> str:
+    names = list(names)
+    return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
+
+
 def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
     """The module paths of each stage: `StageSpec.modules` when given, else derived from the layer ranges over
     `planner.blocks.layer_modules` (each block alone, the modules between blocks together), else blocks split
@@ -40,6 +45,13 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
                             "use pp = 1")
     stages: tuple[StageSpec, ...] = plan.stages
     if stages and all(s.modules for s in stages):
+        present = dict(model.named_modules())
+        for i, s in enumerate(stages):
+            missing = next((m for m in s.modules if m not in present), None)
+            if missing is not None:
+                raise ExecutorError(f"stage {i} of the plan lists module {missing!r}, which this model does not have "
+                                    f"(its top-level modules: {_first(n for n, _ in model.named_children())}); "
+                                    "plan this model again, or correct the stage's modules")
         return [list(s.modules) for s in stages]
     layers = layer_modules(model)
     if stages:

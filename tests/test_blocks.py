@@ -102,3 +102,9 @@ def test_pipeline_split_of_a_model_without_blocks():
     torch.testing.assert_close(out, model(x))
     with pytest.raises(ExecutorError, match="use pp = 1"):
         stage_modules(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), plan)
+    # a stage naming a module the model lacks: one line naming it (it was `Sequential has no attribute 'nope'`)
+    from planner.plan import StageSpec
+    named = Plan(mesh=Mesh(pp=2), global_batch_size=2, microbatch_size=1, num_microbatches=2,
+                 stages=(StageSpec(0, 3, ("0", "nope"), 0), StageSpec(3, 6, ("3", "4"), 1)))
+    with pytest.raises(ExecutorError, match="stage 0 of the plan lists module 'nope'"):
+        stage_modules(model, named)
