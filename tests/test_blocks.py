@@ -105,6 +105,7 @@ def test_pipeline_split_of_a_model_without_blocks():
     # a stage naming a module the model lacks: one line naming it (it was `Sequential has no attribute 'nope'`)
     from planner.plan import StageSpec
     named = Plan(mesh=Mesh(pp=2), global_batch_size=2, microbatch_size=1, num_microbatches=2,
-                 stages=(StageSpec(0, 3, ("0", "nope"), 0), StageSpec(3, 6, ("3", "4"), 1)))
+                 stages=(StageSpec(start_layer=0, end_layer=3, modules=("0", "nope"), rank=0),
+                         StageSpec(start_layer=3, end_layer=6, modules=("3", "4"), rank=1)))
     with pytest.raises(ExecutorError, match="stage 0 of the plan lists module 'nope'"):
         stage_modules(model, named)
