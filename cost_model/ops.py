@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from planner.graph import OpGraph, OpNode
+from planner.graph import NO_REPEATED_BLOCKS, OpGraph, OpNode
 from planner.op_kinds import SDPA_CALLS
 
 VIEW_KINDS = frozenset({"reshape"})
@@ -129,9 +129,7 @@ def attention_recompute_problem(graph: OpGraph) -> str | None:
     with_sdpa = {op.block for op in in_blocks if attention_core(op)}
     without = next((op.block for op in in_blocks if op.block not in with_sdpa), None)
     if without is not None:
-        units = "" if any(len(v) > 1 for v in graph.block_types.values()) else (
-            " (no repeated blocks were found in an nn.ModuleList, nn.Sequential or nn.ModuleDict, so each top-level "
-            "module is a block: keep the repeated layers in one)")
+        units = "" if graph.repeats_blocks else f" ({NO_REPEATED_BLOCKS})"
         return (f"recompute=attention re-runs each block's F.scaled_dot_product_attention call, but block {without} "
                 f"makes none{units}; use recompute=selective or full")
     return None

@@ -11,10 +11,8 @@ exits 1.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -110,35 +108,34 @@ def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int,
     cmd += ["--compile", compile] if compile else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCHELASTIC_ERROR_FILE="")
     env.pop("TORCHELASTIC_ERROR_FILE")
-    # in a session of its own, stopped by `_stop` on a timeout or Ctrl-C
-    proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _stop(proc)
-        _, err = proc.communicate()
-        return TIMED_OUT, err
-    except BaseException:  # Ctrl-C reaches this process only: the job is in a session of its own
+        return TIMED_OUT, _stop(proc)
+    except BaseException:  # Ctrl-C (which torchrun, in this process group, gets too)
         _stop(proc)
         raise
     return proc.returncode, err
 
 
-STOP_GRACE_S = 20.0
-"""Seconds torchrun gets to stop its ranks after SIGTERM before everything left in its group is killed."""
+STOP_GRACE_S = 40.0
+"""Seconds torchrun gets to stop its ranks after SIGTERM (it gives them 30 s before it kills them itself)."""
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the job: SIGTERM to torchrun, which stops its ranks (each in a session of its own, so a SIGKILL to
-    torchrun alone left them training to the end, holding stderr open), then SIGKILL to what is left of its group."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+def _stop(proc: subprocess.Popen) -> str:
+    """Stop the job and return its stderr: SIGTERM to torchrun, which stops its ranks (each in a session of its own:
+    a SIGKILL to torchrun alone left them training to the end, holding stderr open), then SIGKILL."""
+    err = ""
     try:
-        proc.wait(timeout=STOP_GRACE_S)
+        proc.terminate()
+        _, err = proc.communicate(timeout=STOP_GRACE_S)  # reading stderr meanwhile: a full pipe would block torchrun
     except subprocess.TimeoutExpired:
         pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    finally:  # also when a second Ctrl-C interrupts the wait
+        if proc.poll() is None:
+            proc.kill()
+    return err or ""
 
 
 MAX_DRAWN_RANKS = 8

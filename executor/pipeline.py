@@ -28,9 +28,18 @@ from planner.blocks import layer_modules
 from planner.plan import Plan, StageSpec
 
 
-def _first(names, k: int = 8) -> str:
-    names = list(names)
-    return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
+def check_stage_modules(model: nn.Module, modules: list[list[str]]) -> list[list[str]]:
+    """`modules` (each stage's module paths), or ExecutorError naming the first one `model` does not have."""
+    present = dict(model.named_modules())
+    for i, mods in enumerate(modules):
+        missing = next((m for m in mods if m not in present), None)
+        if missing is not None:
+            top = [n for n, _ in model.named_children()]
+            shown = ", ".join(top[:8]) + (f", ... ({len(top)} in all)" if len(top) > 8 else "")
+            raise ExecutorError(f"stage {i} of the plan lists module {missing!r}, which this model does not have "
+                                f"(its top-level modules: {shown}); plan this model again, or correct the stage's "
+                                "modules")
+    return modules
 
 
 def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
@@ -45,14 +54,7 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
                             "use pp = 1")
     stages: tuple[StageSpec, ...] = plan.stages
     if stages and all(s.modules for s in stages):
-        present = dict(model.named_modules())
-        for i, s in enumerate(stages):
-            missing = next((m for m in s.modules if m not in present), None)
-            if missing is not None:
-                raise ExecutorError(f"stage {i} of the plan lists module {missing!r}, which this model does not have "
-                                    f"(its top-level modules: {_first(n for n, _ in model.named_children())}); "
-                                    "plan this model again, or correct the stage's modules")
-        return [list(s.modules) for s in stages]
+        return check_stage_modules(model, [list(s.modules) for s in stages])
     layers = layer_modules(model)
     if stages:
         if layers and layers[-1][0] in block_paths:
@@ -99,11 +101,7 @@ def split_model(model: nn.Module, modules: list[list[str]], example: object = No
     unflattened to the model's module tree (`torch.export.unflatten`, parameter names kept), with the modules
     above the stage modules inlined into one graph. Its first stage then takes the inputs flattened
     (`flat_inputs`), as the exported graph does."""
-    owner = {m: i for i, mods in enumerate(modules) for m in mods}
-    named = dict(model.named_modules())
-    missing = [m for m in owner if m not in named]
-    if missing:
-        raise ExecutorError(f"plan stage module {missing[0]!r} is not a module of this model; re-plan for it")
+    owner = {m: i for i, mods in enumerate(check_stage_modules(model, modules)) for m in mods}
     root: nn.Module = model
     graph, fx_error = None, None
     if not export:  # (`export`: cut the graph the plan names, torch.export's, as `example` runs)

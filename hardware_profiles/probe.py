@@ -548,27 +548,19 @@ def main(argv: Sequence[str] | None = None,
     backend = args.backend or ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise ProfileError("--backend nccl needs CUDA GPUs and none are visible; use --backend gloo for CPU ranks")
-    shapes = None
-    if args.model is not None:
-        if shapes_for is None:
-            raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
-        shapes = merged_shapes(args.model, args.quick, shapes_for)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        if args.links_from and int(os.environ["WORLD_SIZE"]) > 1:
-            raise ProfileError(f"--links-from keeps a preset's links for a one-rank profile, and torchrun's "
-                               f"{os.environ['WORLD_SIZE']} ranks measure this machine's own: drop --links-from")
-        result = profile_torchrun(args.quick, backend, args.name, progress=True, shapes=shapes)
-        if result is None:
-            return 0
-    else:
-        nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if backend == "nccl" else 2)
-        links_from = None
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if args.links_from and torchrun:
+        raise ProfileError("--links-from keeps a preset's links for a one-rank profile run by `plan profile --nproc "
+                           "1`; under torchrun the ranks measure this machine's own: drop --links-from")
+    nproc = args.nproc if args.nproc is not None else (torch.cuda.device_count() if backend == "nccl" else 2)
+    links_from = None
+    if not torchrun:  # every flag checked before the (slow) tracing of --model files
         if nproc < 1 or (nproc == 1 and not args.links_from):
             raise ProfileError(f"--nproc {nproc}: collectives need at least 2 ranks (with one GPU, add --links-from "
                                "PRESET to keep that profile's links, e.g. --links-from dgx-h100)")
         if nproc > 1 and args.links_from:
-            raise ProfileError(f"--links-from keeps a preset's links for a one-rank profile, and --nproc {nproc} "
-                               "measures this machine's own: drop --links-from (or use --nproc 1)")
+            raise ProfileError(f"--links-from keeps a preset's links for a one-rank profile, and {nproc} ranks "
+                               "measure this machine's own: drop --links-from (or use --nproc 1)")
         if nproc == 1:
             from hardware_profiles.load import load_cluster
             try:
@@ -579,6 +571,16 @@ def main(argv: Sequence[str] | None = None,
             raise ProfileError(f"--nproc {nproc}: only {torch.cuda.device_count()} GPUs are visible")
         if backend == "gloo" and nproc > (os.cpu_count() or 1) * 4:
             raise ProfileError(f"--nproc {nproc}: more than 4 ranks per CPU core would measure contention")
+    shapes = None
+    if args.model is not None:
+        if shapes_for is None:
+            raise ProfileError("--model needs the planner to trace the model; run it as `plan profile --model ...`")
+        shapes = merged_shapes(args.model, args.quick, shapes_for)
+    if torchrun:
+        result = profile_torchrun(args.quick, backend, args.name, progress=True, shapes=shapes)
+        if result is None:
+            return 0
+    else:
         result = profile_local(nproc, backend, args.quick, args.name, shapes=shapes, links_from=links_from)
     from hardware_profiles.load import save_cluster
     save_cluster(result.cluster, out, header=result.header)

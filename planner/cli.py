@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] == "check":
             from executor.cli_check import main as run
             return run(argv[1:])
-        if argv and not argv[0].startswith("-") and not os.path.exists(argv[0]):
+        if argv and argv[0].isidentifier() and not os.path.exists(argv[0]):  # a word, not a path or file name
             near = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1, cutoff=0.6)
             if near:  # `plan mesure ...` would otherwise be planned as a model file named "mesure"
                 from planner.errors import PlanError

@@ -13,8 +13,7 @@ from typing import Any, Sequence
 from planner.cli import ArgParser
 from planner.errors import PlanError
 from planner.plan import RECOMPUTE, check_output
-
-MAX_BATCH = 10 ** 12  # samples per step: far above any run, and small enough for the search's divisor loops
+from planner.search.space import check_batch_size
 
 FORCE_KEYS = {
     "dp": int, "tp": int, "pp": int, "zero": int, "mbs": int, "recompute": str, "schedule": str, "vp": int,
@@ -149,7 +148,7 @@ def memory_ignored_note(pred: Any, cluster: Any) -> str:
     if pred.fits:
         return (f"--ignore-memory: this plan fits anyway ({format_bytes(pred.peak_memory_bytes)} of "
                 f"{format_bytes(usable)} usable); run without --ignore-memory to write it")
-    return (f"--ignore-memory: this plan needs {format_bytes(pred.peak_memory_bytes)} per device, a "
+    return (f"--ignore-memory: this plan needs {format_bytes(pred.peak_memory_bytes)} per device, one "
             f"{cluster.device.name} has {format_bytes(usable)} usable: shardwise's executor would run out of memory "
             "here, so the step time is a what-if (a runtime that keeps fewer activations), and no plan is written")
 
@@ -226,11 +225,8 @@ def main(argv: Sequence[str]) -> int:
     from planner.trace import trace_model
 
     forced = parse_force(args.force)
-    if args.batch_size is not None and args.batch_size < 1:
-        raise PlanError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.batch_size is not None and args.batch_size > MAX_BATCH:
-        raise PlanError(f"--batch-size {args.batch_size} is above 10^12 samples per optimizer step, "
-                        "more than any training run takes; give the global batch in samples (sequences)")
+    if args.batch_size is not None:
+        check_batch_size(args.batch_size)  # before tracing
     if args.summary and not args.cluster:
         ignored = [flag for flag, given in (("-o", args.output), ("--timeline", args.timeline), ("--force", args.force),
                                             ("--batch-size", args.batch_size is not None), ("--nodes", args.nodes),
@@ -239,7 +235,7 @@ def main(argv: Sequence[str]) -> int:
                    if given]
         if ignored:
             raise PlanError(f"--summary alone only inspects the model, so {', '.join(ignored)} would do nothing; "
-                            "add --cluster and --batch-size to plan as well")
+                            "add --cluster to plan as well")
     if not args.summary and not args.cluster:
         raise PlanError("--cluster is required to plan (a preset such as dgx-a100-80gb, or a YAML file); "
                         "use --summary alone to only inspect the model")
@@ -303,7 +299,28 @@ def main(argv: Sequence[str]) -> int:
         print(precision_note, file=sys.stderr)
     if scale is not None:
         result = calibrate(result, scale, args.calibration)
-    said = []  # the outputs are written before the report is printed: `plan ... -o p.json | head` still writes them
+    said: list[str] = []  # outputs are written before the report: `plan ... -o p.json | head` still writes them
+    try:
+        result = write_outputs(args, result, graph, cost_model, cluster, model_file, scale, said)
+    except BaseException:
+        for line in said:  # what was written before the failure
+            print(line, file=sys.stderr)
+        raise
+    if args.json:
+        from planner.report import format_json
+        print(format_json(result, explain=args.explain))
+    else:
+        from planner.report import format_result
+        print(format_result(result, explain=args.explain))
+    for line in said:
+        print(line, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout is the JSON alone
+    return 0
+
+
+def write_outputs(args: Any, result: Any, graph: Any, cost_model: Any, cluster: Any, model_file: Any,
+                  scale: float | None, said: list[str]) -> Any:
+    """Write -o (after the dry run unless --no-check), --timeline and --plot; append a line per file to `said`;
+    return the result, whose best plan the dry run may have replaced by the next candidate that passes."""
     if args.output:
         if not args.no_check:
             result, checked = dry_run_gate(result, model_file, args.output)
@@ -323,15 +340,7 @@ def main(argv: Sequence[str]) -> int:
                     title=f"{os.path.basename(args.model)} on {cluster.name} ({cluster.nodes} node(s) x "
                           f"{cluster.devices_per_node}), global batch {args.batch_size}")
         said.append(f"wrote {args.plot} ({len(result.evaluated)} candidates)")
-    if args.json:
-        from planner.report import format_json
-        print(format_json(result, explain=args.explain))
-    else:
-        from planner.report import format_result
-        print(format_result(result, explain=args.explain))
-    for line in said:
-        print(line, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout is the JSON alone
-    return 0
+    return result
 
 
 if __name__ == "__main__":

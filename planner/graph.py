@@ -153,6 +153,11 @@ class Layer:
     """Indices into `OpGraph.ops`."""
 
 
+NO_REPEATED_BLOCKS = ("no block repeats (a block is one of two or more identical layers in an nn.ModuleList, "
+                      "nn.Sequential or nn.ModuleDict), so each top-level module is a block")
+"""Said where a choice counts blocks of a model without repeated ones (`OpGraph.repeats_blocks` False)."""
+
+
 @dataclass(frozen=True)
 class OpGraph:
     """The traced model: ops in topological order, its unique parameters, and the batch it was traced with."""
@@ -214,6 +219,12 @@ class OpGraph:
     def saved_bytes_per_sample(self) -> float:
         """Activation bytes saved for backward per sample (no recomputation)."""
         return sum(op.saved_bytes for op in self.ops) / self.batch_size
+
+    @property
+    def repeats_blocks(self) -> bool:
+        """Whether some block type has two or more instances (else each top-level module is a block of its own:
+        planner.blocks' fallback, NO_REPEATED_BLOCKS)."""
+        return any(len(v) > 1 for v in self.block_types.values())
 
     @cached_property
     def block_types(self) -> Mapping[str, tuple[str, ...]]:

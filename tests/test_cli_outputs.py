@@ -222,14 +222,15 @@ def test_profile_refuses_a_pipe_and_links_from_with_several_ranks(tmp_path, caps
     os.mkfifo(fifo)
     assert main(["profile", "--quick", "-o", str(fifo)]) == 2
     assert "not a regular file" in _one_line(capsys) and stat.S_ISFIFO(os.stat(fifo).st_mode)
-    assert main(["profile", "--quick", "--nproc", "2", "--links-from", "dgx-h100", "-o", str(tmp_path / "p.yaml")]) == 2
+    assert main(["profile", "--quick", "--links-from", "dgx-h100", "-o", str(tmp_path / "p.yaml")]) == 2  # 2 ranks
     assert "drop --links-from" in _one_line(capsys) and not (tmp_path / "p.yaml").exists()
 
 
 @pytest.mark.parametrize("argv,match", [
     (["mesure", "plan.json", MLP], "did you mean `plan measure`"),
     (["chek"], "did you mean `plan check`"),
-    (PLAN[:1] + ["--batch-size", str(10 ** 20), "--cluster", "cpu-local"], "above 10^12 samples"),
+    (["./measure.py", "--cluster", "cpu-local", "--batch-size", "8"], "no such model file"),  # a path: no command
+    (PLAN[:1] + ["--batch-size", str(10 ** 20), "--cluster", "cpu-local"], "above 1,000,000,000,000 samples"),
     ([MLP, "--summary", "-o", "x.json", "--force", "dp=2"], "-o, --force would do nothing"),
 ])
 def test_plan_names_a_misspelled_command_a_huge_batch_and_summary_flags(argv, match, capsys):

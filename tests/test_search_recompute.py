@@ -96,7 +96,7 @@ def test_a_model_without_repeated_blocks_says_what_its_blocks_are(tmp_path, caps
     model.write_text(FLAT)
     base = [str(model), "--cluster", "cpu-local", "--batch-size", "4", "--no-check"]
     assert main(base + ["--force", "dp=2,recompute=full,recompute_blocks=1"]) == 0
-    assert "recompute_blocks counts emb, block0, block1, head" in capsys.readouterr().out
+    assert "so each top-level module is a block: recompute_blocks counts emb, block0, block1, head" in capsys.readouterr().out
     assert main(base + ["--force", "dp=2,recompute=attention"]) == 2
     err = capsys.readouterr().err
-    assert "block emb makes none (no repeated blocks were found" in err and err.count("\n") == 1
+    assert "block emb makes none (no block repeats" in err and err.count("\n") == 1

@@ -41,14 +41,14 @@ from cost_model.ops import attention_recompute_problem
 from hardware_profiles.schema import UNFUSED_ATTENTION, Cluster
 from planner.defaults import check_forced_recompute_blocks, forced_recompute_blocks, stage_block_counts
 from planner.errors import PlanError
-from planner.graph import OpGraph
+from planner.graph import NO_REPEATED_BLOCKS, OpGraph
 from planner.layout import parameter_placements
 from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint, recompute_counts
 from planner.search.ilp import ILPError
 from planner.search.layer_costs import LayerArrays, LayerCosts
 from planner.search.placement import PlacementResult, PlacementSolver
-from planner.search.space import (MAX_MICROBATCHES, Group, check_forced, check_forced_stages, groups, meshes,
-                                   recomputes, zero_stages)
+from planner.search.space import (MAX_MICROBATCHES, Group, check_batch_size, check_forced, check_forced_stages,
+                                   groups, meshes, recomputes, zero_stages)
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
 from planner.strategies import plan_tp_problems
 
@@ -139,16 +139,14 @@ class OuterSearch:
     def run(self) -> OuterResult:
         """Search and rank; raises PlanError when nothing fits (or nothing was found in the time budget)."""
         start = time.monotonic()
-        if self.batch < 1:
-            raise PlanError(f"--batch-size must be >= 1, got {self.batch}")
+        check_batch_size(self.batch)
         self.notes += check_forced(self.forced, self.cluster, self.batch)
         check_forced_stages(self.forced, len(self.layers))
         check_forced_recompute_blocks(self.forced, sum(1 for l in self.layers if l.block_type))
-        if "recompute_blocks" in self.forced and not any(len(v) > 1 for v in self.graph.block_types.values()):
+        if "recompute_blocks" in self.forced and not self.graph.repeats_blocks:
             units = [l.name for l in self.layers if l.block_type]
-            self.notes.append("no repeated blocks were found (layers kept in an nn.ModuleList, nn.Sequential or "
-                              "nn.ModuleDict), so each top-level module is a block: recompute_blocks counts "
-                              f"{', '.join(units[:6])}{', ...' if len(units) > 6 else ''}")
+            self.notes.append(f"{NO_REPEATED_BLOCKS}: recompute_blocks counts {', '.join(units[:6])}"
+                              f"{', ...' if len(units) > 6 else ''}")
         if self.forced.get("recompute") == "attention" and self._attention_problem:
             raise PlanError(self._attention_problem)
         todo = []

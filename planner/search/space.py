@@ -54,6 +54,20 @@ class Group:
         return f"dp{self.dp} tp{self.tp} pp{self.pp} mbs{self.mbs}{' sp' if self.sp else ''}{sched}"
 
 
+MAX_BATCH = 10 ** 12
+"""Largest global batch (samples per step) the search takes: far above any training run, and small enough for its
+divisor loops (the square root of 10^20 took minutes)."""
+
+
+def check_batch_size(batch_size: int) -> None:
+    """One-line PlanError for a global batch below 1 or above MAX_BATCH."""
+    if batch_size < 1:
+        raise PlanError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size > MAX_BATCH:
+        raise PlanError(f"--batch-size {batch_size} is above {MAX_BATCH:,} samples per optimizer step, more than any "
+                        "training run takes; give the global batch in samples (sequences)")
+
+
 def divisors(n: int) -> list[int]:
     """Positive divisors of n, ascending."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
