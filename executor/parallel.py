@@ -275,7 +275,8 @@ def apply_compile(model: nn.Module, block_paths: list[str], backend: str = "indu
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype: torch.dtype | None,
                block_paths: list[str]) -> nn.Module:
-    """FSDP2 `fully_shard` on each repeated block, then on the whole module (ZeRO-1/2/3; see the module docstring)."""
+    """FSDP2 `fully_shard` on each repeated block (blocks sharing a parameter together, `_units`), then on the whole
+    module (ZeRO-1/2/3; see the module docstring)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
         MixedPrecisionPolicy()
