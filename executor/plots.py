@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from executor.errors import ExecutorError
 from executor.trace import MEASURED_PID, TRACKS
-from planner.plan import atomic_output
+from hardware_profiles.files import atomic_output
 
 HINT = "matplotlib is not installed; pip install 'shardwise[plot]'"
 """The one line printed when a picture is asked for without matplotlib."""

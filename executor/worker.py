@@ -87,7 +87,8 @@ def _write_trace(args: argparse.Namespace, runner, prof, pg_names: dict[str, str
     import torch.distributed as dist
 
     from executor import trace
-    from planner.plan import atomic_output, write_atomic
+    from hardware_profiles.files import atomic_output
+    from planner.plan import write_atomic
     rank = dist.get_rank()
     profiled = runner.timings.step[args.warmup:]
     pick = [sorted(range(len(profiled)), key=profiled.__getitem__)[(len(profiled) - 1) // 2]]

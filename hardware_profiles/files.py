@@ -1,11 +1,14 @@
-"""Checks for an output file, shared by every command that writes one (`plan -o`, `plan profile -o`, ...). They live
-here, at the bottom of the import order (this package imports nothing of ours), so that the planner, the executor
-and the profiler all refuse the same paths."""
+"""Writing an output file, shared by every command that writes one (`plan -o`, `plan profile -o`, ...): the checks
+before any work and the atomic write. They live here, at the bottom of the import order (this package imports
+nothing of ours), so that the planner, the executor and the profiler refuse and write paths the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
+from typing import Iterator
 
 
 def unwritable(path: str) -> str | None:
@@ -33,3 +36,21 @@ def output_mode(target: str | os.PathLike) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
+    """Yield a temp file name in the folder of `path`'s real file (a symlink's target, so the link survives); when
+    the block ends without error it gets `output_mode` and is renamed over that file, else it is removed. OSError
+    (making the temp file, renaming) propagates."""
+    target = os.path.realpath(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(target))
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, output_mode(target))  # mkstemp makes the file private (0600)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hardware_profiles.files import output_mode
+from hardware_profiles.files import atomic_output
 from hardware_profiles.profile_dict import cluster_from_dict, cluster_to_dict
 from hardware_profiles.schema import Cluster, ProfileError
 
@@ -133,16 +132,9 @@ def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "
         raise ProfileError(f"-o {path}: the folder {folder} does not exist; create it or pick another path")
     text = dump_cluster(cluster, header)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ProfileError(f"-o {path}: cannot write in {folder}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with atomic_output(target, suffix=".tmp") as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, output_mode(target))  # mkstemp makes the file private (0600)
-        os.replace(tmp, target)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise ProfileError(f"-o {path}: cannot write: {e.strerror}") from None

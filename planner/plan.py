@@ -7,16 +7,14 @@ dimension. Per-op placements use DTensor's shorthand over the tp axis: `R` repli
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from hardware_profiles.files import output_mode, unwritable
+from hardware_profiles.files import atomic_output, unwritable
 from planner.errors import PlanError
 
 RECOMPUTE = ("none", "attention", "selective", "full")
@@ -390,24 +388,6 @@ def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.P
     why = unwritable(os.path.realpath(path))  # a symlink is written through, to its target
     if why:
         raise PlanError(f"{flag} {path}: {why}; give a file path in a folder you can write to")
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
-    """Yield a temp file name in the folder of `path`'s real file (a symlink's target, so the link survives); when
-    the block ends without error it gets `output_mode` and is renamed over that file, else it is removed. OSError
-    (making the temp file, renaming) propagates."""
-    target = os.path.realpath(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(target))
-    os.close(fd)
-    try:
-        yield tmp
-        os.chmod(tmp, output_mode(target))  # mkstemp makes the file private (0600)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:

@@ -11,7 +11,7 @@ import os
 from typing import Any, Sequence
 
 from planner.errors import PlanError
-from planner.plan import atomic_output
+from hardware_profiles.files import atomic_output
 
 HINT = "--plot needs matplotlib, which is not installed: pip install 'shardwise[plot]'"
 """The one line `plan --plot` prints without matplotlib."""
