@@ -46,7 +46,8 @@ def _parser():
                         "profiler_rankR.json (the raw profiler traces); the profiler adds some time to each step")
     p.add_argument("--cluster", metavar="PRESET|YAML",
                    help="the cluster profile the plan was made for, for --trace's predicted timeline (default: the "
-                        "preset the plan names)")
+                        "preset the plan names; pass your file when the plan was made from one: a CPU profile keeps the "
+                        "preset's name, cpu-local)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw predicted vs measured step time with its compute / exposed comm / bubble / optimizer "
                         "split (the measured split needs --trace); needs matplotlib (pip install 'shardwise[plot]')")

@@ -37,6 +37,10 @@ def predicted_timeline(plan: Plan, model_path: str, cluster_spec: str | None = N
     if written and any(str(a).startswith("calibrated:") for a in plan.predicted.get("assumptions", ())):
         pred = pred.calibrated(written / pred.step_time_s, "plan.json")
     elif written and abs(pred.step_time_s / written - 1) > 0.01:
-        note = (f"the cost model now predicts {pred.step_time_s * 1e3:.2f} ms for this plan (plan.json says "
-                f"{written * 1e3:.2f} ms); the predicted trace shows the current prediction")
+        # A measured profile keeps its device's name (`plan profile` on CPU writes `cpu-local`, the preset's name),
+        # so without --cluster the preset may stand in for the file the plan was made from.
+        source = (f"--cluster {cluster_spec}" if cluster_spec else
+                  f"the preset {want!r}; if the plan was made from a profile file, pass --cluster FILE")
+        note = (f"the cost model predicts {pred.step_time_s * 1e3:.2f} ms for this plan on {source} (plan.json "
+                f"says {written * 1e3:.2f} ms); the predicted trace shows {pred.step_time_s * 1e3:.2f} ms")
     return chrome_trace(pred), note

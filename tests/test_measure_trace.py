@@ -76,6 +76,26 @@ def test_predicted_zero3_trace_has_dp_comm(model):
     assert sorted(tracks["dp comm"])[0] == "all-gather params B mb0"
 
 
+def test_predicted_trace_from_a_profile_file_named_like_the_preset(model, tmp_path):
+    """A measured CPU profile is named `cpu-local`, like the preset: without --cluster the preset stands in, and the
+    note says so and names the fix, rather than suggesting the cost model changed."""
+    import yaml
+    from planner.cli import main as plan_main
+    from planner.plan import Plan
+    from planner.predicted_timeline import predicted_timeline
+    prof = yaml.safe_load(open(os.path.join(ROOT, "hardware_profiles", "presets", "cpu-local.yaml")))
+    prof["device"]["peak_flops"] = {k: v / 4 for k, v in prof["device"]["peak_flops"].items()}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(prof))
+    out = tmp_path / "slow.json"
+    assert plan_main([str(model), "--cluster", str(mine), "--batch-size", "8", "--precision", "fp32",
+                      "--force", "dp=2,tp=1,pp=1,mbs=4", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    _, note = predicted_timeline(plan, str(model))
+    assert "the preset 'cpu-local'" in note and "pass --cluster FILE" in note
+    assert predicted_timeline(plan, str(model), str(mine))[1] == ""
+
+
 def _raw():
     """A torch.profiler-shaped trace: marker spans, two steps, passes, gloo work on worker threads."""
     def x(name, ts, dur, tid=1, cat="user_annotation"):
