@@ -193,9 +193,9 @@ def build_parser() -> ArgParser:
                    help="rank candidates as if device memory were unlimited and print the fastest with the memory "
                         "it needs: a what-if, e.g. the step time of a published run whose runtime (fused kernels) "
                         "keeps fewer activations than shardwise's executor; writes no plan (-o is refused)")
-    p.add_argument("--top", type=int, default=5, metavar="K", help="show the K best candidates (default 5)")
+    p.add_argument("--top", type=int, default=None, metavar="K", help="show the K best candidates (default 5)")
     p.add_argument("--explain", action="store_true", help="say why the winner beats the runner-up")
-    p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="stop searching after S seconds and return the best plan so far (default 60)")
     p.add_argument("--calibration", metavar="CALIBRATION.json",
                    help="scale predicted step times by the measured/predicted ratio that `plan measure "
@@ -231,7 +231,9 @@ def main(argv: Sequence[str]) -> int:
         ignored = [flag for flag, given in (("-o", args.output), ("--timeline", args.timeline), ("--force", args.force),
                                             ("--batch-size", args.batch_size is not None), ("--nodes", args.nodes),
                                             ("--calibration", args.calibration), ("--explain", args.explain),
-                                            ("--no-check", args.no_check), ("--precision", args.precision))
+                                            ("--no-check", args.no_check), ("--precision", args.precision),
+                                            ("--top", args.top is not None),
+                                            ("--time-budget", args.time_budget is not None))
                    if given]
         if ignored:
             raise PlanError(f"--summary alone only inspects the model, so {', '.join(ignored)} would do nothing; "
@@ -247,6 +249,8 @@ def main(argv: Sequence[str]) -> int:
         raise PlanError("--plot draws the search's candidates: give --cluster and --batch-size")
     if args.json and args.summary:
         raise PlanError("--json prints the plan report only; run --summary without --json")
+    args.top = 5 if args.top is None else args.top  # defaults set here: --summary alone refuses them when given
+    args.time_budget = 60.0 if args.time_budget is None else args.time_budget
     if args.top < 1:
         raise PlanError(f"--top must be >= 1 (the candidates to show), got {args.top}")
     if args.ignore_memory and args.output:

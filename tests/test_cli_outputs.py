@@ -232,6 +232,7 @@ def test_profile_refuses_a_pipe_and_links_from_with_several_ranks(tmp_path, caps
     (["./measure.py", "--cluster", "cpu-local", "--batch-size", "8"], "no such model file"),  # a path: no command
     (PLAN[:1] + ["--batch-size", str(10 ** 20), "--cluster", "cpu-local"], "above 1,000,000,000,000 samples"),
     ([MLP, "--summary", "-o", "x.json", "--force", "dp=2"], "-o, --force would do nothing"),
+    ([MLP, "--summary", "--top", "3", "--time-budget", "5"], "--top, --time-budget would do nothing"),
 ])
 def test_plan_names_a_misspelled_command_a_huge_batch_and_summary_flags(argv, match, capsys):
     # each was silent or misleading: "unrecognized arguments", a divisor loop over 10^10, no file written
