@@ -114,6 +114,15 @@ class LayerCost:
     checkpointed: bool = False
     """Whether the layer's forward runs under torch's checkpoint (full or selective recomputation): its linears
     then keep no weight copies for backward, and its re-run casts them again."""
+    out_full_bytes: float = 0.0
+    """Bytes of the layer's output gathered whole over tp (= `out_bytes` unless the output is sharded)."""
+    boundary_gather: tuple[float, float] = (0.0, 0.0)
+    """When the output is sharded over tp: (the all-gather to a whole tensor in forward, the all-gather of the
+    gradient of the whole tensor read back sharded, in backward), which a pipeline stage boundary after this layer
+    costs (`executor.tp.stage_boundary_hooks` sends whole tensors)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "out_full_bytes", max(self.out_full_bytes, self.out_bytes))  # frozen
 
 
 TENSOR_KINDS = ("plain", "dtensor", "partial")
@@ -306,6 +315,7 @@ class LayerCoster:
         if full:
             act = self._block_input_bytes(layer, names)
         out_bytes = self._output_bytes(layer)
+        out_full, boundary = self._boundary(layer, out_bytes)
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
                          param_elems=sum(params.values()),
@@ -313,7 +323,7 @@ class LayerCoster:
                          tensors=tensors, partial_elems=partial_elems, kernels=(kern_f, kern_b + rec_k),
                          host=(host_f, host_b + rec_h),
                          cast_weight_bytes=sum(casts.values()) * PRECISION_BYTES[self.prec],
-                         checkpointed=full or selective)
+                         checkpointed=full or selective, out_full_bytes=out_full, boundary_gather=boundary)
 
     def _inputs_from_outside(self, layer: Layer) -> tuple[str, ...]:
         """The output placement of each tensor an op of `layer` reads from an op outside it, in read order."""
@@ -519,6 +529,18 @@ class LayerCoster:
         pl = self.plan.ops.get(last.name)
         div = self.tp if pl is not None and pl.output.startswith("S") else 1
         return tensor_bytes(last.output_meta[0], self._dtype(last.name)) * self.mbs / self.graph.batch_size / div
+
+    def _boundary(self, layer: Layer, out_bytes: float) -> tuple[float, tuple[float, float]]:
+        """(`LayerCost.out_full_bytes`, `LayerCost.boundary_gather`) of the layer's output."""
+        last = self.graph.ops[layer.ops[-1]]
+        pl = self.plan.ops.get(last.name)
+        if not last.output_meta or pl is None or not pl.output.startswith("S") or self.tp <= 1:
+            return out_bytes, (0.0, 0.0)
+        meta, prec = last.output_meta[0], self._dtype(last.name)
+        kw = dict(traced_batch_size=self.graph.batch_size)
+        fwd = self.model.reshard_time(meta, pl.output, "R", self.tp, self.mbs, prec, **kw)[0]
+        bwd = self.model.reshard_time(meta, "R", pl.output, self.tp, self.mbs, prec, **kw)[1]
+        return out_bytes * self.tp, (fwd, bwd)
 
     def _dtype(self, name: str) -> str:
         """The precision op `name` writes its output in under autocast (`cost_model.dtypes`)."""

@@ -239,7 +239,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     n_stages = len(sp.stage_ranges)
     stage = [c * sp.pp + r for c in range(len(chunks))]
     # the gradient of the chunk's output, received for each backward (none on the last stage)
-    grad_recv = [chunks[c].layers[-1].out_bytes if i < n_stages - 1 else 0.0 for c, i in enumerate(stage)]
+    grad_recv = [chunks[c].layers[-1].out_full_bytes if i < n_stages - 1 else 0.0 for c, i in enumerate(stage)]
     tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
     tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
     work = DeviceWork(

@@ -50,7 +50,7 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from functools import cached_property
 
@@ -180,13 +180,31 @@ class StepPredictor:
         self.serial = cm.comm.shares_compute(self.groups["dp"])
         coster = LayerCoster(cm, graph, plan, self.groups["tp"])
         costs = [coster.cost(layer) for layer in self.layers]
+        if self.pp > 1 and self.tp > 1:
+            costs = self._whole_boundaries(costs)
         self.chunks = [[None] * self.v for _ in range(self.pp)]
         for i, (s, e) in enumerate(self.stage_ranges):
             self.chunks[i % self.pp][i // self.pp] = self._chunk(costs[s:e])
-        bound = max((costs[e - 1].out_bytes for _, e in self.stage_ranges[:-1]), default=0.0)
+        bound = max((costs[e - 1].out_full_bytes for _, e in self.stage_ranges[:-1]), default=0.0)
         self.p2p_s = cm.comm.time("send_recv", bound, self.groups["pp"]) if self.pp > 1 else 0.0
         if self.pp > 1 and (cm.comm.shares_compute(self.groups["pp"]) or plan.schedule == "1f1b"):
             self._sender_busy()
+
+    def _whole_boundaries(self, costs: list[LayerCost]) -> list[LayerCost]:
+        """Under tp a stage sends its output whole (`executor.tp.stage_boundary_hooks`): a sharded output (sequence
+        parallelism) is all-gathered at the end of the sender's forward, and the receiver, which reads it
+        replicated, all-gathers its gradient at the end of its backward; the receiver holds the whole tensor (the
+        receive buffer) while the micro-batch is in flight, beyond the shard its first layer keeps."""
+        costs = list(costs)
+        for _, e in self.stage_ranges[:-1]:
+            out, nxt = costs[e - 1], costs[e]
+            if out.out_full_bytes <= out.out_bytes:
+                continue
+            fwd, bwd = out.boundary_gather
+            costs[e - 1] = replace(out, tp_fwd=out.tp_fwd + fwd)
+            costs[e] = replace(nxt, tp_bwd=nxt.tp_bwd + bwd,
+                               act_bytes=nxt.act_bytes + out.out_full_bytes - out.out_bytes)
+        return costs
 
     def _sender_busy(self) -> None:
         """Every pass that sends its output to a neighbouring stage (each forward but the last stage's, each

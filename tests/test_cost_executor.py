@@ -143,6 +143,26 @@ def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(
     assert StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=4, zero=0)).tied_all_reduce() == 0.0
 
 
+def test_a_sequence_parallel_stage_boundary_sends_the_whole_tensor(gpt):
+    # executor.tp.stage_boundary_hooks gathers a stage's sharded output and sends it whole; the receiver reads it
+    # replicated, so its gradient is all-gathered in backward and the whole tensor is held while in flight
+    cl = _no_latency(cluster(nodes=1, per_node=4))
+    plain, seq = (StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 4, tp=2, pp=2, sp=s, schedule="1f1b"))
+                  for s in (0, 1))
+    assert seq.p2p_s > 0 and plain.p2p_s == pytest.approx(seq.p2p_s)
+    (s0, e0), _ = seq.stage_ranges
+    sender, receiver = seq.chunks[0][0].layers[-1], seq.chunks[1][0].layers[0]
+    assert sender.out_full_bytes == 2 * sender.out_bytes
+    fwd, bwd = sender.boundary_gather
+    assert fwd > 0 and bwd > 0
+    alone = LayerCoster(CostModel(cl), gpt, seq.plan, seq.groups["tp"])
+    assert sender.tp_fwd == pytest.approx(alone.cost(seq.layers[e0 - 1]).tp_fwd + fwd)
+    first = alone.cost(seq.layers[e0])
+    assert receiver.tp_bwd == pytest.approx(first.tp_bwd + bwd)
+    assert receiver.act_bytes == pytest.approx(first.act_bytes + sender.out_bytes)
+    assert plain.chunks[0][0].layers[-1].boundary_gather == (0.0, 0.0)  # a replicated output is sent as it is
+
+
 def test_interleaved_dp_reduction_runs_after_each_chunks_last_backward(gpt):
     # torch's ScheduleInterleaved1F1B runs each chunk's REDUCE_GRAD right after that chunk's last backward and the
     # compute stream waits for it: chunk 1 (whose last backward comes first) is reduced mid-schedule, chunk 0's
