@@ -289,14 +289,19 @@ def tied_groups_for_rank(mesh, pp_ranks_of_stages: list[list[int]]) -> list[dist
 
 
 def make_schedule(plan: Plan, stages: list, loss_fn):
-    """The plan's pipeline schedule over this rank's stage(s), with gradients scaled by 1/num_microbatches so the
-    step matches a full-batch mean loss."""
+    """The plan's pipeline schedule over this rank's stage(s). Each micro-batch's loss is divided by
+    num_microbatches, as the runner does without pipelining, so that the step matches a full-batch mean loss and
+    the schedule's losses sum to it; torch's `scale_grads=True` would instead divide every gradient after the flush
+    (one `div_` per parameter tensor, a DTensor op under FSDP2 and tp), work the cost model does not price."""
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     n = plan.num_microbatches
+
+    def scaled(out, target):
+        return loss_fn(out, target) / n
     if plan.schedule == "interleaved":
-        return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+        return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=scaled, scale_grads=False)
     cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
-    return cls(stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+    return cls(stages[0], n_microbatches=n, loss_fn=scaled, scale_grads=False)
 
 
 class _Released:

@@ -416,8 +416,8 @@ class Runner:
             with self._tp_context(), self._autocast():
                 first = 0 in self.stage_ids
                 self.schedule.step(*(self.stage_args(inputs) if first else ()), target=targets, losses=losses)
-            if losses:
-                return torch.stack([l.detach().float() for l in losses]).mean()
+            if losses:  # each divided by the micro-batch count (pipeline.make_schedule): their sum is the mean
+                return torch.stack([l.detach().float() for l in losses]).sum()
             return torch.zeros((), device=self.device)
         model, n = self.parts[0], plan.num_microbatches
         total = torch.zeros((), device=self.device)
