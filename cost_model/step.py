@@ -44,6 +44,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   once, where it waits for the last.
 - The runner's own host work before the first pass: with dp > 1 one dp sub-mesh lookup per step to slice the
   replica's share of the global batch (the profile's `mesh_slice`), on the compute stream (counted as compute).
+- The loss: after the optimizer the runner all-reduces the step's scalar loss over pp, then over dp, and reads it
+  (`executor.runner.Runner._reduce_loss`, inside the measured step).
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
   the gradient and writes weight, m, v and the 16-bit copy (30 bytes in mixed precision, 28 in fp32; first-principles
   byte count of torch.optim.AdamW's fused update).
@@ -492,6 +494,18 @@ class StepPredictor:
         pair = Group(2, 2 if self.groups["pp"].nodes > 1 else 1)
         return self.cm.comm.time("all_reduce", shard * self.gbytes, pair)
 
+    def loss_all_reduces(self, opt: float) -> tuple[float, float]:
+        """Seconds of the step's loss reduction after the optimizer (`executor.runner.Runner._reduce_loss`): one
+        scalar all-reduce over pp (the last stage's loss to every rank) and one over dp, each waiting for its
+        ranks (on shared cores they arrive apart after the `opt` seconds of optimizer since they last met: the
+        profile's `sync_wait`). Returns (pp seconds, dp seconds)."""
+        out = []
+        for axis, n in (("pp", self.pp), ("dp", self.dp)):
+            g = self.groups[axis]
+            out.append(self.cm.comm.time("all_reduce", 4.0, g) + self.cm.comm.sync_wait(g, opt) if n > 1 else 0.0)
+            opt = opt if n <= 1 else 0.0  # the second follows the first
+        return out[0], out[1]
+
     def unshard_ready(self) -> np.ndarray | None:
         """Under the interleaved schedule with ZeRO-1/2 on devices whose collectives run beside compute: when each
         chunk's once-per-step parameter all-gather is done, by rank and chunk, else None. torch's multi-stage
@@ -558,8 +572,14 @@ class StepPredictor:
                                          duration_s=opt))
         if timeline:
             events = self._pass_events(times, leads) + events
-        step = max(totals)
         crit = int(np.argmax(totals))
+        loss_pp, loss_dp = self.loss_all_reduces(extras[crit]["opt"])
+        if timeline:
+            for stream, at, d in (("pp", max(totals), loss_pp), ("dp", max(totals) + loss_pp, loss_dp)):
+                events += [TraceEvent(name="all-reduce loss", device=r, stream=stream, start_s=at, duration_s=d)
+                           for r in range(self.pp) if d > 0]
+        extras[crit].update(loss_pp=loss_pp, loss_dp=loss_dp)
+        step = max(totals) + loss_pp + loss_dp
         return self._assemble(step, crit, extras, comp_end, tuple(events))
 
     def _pass_events(self, times, leads: list[float]) -> list[TraceEvent]:
@@ -613,7 +633,8 @@ class StepPredictor:
         # the interleaved schedule's mid-schedule reductions hold the compute stream between passes
         held = sum(d for a, d, _ in x["spans"] if a + d <= float(comp_end[crit]) + x["lead"] + 1e-12) \
             if self.deferred and self.v > 1 else 0.0
-        exposed = (busy - compute) + held + x["gather_wait"] + max(0.0, x["end"] - float(comp_end[crit]) - x["host"])
+        exposed = (busy - compute) + held + x["gather_wait"] + max(0.0, x["end"] - float(comp_end[crit]) - x["host"]) \
+            + x["loss_pp"] + x["loss_dp"]
         compute += x["host"]  # the step's own host work before the first pass
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]
@@ -621,8 +642,8 @@ class StepPredictor:
             "compute_s": compute, "exposed_comm_s": exposed, "bubble_s": bubble, "optimizer_s": opt,
             "tp_comm_s": m * sum(l.tp_fwd + l.tp_bwd + l.recompute_tp for l in layers),
             "dp_comm_s": sum(d for _, d, _ in x["spans"]) + m * sum(ch.zero_comm_s for ch in row)
-            + sum(ch.gather_once_s for ch in row),
-            "pp_comm_s": (2 * m * self.v * self.p2p_s if self.pp > 1 else 0.0) + x["tied"],
+            + sum(ch.gather_once_s for ch in row) + x["loss_dp"],
+            "pp_comm_s": (2 * m * self.v * self.p2p_s if self.pp > 1 else 0.0) + x["tied"] + x["loss_pp"],
             "recompute_s": m * sum(l.recompute for l in layers),
             "contention_s": m * sum(ch.contention_s for ch in row) + x["slowed"],
             # per pass: the compute (as in `compute_s`), and what it combines per layer (max on GPUs, sum on CPU

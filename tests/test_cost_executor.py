@@ -59,9 +59,11 @@ def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
         rs = sum(sp3._coll("reduce_scatter", l.param_elems * 4) for l in layers)
         copy_in, copy_out, rs_copy = _fsdp_copies(sp3, layers)
         p3, p1 = sp3.run(False), sp1.run(False)
+        loss = sp3._coll("all_reduce", 4.0)  # the step's loss, all-reduced over dp after the optimizer
+        assert sp3.loss_all_reduces(0.0) == (0.0, pytest.approx(loss))
         # ZeRO-3: per micro-batch a gather before forward, one before backward, a reduce-scatter after backward,
         # each with FSDP2's copy-in on its stream; the copy-out after each gather runs on the compute stream
-        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (2 * (gather + copy_in) + rs + rs_copy))
+        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (2 * (gather + copy_in) + rs + rs_copy) + loss)
         plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
         assert sp3.chunks[0][0].compute_s - sum(sp3.fsdp_overhead(layers)) == pytest.approx(plain + 2 * copy_out)
         # ZeRO-1: parameters gathered once per step, gradients reduce-scattered once (fp32) per FSDP2 unit (each
@@ -70,7 +72,7 @@ def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
         assert len(units) == 4 and sum(units) == pytest.approx(4 * sum(l.param_elems for l in sp1.chunks[0][0].layers))
         assert sp1.chunks[0][0].gather_once_s == pytest.approx(gather + copy_in + copy_out)
         rs_units = sum(sp1._coll("reduce_scatter", b) + sp1.cm.compute.memory_time(b / 4 * 6) for b in units)
-        assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + copy_in + copy_out + rs_units)
+        assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + copy_in + copy_out + rs_units + loss)
         l1 = sp1.chunks[0][0].layers  # no copy on ZeRO-1's compute stream
         assert sp1.chunks[0][0].compute_s - sum(sp1.fsdp_overhead(l1)) == \
             pytest.approx(sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in l1))
