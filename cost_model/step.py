@@ -47,8 +47,8 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
 - The loss: after the optimizer the runner all-reduces the step's scalar loss over pp, then over dp, and reads it
   (`executor.runner.Runner._reduce_loss`, inside the measured step).
 - Optimizer: Adam over the local (sharded) parameters, memory-bound: per parameter it reads fp32 weight, m, v and
-  the gradient and writes weight, m, v and the 16-bit copy (30 bytes in mixed precision, 28 in fp32; first-principles
-  byte count of torch.optim.AdamW's fused update).
+  the fp32 gradient and writes weight, m and v (28 bytes; first-principles byte count of torch.optim.AdamW's fused
+  update; the executor keeps no 16-bit copy for it to write, unlike Megatron-LM's optimizer).
 """
 from __future__ import annotations
 
@@ -69,8 +69,9 @@ from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.plan import Plan
 
-ADAM_BYTES_PER_PARAM = {"bf16": 30.0, "fp16": 30.0, "fp32": 28.0}
-"""Bytes the Adam update moves per local parameter (see the module docstring)."""
+ADAM_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 28.0}
+"""Bytes the Adam update moves per local parameter (see the module docstring): the same at every precision, since
+the executor's parameters stay fp32 and no 16-bit copy is written (autocast casts at use; FSDP2 in its gather)."""
 DDP_FIRST_BUCKET_BYTES = 2**20
 """DDP's first gradient bucket (the last layers' gradients, ready first) closes at 1 MiB with the default bucket
 size (torch.nn.parallel.distributed: `first_bucket_bytes_cap = dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB in c10d),
