@@ -83,6 +83,8 @@ class _Where:
     """Module path -> tp strategy the runner applies."""
     uneven: bool = False
     """Set when some tp-sharded parameter dim is not divisible by tp."""
+    gathered_logits: str | None = None
+    """The runner's note when the loss fell back to gathered logits (`Runner.gather_logits`)."""
 
 
 def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: str | None = None,
@@ -127,7 +129,10 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
         if _hashable(key) and key in done:  # a middle stage like one already run, on the same inputs
             boundary = done[key]
             continue
-        out, where, error = _check_stage(run, mf, stage, boundary)
+        gathered: list[str] = []
+        out, where, error = _check_stage(run, mf, stage, boundary, gathered)
+        if gathered and notes is not None and gathered[0] not in notes:
+            notes.append(gathered[0])
         if error is not None:
             if isinstance(error, ModelError):
                 _raise_model_file_error(mf, run.microbatch_size)
@@ -165,10 +170,10 @@ def _hashable(x) -> bool:
         return False
 
 
-def _check_stage(run: Plan, mf: ModelFile, stage: int | None, boundary: tuple | None):
+def _check_stage(run: Plan, mf: ModelFile, stage: int | None, boundary: tuple | None, gathered: list[str]):
     """Run rank 0 of pipeline stage `stage` (the whole model when None), and its last tp rank when tp shards
     unevenly. Returns (rank 0's stage outputs, the failing rank's _Where, the exception), the last two None when
-    it ran."""
+    it ran; appends to `gathered` the runner's note when the loss fell back to gathered logits."""
     m = run.mesh
     pp_rank = 0 if stage is None else stage % m.pp
     out, tp_ranks = None, [0]
@@ -179,6 +184,8 @@ def _check_stage(run: Plan, mf: ModelFile, stage: int | None, boundary: tuple | 
             got = _run_rank(run, mf, where, boundary)
         except Exception as e:  # noqa: BLE001 — every failure becomes one line
             return None, where, e
+        if where.gathered_logits:
+            gathered.append(where.gathered_logits)
         if tp_rank == 0:
             out = got
             if where.uneven and m.tp > 1:
@@ -285,6 +292,8 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
         out = _run_stage(runner, where, inputs, targets, boundary)
     where.phase = "optimizer step"
     runner.optimizer_step()
+    if runner.gather_logits:
+        where.gathered_logits = next((n for n in runner.notes if "logits are gathered" in n), None)
     return out
 
 

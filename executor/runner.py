@@ -336,8 +336,13 @@ class Runner:
                 loss = self.loss_fn(tp.to_plain(out, keep_vocab_sharded=True), target)
                 self.vocab_parallel_loss = True
                 return loss.full_tensor() if isinstance(loss, DTensor) else loss
-            except Exception:  # a loss that does not run on DTensor logits: gather them from now on
+            except Exception as e:  # a loss that does not run on DTensor logits: gather them from now on
                 self.gather_logits = True
+                said = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                self._note(f"the loss function does not run on vocabulary-sharded logits ({type(e).__name__}"
+                           f"{': ' + said if said else ''}), so the logits are gathered over tp: an all-gather "
+                           "per micro-batch and the whole logits in memory, which the plan's prediction (a "
+                           "vocabulary-parallel loss) leaves out")
         return self.loss_fn(tp.to_plain(out), target)
 
     def _tp_context(self):

@@ -13,6 +13,7 @@ times them.
 """
 import json
 import os
+import textwrap
 
 import pytest
 import torch
@@ -464,6 +465,35 @@ def test_plan_check_ok_and_plan_o_says_the_dry_run_passed(tmp_path, capsys):
     assert main(["check", str(out), MODELS["gpt"]]) == 0
     said = capsys.readouterr().out.strip()
     assert said.startswith("ok: dp.json ran on fake tensors at world 2 (dp 2 x tp 1 x pp 1)"), said
+
+
+def test_a_loss_that_cannot_take_sharded_logits_is_said_by_the_dry_run(tmp_path, capsys):
+    """The runner gathers the logits when the loss function fails on vocabulary-sharded ones; the plan priced a
+    vocabulary-parallel loss, so `plan check` says so instead of passing silently."""
+    from planner.cli import main
+    from planner.defaults import megatron_placements
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, Plan
+    from planner.trace import trace_model
+    from shared import SMALL_GPT
+    path = tmp_path / "plain_loss.py"
+    path.write_text(SMALL_GPT.format(examples=EXAMPLES) + textwrap.dedent("""
+        import torch.nn.functional as F
+        from torch.distributed.tensor import DTensor
+        def loss_fn(out, y):
+            if isinstance(out, DTensor):
+                raise TypeError("this loss takes plain tensors")
+            return F.cross_entropy(out.flatten(0, 1), y.flatten())
+    """))
+    graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
+    ops = megatron_placements(graph, 2, False)  # the LM head colwise: vocabulary-sharded logits
+    plan = tmp_path / "tp.json"
+    Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32", ops=ops,
+         parameters=parameter_placements(graph, ops)).save(plan)
+    assert main(["check", str(plan), str(path)]) == 0
+    said = capsys.readouterr()
+    assert "logits are gathered over tp" in said.err and "this loss takes plain tensors" in said.err, said
 
 
 def test_the_gate_falls_back_to_the_next_candidate_that_passes(const_heads, cpu2, monkeypatch):
