@@ -129,7 +129,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
 
     Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
-    (reshard_after_forward=False), ZeRO-3 the root module's (FSDP2 never reshards the root after forward) and a
+    (reshard_after_forward=False), ZeRO-3 the root module's (not resharded after forward: executor.parallel.apply_fsdp) and a
     block being computed plus the next one's all-gather output; ZeRO-0 through FSDP2's `replicate` (dp with tp or
     pp) its 16-bit copies of all parameters. Without FSDP2, autocast keeps a bf16 copy of the
     linears' weights per forward (counted with the activations): cached while the forward runs, saved for backward

@@ -240,22 +240,23 @@ class StepPredictor:
         bwd_c = [l.bwd_compute + l.tp_bwd + l.recompute for l in layers]
         ch.compute_s = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
         zero, n = self.zero, len(layers)
-        gathers = [self._coll("all_gather", l.param_elems * self.pbytes) for l in layers]
+        elems = self.unit_elems(layers)
+        gathers = [self._coll("all_gather", e * self.pbytes) for e in elems]
         # under pipelining no reduce-scatter runs inside a micro-batch's backward (deferred to the flush)
-        reduces = [0.0] * n if self.deferred else \
-            [self._coll("reduce_scatter", l.param_elems * self.gbytes) for l in layers]
+        reduces = [0.0] * n if self.deferred else [self._coll("reduce_scatter", e * self.gbytes) for e in elems]
+        # ZeRO-3 gathers a block again for its backward; the root stays whole from its forward to its backward
+        # (executor.parallel.apply_fsdp); under pipelining nothing is gathered in backward (see below)
+        again = [0.0 if self.deferred or not l.block else 1.0 for l in layers]
         if zero >= 1:  # FSDP2's copies (module docstring): copy-ins on the collectives' streams
             mem = self.cm.compute.memory_time
-            copies = [fsdp_gather_copy_bytes(l.param_elems, self.dp, self.pbytes) if l.param_elems else (0.0, 0.0)
-                      for l in layers]
+            copies = [fsdp_gather_copy_bytes(e, self.dp, self.pbytes) if e else (0.0, 0.0) for e in elems]
             gathers = [g + mem(c_in) if c_in else g for g, (c_in, _) in zip(gathers, copies)]
-            reduces = [r + mem(fsdp_reduce_copy_bytes(l.param_elems, self.pbytes)) if r else r
-                       for r, l in zip(reduces, layers)]
+            reduces = [r + mem(fsdp_reduce_copy_bytes(e, self.pbytes)) if r else r for r, e in zip(reduces, elems)]
             outs = [mem(c_out) if c_out else 0.0 for _, c_out in copies]
             if zero == 3:  # the copy-out after each gather runs on the compute stream, in the pass that gathers
                 fwd_c = [c + o for c, o in zip(fwd_c, outs)]
-                bwd_c = bwd_c if self.deferred else [c + o for c, o in zip(bwd_c, outs)]
-                ch.compute_s += sum(outs) * (1 if self.deferred else 2)
+                bwd_c = [c + o * a for c, o, a in zip(bwd_c, outs, again)]
+                ch.compute_s += sum(outs) + sum(o * a for o, a in zip(outs, again))
             else:  # ZeRO-1/2: once per step, with the gather
                 gathers = [g + o for g, o in zip(gathers, outs)]
         ch.fwd_s, ch.bwd_s = sum(fwd_c), sum(bwd_c)
@@ -264,7 +265,7 @@ class StepPredictor:
             wait = lambda t: self.cm.comm.sync_wait(self.groups["dp"], t)  # noqa: E731
             fwd_w = [wait(c) if g > 0 else 0.0 for g, c in zip(gathers, fwd_c)]
             if zero == 3:
-                bwd_g = [0.0] * n if self.deferred else gathers
+                bwd_g = [g * a for g, a in zip(gathers, again)]
                 # FSDP2's collectives block on CPU ranks (its backward prefetch of the next unit's gather too): a
                 # layer's backward meets the ranks at its gather and at its reduce-scatter, each after half of it
                 per_b = [(g > 0) + (r > 0) for g, r in zip(bwd_g, reduces)]
@@ -279,7 +280,7 @@ class StepPredictor:
         elif zero == 3:
             # under pipelining parameters stay whole after a backward (the stage's reshard_after_backward=False)
             # and are resharded after a forward: one gather per micro-batch, counted in its forward
-            bwd_g = [0.0] * n if self.deferred else gathers
+            bwd_g = [g * a for g, a in zip(gathers, again)]
             ch.fwd_s = _prefetched(fwd_c, gathers, self.slow)
             ch.bwd_s = _with_reduce(bwd_c[::-1], bwd_g[::-1], reduces[::-1], self.slow)
             ch.zero_comm_s = sum(gathers) + sum(bwd_g) + sum(reduces)
@@ -369,12 +370,27 @@ class StepPredictor:
         shares = [per_mod + len(l.tensors) * per_t if l.block else 0.0 for l in layers]
         root = [i for i, l in enumerate(layers) if not l.block]
         root_t = len({k for l in layers if not l.block for k in l.tensors})
+        if reshard and not self.deferred:  # the root is not resharded after forward (executor.parallel.apply_fsdp)
+            per_mod, per_t = ov.fsdp_module, ov.fsdp_tensor
         shares[root[0] if root else 0] += per_mod + root_t * per_t
         if not self.cm.cluster.device.async_host:
             return sum(shares) / 2, sum(shares) / 2
         added = self.cm.compute.added
         return (sum(added(l.kernels[0], l.host[0], 0.0, x / 2) for l, x in zip(layers, shares)),
                 sum(added(l.kernels[1], l.host[1], 0.0, x / 2) for l, x in zip(layers, shares)))
+
+    def unit_elems(self, layers: list[LayerCost]) -> list[float]:
+        """Parameter elements the data-parallel collectives of each layer move: a block's own (its FSDP2 unit);
+        the root's, every parameter outside the blocks once (a weight tied between the embedding and the LM head
+        too), with the first layer outside the blocks, and nothing with the others: the executor gathers and
+        reduces the root as one unit, and DDP reduces a shared parameter once."""
+        root: dict = {}
+        for i, l in enumerate(layers):
+            if not l.block:
+                root.update(l.params or {f"#{i}": l.param_elems})
+        first = next((i for i, l in enumerate(layers) if not l.block), None)
+        return [l.param_elems if l.block else (sum(root.values()) if i == first else 0.0)
+                for i, l in enumerate(layers)]
 
     def _units(self, ch: Chunk) -> list[tuple[int, float]]:
         """The chunk's gradient-reduction units as the executor wraps them: each block (its index in the chunk)
@@ -435,8 +451,9 @@ class StepPredictor:
                 done[i] = t
             if ddp:
                 acc = 0.0
+                elems = self.unit_elems(ch.layers)
                 for i in reversed(range(len(ch.layers))):
-                    acc += ch.layers[i].param_elems * self.gbytes
+                    acc += elems[i] * self.gbytes
                     if acc >= (DDP_BUCKET_BYTES if ready else DDP_FIRST_BUCKET_BYTES):
                         ready.append((done[i], acc))
                         acc = 0.0
@@ -611,8 +628,9 @@ class StepPredictor:
         fwd = kind == "F"
         tp = sum(l.tp_fwd if fwd else l.tp_bwd + l.recompute_tp for l in ch.layers)
         zero = self.plan.zero_stage if self.dp > 1 else 0
-        pbytes = [l.param_elems * self.pbytes for l in ch.layers]
-        gather = sum(self._coll("all_gather", b) for b in pbytes) if zero == 3 else 0.0
+        pbytes = [e * self.pbytes for e in self.unit_elems(ch.layers)]
+        again = [l.block and not self.deferred for l in ch.layers]  # gathered again for backward (`_chunk`)
+        gather = sum(self._coll("all_gather", b) for b, a in zip(pbytes, again) if fwd or a) if zero == 3 else 0.0
         reduce = sum(self._coll("reduce_scatter", b) for b in pbytes) if zero >= 2 and not fwd else 0.0
         d = e - s
         out = [("tp", "tp collectives", max(s, e - tp), min(tp, d))] if tp > 0 else []

@@ -13,7 +13,8 @@ ZeRO stages map onto FSDP2 (`fully_shard`), not `ZeroRedundancyOptimizer`, becau
 TP and with `torch.distributed.pipelining`, and its knobs express the stages' semantics exactly:
 
 - ZeRO-3 (params, grads, optimizer state sharded): `reshard_after_forward=True` — params are all-gathered for the
-  forward, freed, and all-gathered again for the backward.
+  forward, freed, and all-gathered again for the backward (each block; the root, whose backward comes right after
+  its forward, stays gathered in between, as FSDP2's default for a root).
 - ZeRO-2 (grads and optimizer state sharded, params kept whole through the step): `reshard_after_forward=False`, and
   gradients are reduce-scattered after every micro-batch's backward, so only a gradient shard is ever accumulated.
 - ZeRO-1 (only optimizer state sharded): `reshard_after_forward=False`, and gradient reduction is switched off
@@ -274,16 +275,19 @@ def apply_compile(model: nn.Module, block_paths: list[str], backend: str = "indu
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero_stage: int, mp_dtype: torch.dtype | None,
-               block_paths: list[str]) -> nn.Module:
+               block_paths: list[str], pipelined: bool = False) -> nn.Module:
     """FSDP2 `fully_shard` on each repeated block (blocks sharing a parameter together, `_units`), then on the whole
-    module (ZeRO-1/2/3; see the module docstring)."""
+    module (ZeRO-1/2/3; see the module docstring). Under ZeRO-3 the root (embedding, final norm, head) stays
+    gathered from its forward to its backward, as FSDP2 does by default for a root: its backward, which starts the
+    model's, would gather it again at once. A pipeline stage's root reshards like its blocks (the schedule keeps
+    parameters whole across its backwards)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
         MixedPrecisionPolicy()
     reshard = zero_stage == 3
     for unit in _units(model, block_paths):
         fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard and pipelined, mp_policy=mp)
     return model
 
 

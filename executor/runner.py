@@ -240,7 +240,8 @@ class Runner:
             if note not in self.notes:
                 self.notes.append(note)
         if plan.mesh.dp > 1 and plan.zero_stage > 0:
-            return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths)
+            return parallel.apply_fsdp(module, self.mesh["dp"], plan.zero_stage, self.amp, self.block_paths,
+                                       pipelined=plan.mesh.pp > 1)
         if plan.mesh.dp > 1:
             return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths,
                                       mp_dtype=self.amp)

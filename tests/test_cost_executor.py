@@ -40,13 +40,13 @@ def gpt():
     return trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), batch_size=1, progress=False)
 
 
-def _fsdp_copies(sp, layers):
-    """FSDP2's copies around one gather and one reduce-scatter of `layers`, by hand: (all-gather copy-in: the fp32
-    shard cast to bf16, 6 bytes, then copied, 4; copy-out: the gathered bf16 buffer read and written, 4 bytes per
-    element; reduce-scatter copy-in: bf16 gradients read, fp32 written, 6 bytes)."""
+def _fsdp_copies(sp, units):
+    """FSDP2's copies around one gather and one reduce-scatter of `units` (parameter elements each), by hand:
+    (all-gather copy-in: the fp32 shard cast to bf16, 6 bytes, then copied, 4; copy-out: the gathered bf16 buffer
+    read and written, 4 bytes per element; reduce-scatter copy-in: bf16 gradients read, fp32 written, 6 bytes)."""
     mem = sp.cm.compute.memory_time
-    return (sum(mem(l.param_elems / sp.dp * 10) for l in layers), sum(mem(l.param_elems * 4) for l in layers),
-            sum(mem(l.param_elems * 6) for l in layers))
+    return (sum(mem(e / sp.dp * 10) for e in units if e), sum(mem(e * 4) for e in units if e),
+            sum(mem(e * 6) for e in units if e))
 
 
 def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
@@ -55,17 +55,26 @@ def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
         sp3 = StepPredictor(CostModel(cl), g, _plan(g, cl, 2 * m, dp=2, zero=3))
         sp1 = StepPredictor(CostModel(cl), g, _plan(g, cl, 2 * m, dp=2, zero=1))
         layers = sp3.chunks[0][0].layers
-        gather = sum(sp3._coll("all_gather", l.param_elems * 2) for l in layers)
-        rs = sum(sp3._coll("reduce_scatter", l.param_elems * 4) for l in layers)
-        copy_in, copy_out, rs_copy = _fsdp_copies(sp3, layers)
+        # FSDP2 units: each block, and the root (the layers outside the blocks, one unit with the first of them)
+        units = sp3.unit_elems(layers)
+        blocks = [e for e, l in zip(units, layers) if l.block]
+        assert units[0] == sum(l.param_elems for l in layers if not l.block) and 0 in units and blocks
+        gather = sum(sp3._coll("all_gather", e * 2) for e in units if e)
+        gather_b = sum(sp3._coll("all_gather", e * 2) for e in blocks)
+        rs = sum(sp3._coll("reduce_scatter", e * 4) for e in units if e)
+        copy_in, copy_out, rs_copy = _fsdp_copies(sp3, units)
+        copy_in_b, copy_out_b, _ = _fsdp_copies(sp3, blocks)
         p3, p1 = sp3.run(False), sp1.run(False)
         loss = sp3._coll("all_reduce", 4.0)  # the step's loss, all-reduced over dp after the optimizer
         assert sp3.loss_all_reduces(0.0) == (0.0, pytest.approx(loss))
-        # ZeRO-3: per micro-batch a gather before forward, one before backward, a reduce-scatter after backward,
-        # each with FSDP2's copy-in on its stream; the copy-out after each gather runs on the compute stream
-        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (2 * (gather + copy_in) + rs + rs_copy) + loss)
+        # ZeRO-3: per micro-batch a gather before forward, one before backward (blocks only: the root stays
+        # gathered), a reduce-scatter after backward, each with FSDP2's copy-in on its stream; the copy-out after
+        # each gather runs on the compute stream
+        assert p3.breakdown["dp_comm_s"] == pytest.approx(
+            m * (gather + copy_in + gather_b + copy_in_b + rs + rs_copy) + loss)
         plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
-        assert sp3.chunks[0][0].compute_s - sum(sp3.fsdp_overhead(layers)) == pytest.approx(plain + 2 * copy_out)
+        assert sp3.chunks[0][0].compute_s - sum(sp3.fsdp_overhead(layers)) == \
+            pytest.approx(plain + copy_out + copy_out_b)
         # ZeRO-1: parameters gathered once per step, gradients reduce-scattered once (fp32) per FSDP2 unit (each
         # block, and the root holding the embedding, final norm and head) in the last backward
         units = [b for _, b in sp1._units(sp1.chunks[0][0])]
@@ -84,7 +93,7 @@ def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flus
     sp = StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 2 * m, dp=2, pp=2, zero=3))
     for ch in (sp.chunks[0][0], sp.chunks[1][0]):
         gather = sum(sp._coll("all_gather", l.param_elems * 2) for l in ch.layers)
-        copy_in, copy_out, _ = _fsdp_copies(sp, ch.layers)
+        copy_in, copy_out, _ = _fsdp_copies(sp, sp.unit_elems(ch.layers))
         assert ch.zero_comm_s == pytest.approx(gather + copy_in)  # no reduce-scatter inside a micro-batch
         plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in ch.layers)
         assert ch.compute_s - sum(sp.fsdp_overhead(ch.layers)) == pytest.approx(plain + copy_out)  # one gather

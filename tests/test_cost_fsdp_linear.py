@@ -29,7 +29,10 @@ def test_fsdp_overhead_per_module_and_tensor(zero, keys):
     p0, p1 = CostModel(base).predict(g, plan), CostModel(over).predict(g, plan)
     blocks = {op.block for op in g.ops if op.block}
     tensors = len({p.name for op in g.ops for p in op.params})
+    root_tensors = len({p.name for op in g.ops if not op.block for p in op.params})
     want = (len(blocks) + 1) * MOD + tensors * TEN  # each block and the root are fully_shard'ed
+    if zero == 3:  # the root is not resharded after forward: its hooks cost the plain (unmeasured here) figures
+        want -= MOD + root_tensors * TEN
     # on the compute stream (the step grows by at most as much: the longer backward hides more dp reduction)
     d = p1.breakdown["compute_s"] - p0.breakdown["compute_s"]
     assert d == pytest.approx(want * plan.num_microbatches)

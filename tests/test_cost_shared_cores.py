@@ -96,7 +96,7 @@ def test_ddp_first_bucket_closes_at_one_mib():
     base = cluster(per_node=2)
     plan = default_plan(g, base, 2, "bf16", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 0}, "m")
     sp = StepPredictor(CostModel(base), g, plan)
-    grads = [l.param_elems * 4 for l in reversed(sp.chunks[0][0].layers)]  # fp32, in backward order
+    grads = [e * 4 for e in reversed(sp.unit_elems(sp.chunks[0][0].layers))]  # fp32, backward order, tied once
     first = next(k for k in range(len(grads)) if sum(grads[:k + 1]) >= DDP_FIRST_BUCKET_BYTES)
     assert first < len(grads) - 1 and sum(grads) < DDP_BUCKET_BYTES  # one bucket without the 1 MiB first
     fwd, bwd = (np.array([[getattr(ch, k) for ch in row] for row in sp.chunks]) for k in ("fwd_s", "bwd_s"))
@@ -156,9 +156,11 @@ def test_every_blocking_collective_waits_for_the_ranks():
         spans.append(sp.dp_tail(0, simulate(plan.schedule, fwd, bwd, 1, 0.0))[1])
     assert len(spans[0]) == len(spans[1]) == 2
     assert [y[1] - x[1] for x, y in zip(*spans)] == pytest.approx([0.0] * (len(spans[0]) - 1) + [w])
-    # ZeRO-3: a gather before each layer's forward; in backward a gather and a reduce-scatter per layer
+    # ZeRO-3: a gather before each unit's forward (each block, and the root before the first layer); in backward
+    # a gather and a reduce-scatter per block, and the root's reduce-scatter (it stays gathered in between)
     plan = default_plan(g, base, 2, "fp32", {"dp": 2, "tp": 1, "pp": 1, "mbs": 1, "zero": 3}, "m")
     a, b = (StepPredictor(CostModel(c), g, plan).chunks[0][0] for c in (base, waiting))
-    n = len(a.layers)
-    assert b.fwd_s - a.fwd_s == pytest.approx(n * w)
-    assert b.bwd_s - a.bwd_s == pytest.approx(2 * n * w)
+    n = sum(l.block for l in a.layers)
+    assert 0 < n < len(a.layers)
+    assert b.fwd_s - a.fwd_s == pytest.approx((n + 1) * w)
+    assert b.bwd_s - a.bwd_s == pytest.approx((2 * n + 1) * w)
