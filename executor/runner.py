@@ -399,8 +399,15 @@ class Runner:
         return loss
 
     def stage_args(self, inputs) -> tuple:
-        """A batch as the first pipeline stage takes it (flattened for an exported model)."""
-        return pipeline.flat_inputs(inputs) if self.flat_inputs else _as_args(inputs)
+        """A batch as the first pipeline stage takes it (flattened for an exported model): tensors only, which is
+        all torch.distributed.pipelining passes between stages."""
+        args = pipeline.flat_inputs(inputs) if self.flat_inputs else _as_args(inputs)
+        bad = next((a for a in args if not isinstance(a, torch.Tensor)), None)
+        if bad is not None or not args:
+            what = f"a {type(bad).__name__} ({bad!r:.40})" if bad is not None else "no tensor"
+            raise ExecutorError(f"pipeline stages take tensors only, and the model's inputs hold {what}: make "
+                                "sample_batch pass it as a tensor (or leave it to the model's default), or use pp=1")
+        return args
 
     def optimizer_step(self) -> None:
         """Tied-weight gradients summed across stages, partial tp gradients summed once, then the optimizer."""
@@ -529,19 +536,31 @@ def _canonical_names(model: nn.Module) -> dict[str, str]:
 
 
 def _batch_len(x) -> int:
+    """Samples in a batch: the first dim of its first tensor (in dicts, lists and tuples)."""
     if isinstance(x, torch.Tensor):
         return x.shape[0]
-    if isinstance(x, dict):
-        return _batch_len(next(iter(x.values())))
-    return _batch_len(x[0])
+    values = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else []
+    for v in values:
+        if isinstance(v, (torch.Tensor, dict, list, tuple)):
+            try:
+                return _batch_len(v)
+            except ExecutorError:
+                continue
+    raise ExecutorError("the batch holds no tensor: sample_batch must return tensors (in a tuple or dict) whose "
+                        "first dim is the batch")
 
 
 def _slice(x, start: int, n: int):
+    """Samples start .. start+n of a batch: tensors sliced on their first dim (in dicts, lists, tuples and
+    namedtuples); other values (a float keyword argument, a flag) as they are."""
     if isinstance(x, torch.Tensor):
         return x[start:start + n]
     if isinstance(x, dict):
         return {k: _slice(v, start, n) for k, v in x.items()}
-    return type(x)(_slice(v, start, n) for v in x)
+    if isinstance(x, (list, tuple)):
+        parts = [_slice(v, start, n) for v in x]
+        return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
+    return x
 
 
 def _to(x, device):

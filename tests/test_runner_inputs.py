@@ -5,7 +5,10 @@ from collections import namedtuple
 
 import torch
 
-from executor.runner import _to, default_optimizer
+import pytest
+
+from executor.errors import ExecutorError
+from executor.runner import Runner, _batch_len, _slice, _to, default_optimizer
 
 
 def test_batches_move_to_the_device_whatever_their_structure():
@@ -23,3 +26,23 @@ def test_default_optimizer_is_torchs_adamw_off_cuda():
     opt = default_optimizer(iter([torch.nn.Parameter(torch.ones(3))]))  # a generator, as module.parameters()
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == 1e-3
     assert not opt.defaults.get("fused")  # fused=True only for CUDA parameters
+
+
+def test_batches_slice_their_tensors_and_pass_other_values_on():
+    # a float keyword argument failed the dp slicing ("'float' object is not iterable"); namedtuples lost their type
+    Pair = namedtuple("Pair", "ids mask")
+    batch = ({"scale": 2.0, "x": torch.arange(8).reshape(4, 2)}, Pair(torch.arange(4), None))
+    assert _batch_len(batch) == 4 and _batch_len({"flag": True, "x": torch.zeros(6, 1)}) == 6
+    part = _slice(batch, 1, 2)
+    assert part[0]["scale"] == 2.0 and part[0]["x"].tolist() == [[2, 3], [4, 5]]
+    assert isinstance(part[1], Pair) and part[1].ids.tolist() == [1, 2] and part[1].mask is None
+    with pytest.raises(ExecutorError, match="holds no tensor"):
+        _batch_len({"scale": 2.0})
+
+
+def test_pipeline_stages_refuse_inputs_that_are_not_tensors():
+    runner = Runner.__new__(Runner)  # only what stage_args reads
+    runner.flat_inputs = True
+    assert len(runner.stage_args({"x": torch.zeros(2), "y": torch.ones(2)})) == 2
+    with pytest.raises(ExecutorError, match=r"tensors only.*a float \(2.0\).*or use pp=1"):
+        runner.stage_args({"x": torch.zeros(2), "scale": 2.0})
