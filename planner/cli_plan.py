@@ -5,6 +5,7 @@ scored by the cost model (planner.search, cost_model) -> plan.json. No logic liv
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -221,9 +222,6 @@ def build_parser() -> ArgParser:
 def main(argv: Sequence[str]) -> int:
     """Run `plan MODEL.py ...`; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from planner.model_file import load_model_file
-    from planner.trace import trace_model
-
     forced = parse_force(args.force)
     if args.batch_size is not None:
         check_batch_size(args.batch_size)  # before tracing
@@ -282,13 +280,38 @@ def main(argv: Sequence[str]) -> int:
         why = "is below its fp32 peak" if cluster.device.peak_flops.get("bf16") else "is not given"
         precision_note = (f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's "
                           f"bf16 peak {why}")
+    quiet = contextlib.ExitStack()
+    if args.json:  # stdout is the JSON alone: what the model file prints while it runs goes to stderr
+        quiet.enter_context(contextlib.redirect_stdout(sys.stderr))
+    with quiet:
+        result, said = _search_and_write(args, cluster, forced, scale, precision, precision_note)
+    if result is None:
+        return 0
+    if args.json:
+        from planner.report import format_json
+        print(format_json(result, explain=args.explain))
+    else:
+        from planner.report import format_result
+        print(format_result(result, explain=args.explain))
+    for line in said:
+        print(line, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout is the JSON alone
+    return 0
+
+
+def _search_and_write(args: Any, cluster: Any, forced: dict, scale: float | None, precision: str,
+                      precision_note: str) -> tuple[Any, list[str]]:
+    """Trace the model (and print --summary), search, and write the outputs: (the search result, a line per file
+    written), or (None, []) for --summary alone."""
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+
     model_file = load_model_file(args.model)
     graph = trace_model(model_file)
     if args.summary:
         from planner.summary import format_summary
         print(format_summary(graph))
     if cluster is None:
-        return 0
+        return None, []
 
     from cost_model.model import CostModel
     from planner.search import search
@@ -310,15 +333,7 @@ def main(argv: Sequence[str]) -> int:
         for line in said:  # what was written before the failure
             print(line, file=sys.stderr)
         raise
-    if args.json:
-        from planner.report import format_json
-        print(format_json(result, explain=args.explain))
-    else:
-        from planner.report import format_result
-        print(format_result(result, explain=args.explain))
-    for line in said:
-        print(line, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout is the JSON alone
-    return 0
+    return result, said
 
 
 def write_outputs(args: Any, result: Any, graph: Any, cost_model: Any, cluster: Any, model_file: Any,

@@ -50,6 +50,7 @@ facts and the refusals every target shares live in `planner.export_checks`; this
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -412,13 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output(args.output, "-o", inputs=[args.plan, args.model])
     plan = Plan.load(args.plan)
     facts, path = None, plan.model.get("path")
-    if args.model:
-        facts = model_facts(args.model)
-    elif path and os.path.exists(path):
-        try:
-            facts = model_facts(path)
-        except ModelError as e:  # the plan's own reference: export without it, and say so
-            print(f"note: the plan's model file was not read ({e}); pass --model to use it", file=sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout is the export alone: what the model file prints goes aside
+        if args.model:
+            facts = model_facts(args.model)
+        elif path and os.path.exists(path):
+            try:
+                facts = model_facts(path)
+            except ModelError as e:  # the plan's own reference: export without it, and say so
+                print(f"note: the plan's model file was not read ({e}); pass --model to use it", file=sys.stderr)
     out = export(plan, args.to, facts)
     if args.output:
         write_atomic(args.output, out.text)  # PlanError (one line) when the path cannot be written

@@ -122,6 +122,20 @@ def test_json_report_is_stdout_alone_and_matches_the_plan(tmp_path, capsys):
     assert f"wrote {out}" in cap.err
 
 
+def test_a_model_file_that_prints_leaves_json_and_exports_on_stdout_alone(tmp_path, capsys):
+    # its print went to stdout before the JSON report, or before a DeepSpeed config written to stdout
+    chatty = tmp_path / "chatty.py"
+    chatty.write_text(open(os.path.join(ROOT, "examples", "mlp.py")).read() + '\nprint("hello from the model file")\n')
+    out = tmp_path / "p.json"
+    assert main([str(chatty), "--cluster", "cpu-local", "--batch-size", "16", "--force", "pp=1", "--json", "-o",
+                 str(out)]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["plan"] == json.loads(out.read_text()) and "hello from the model file" in cap.err
+    assert main(["export", str(out), "--to", "deepspeed", "--model", str(chatty)]) == 0
+    cap = capsys.readouterr()
+    assert "hello" not in cap.out and json.loads(cap.out) and "hello from the model file" in cap.err
+
+
 def test_json_and_summary_conflict(capsys):
     assert main(PLAN_ARGS + ["--json", "--summary"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
