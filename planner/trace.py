@@ -198,6 +198,29 @@ def _fetch_attr(root: nn.Module, target: str) -> Any:
     return obj
 
 
+_MATMULS = frozenset({"linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "conv1d", "conv2d", "conv3d",
+                      "convolution", "_convolution"})
+"""Ops whose tensor operands must all be floating point (meta tensors do not check it; the real kernels do)."""
+
+
+def _integer_operand(fn: Any, module: nn.Module | None, args: tuple, kwargs: dict) -> str | None:
+    """The dtype of an integer or bool operand of a matmul or convolution (`_MATMULS`, or an nn.Linear /
+    convolution module's input), which its kernel refuses ("mat1 and mat2 must have the same dtype"); else None."""
+    if module is not None:
+        if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
+            return None
+    elif str(getattr(fn, "__name__", "")).split(".")[0] not in _MATMULS:
+        return None
+    for t in tree_flatten((args, kwargs))[0]:
+        if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex()):
+            return str(t.dtype).removeprefix("torch.")
+    return None
+
+
+class _IntegerOperand(Exception):
+    """A matmul or convolution got an integer operand (`_integer_operand`)."""
+
+
 class _NodeFailed(Exception):
     """Running one node on meta tensors raised."""
 
@@ -285,6 +308,10 @@ class _Builder:
         fn, ident, module, label = self._callee(node)
         args = torch.fx.node.map_arg(node.args, lambda n: self.env[n.name])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n.name])
+        wrong = _integer_operand(fn, module, args, kwargs)
+        if wrong is not None:
+            raise _NodeFailed(node, label, _IntegerOperand(f"{label} got an operand of dtype {wrong}, which it "
+                                                           "cannot multiply"))
         try:
             with torch.enable_grad():
                 value = fn(*args, **kwargs)
@@ -468,6 +495,11 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
         output_node, outputs = _run_with_progress(builder, show)
     except _NodeFailed as failed:
         module = builder._module_path(failed.node) or "<root>"
+        if isinstance(failed.exc, _IntegerOperand):  # meta tensors would run it; the real kernel refuses
+            raise ModelError(f"{model_file.path}: forward() failed on the inputs from sample_batch() "
+                             f"[{_meta_str(inputs)}] at op {failed.node.name} (module {module}): {failed.exc}; make "
+                             "sample_batch return floating-point inputs where they reach a matmul (e.g. .float()), "
+                             "or give token ids to an embedding") from None
         eager = _eager_failure(model, args, kwargs)
         if eager is not None:
             raise _batch_error(model_file.path, eager, inputs,

@@ -241,3 +241,21 @@ def test_hugging_face_models_trace_with_export(name, block_type, count):
     assert len(graph.block_types[block_type]) == count
     assert sum(1 for op in graph.ops if op.kind == "attention") == count
     assert graph.flops_per_sample() > 6 * graph.num_parameters * 64 * 0.5
+
+
+@pytest.mark.parametrize("tracers", [("export",), ("fx",)])
+def test_integer_inputs_to_a_matmul_are_a_model_file_error(tmp_path, tracers):
+    # meta tensors multiply int64 by float32 without a word; the real kernel refuses ("mat1 and mat2 must have the
+    # same dtype"), so `plan` wrote a plan whose dry run passed and `plan measure` failed on the first step
+    from planner.errors import ModelError
+    path = tmp_path / "ints.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        def build_model():
+            return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+        def sample_batch(b):
+            return torch.randint(0, 5, (b, 8)), torch.randint(0, 3, (b,))
+    """))
+    with pytest.raises(ModelError, match=r"ints.py: forward\(\) failed on the inputs from sample_batch\(\).* dtype "
+                                         r"int64.*floating-point inputs"):
+        trace_model(load_model_file(str(path)), tracers=tracers)
