@@ -294,6 +294,14 @@ class StepPredictor:
         if zero in (1, 2):
             ch.gather_once_s = sum(gathers)
             ch.first_gather_s = sum(gathers) if self.serial else _prefetched(fwd_c, gathers, self.slow) - sum(fwd_c)
+        elif zero == 3 and self.deferred:
+            # a stage's first backward of the step finds its parameters resharded by the forward before it and
+            # gathers them; later backwards find them whole (or follow a forward that gathered): m + 1 sweeps a
+            # step (GPipe and 1F1B alike; counted on 2 CPU ranks, 15 all-gathers of 3 units at m = 4)
+            # (its copy-outs on the compute stream)
+            back = _prefetched(bwd_c[::-1], gathers[::-1], self.slow) - sum(bwd_c)
+            ch.gather_once_s = sum(gathers) + sum(outs)
+            ch.first_gather_s = (sum(gathers) if self.serial else back) + sum(outs)
         # FSDP2's hooks: the profile measures forward + backward together, charged here half to each pass
         fsdp_f, fsdp_b = self.fsdp_overhead(layers)
         ch.fwd_s, ch.bwd_s, ch.compute_s = ch.fwd_s + fsdp_f, ch.bwd_s + fsdp_b, ch.compute_s + fsdp_f + fsdp_b

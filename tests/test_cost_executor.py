@@ -95,6 +95,8 @@ def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flus
         gather = sum(sp._coll("all_gather", l.param_elems * 2) for l in ch.layers)
         copy_in, copy_out, _ = _fsdp_copies(sp, sp.unit_elems(ch.layers))
         assert ch.zero_comm_s == pytest.approx(gather + copy_in)  # no reduce-scatter inside a micro-batch
+        # and once more a step: the first backward finds the parameters resharded by the forward before it
+        assert ch.gather_once_s == pytest.approx(gather + copy_in + copy_out) and ch.first_gather_s > 0
         plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in ch.layers)
         assert ch.compute_s - sum(sp.fsdp_overhead(ch.layers)) == pytest.approx(plain + copy_out)  # one gather
     _, spans, _ = sp.dp_tail(0, sp_times(sp))
