@@ -77,12 +77,16 @@ def check_inputs(plan_path: str, model_path: str):
 
 
 def failure_reason(err: str, rc: int) -> str:
-    """One line saying why a launched job failed: a rank's own `shardwise rank R: ...` line, else torchrun's root
-    cause (the rank and its exit code or signal: a crash below Python), else stderr's last line."""
+    """One line saying why a launched job failed: a rank's own `shardwise rank R: ...` line, else a rank's failed
+    import, else torchrun's root cause (the rank and its exit code or signal: a crash below Python), else stderr's
+    last line."""
     lines = err.splitlines()
     own = [l for l in lines if l.startswith("shardwise rank")]
     if own:
         return own[0]
+    imports = [l.strip() for l in lines if "Error while finding module specification" in l or "No module named" in l]
+    if imports:  # a rank that could not import its program: say so, not torchrun's "To enable traceback" line
+        return imports[0]
     fields = {}
     for l in lines[next((i for i, l in enumerate(lines) if "Root Cause" in l), len(lines)):]:
         key, _, value = l.strip().partition(":")
@@ -109,6 +113,10 @@ def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int,
     cmd += ["--compile", compile] if compile else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCHELASTIC_ERROR_FILE="")
     env.pop("TORCHELASTIC_ERROR_FILE")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.realpath(root) != os.path.realpath(os.getcwd()):  # (from a checkout's own folder, the cwd is us)
+        env["PYTHONSAFEPATH"] = "1"  # `-m` puts the cwd first on sys.path: an executor.py there would stand in
+        # for shardwise's executor package and every rank fail (Python 3.11+ honours it)
     proc = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _, err = proc.communicate(timeout=timeout)

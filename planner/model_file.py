@@ -20,6 +20,10 @@ import torch.nn.functional as F
 from planner.errors import ModelError
 
 
+SHARDWISE_PACKAGES = ("planner", "cost_model", "executor", "hardware_profiles")
+"""shardwise's top-level packages, which a file of the same name beside a model file must not shadow."""
+
+
 @dataclass(frozen=True)
 class ModelFile:
     """The callables a model file provides."""
@@ -112,6 +116,8 @@ def load_model_file(path: str) -> ModelFile:
         raise ModelError(f"{path}: a model file must be a .py file defining build_model() and sample_batch()")
     _check_text(path)
     folder = os.path.dirname(path)
+    for package in SHARDWISE_PACKAGES:  # cached before the folder goes first on sys.path: a cost_model.py beside
+        importlib.import_module(package)  # the model would otherwise stand in for shardwise's own package
     if folder not in sys.path:
         sys.path.insert(0, folder)
     name = "shardwise_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")

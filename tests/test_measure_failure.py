@@ -33,6 +33,30 @@ def test_otherwise_the_last_meaningful_line():
     assert failure_reason("", 3) == "exit status 3"
 
 
+TORCHRUN_NO_WORKER = """/usr/bin/python3: Error while finding module specification for 'executor.worker' \
+(ModuleNotFoundError: __path__ attribute not found on 'executor' while trying to find 'executor.worker')
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+executor.worker FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 1234)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_rank_that_cannot_import_its_program_says_so():
+    """Not torchrun's "To enable traceback" boilerplate: the rank's own line names the module it could not find."""
+    why = failure_reason(TORCHRUN_NO_WORKER, 1)
+    assert why.startswith("/usr/bin/python3: Error while finding module specification for 'executor.worker'")
+    assert failure_reason("ModuleNotFoundError: No module named 'executor'\n" + TORCHRUN_NO_WORKER.split("\n", 2)[2],
+                          1) == "ModuleNotFoundError: No module named 'executor'"
+
+
 def _a_plan(tmp_path):
     import os
     from planner.cli import main as plan_main
@@ -99,3 +123,18 @@ def test_a_timeout_stops_the_ranks_too(tmp_path, capsys):
         if "executor.worker" in line and str(plan) in line:
             ranks.append(line)
     assert not ranks
+
+
+def test_an_executor_py_in_the_cwd_does_not_stand_in_for_shardwise(tmp_path, monkeypatch, capsys):
+    """torchrun runs `python -m executor.worker`, which put the cwd first on sys.path: every rank failed to find
+    executor.worker beside the user's own executor.py. The ranks now run with PYTHONSAFEPATH=1."""
+    import os
+    from planner.cli import main as plan_main
+    mlp = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "mlp.py")
+    plan = tmp_path / "plan.json"
+    assert plan_main([mlp, "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32", "--force",
+                      "dp=1,mbs=8", "--no-check", "-o", str(plan)]) == 0
+    (tmp_path / "executor.py").write_text("# the user's own helpers\n")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert plan_main(["measure", str(plan), mlp, "--steps", "2", "--warmup", "1"]) == 0, capsys.readouterr().err

@@ -184,3 +184,18 @@ def test_binary_non_utf8_and_directory_model_files(tmp_path):
     folder.mkdir()
     with pytest.raises(ModelError, match=r"adir\.py: is a directory, not a model file; pass the \.py file inside"):
         load_model_file(str(folder))
+
+
+def test_files_named_like_shardwise_packages_beside_the_model_do_not_stand_in_for_them(tmp_path):
+    """load_model_file puts the model's folder first on sys.path (sibling imports); a cost_model.py there made the
+    planner's later `from cost_model.model import ...` fail. A fresh interpreter: this one has them all imported."""
+    import subprocess
+    import sys
+    path = _write(tmp_path, GOOD)
+    for name in ("planner", "cost_model", "executor", "hardware_profiles"):
+        (tmp_path / f"{name}.py").write_text("# the user's own helpers\n")
+    code = ("import sys; from planner.model_file import load_model_file; load_model_file(sys.argv[1]); "
+            "import cost_model.model, executor.runner, hardware_profiles.load, planner.plan")
+    run = subprocess.run([sys.executable, "-c", code, path], cwd=os.path.dirname(os.path.abspath(__file__)),
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
