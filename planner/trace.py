@@ -394,9 +394,11 @@ class _Builder:
         try:
             with torch.enable_grad():
                 value = fn(outputs, targets)
-            if not isinstance(value, torch.Tensor) or value.numel() != 1:
-                raise ModelError(f"{path}: the loss must be a scalar tensor, got "
-                                 f"{getattr(value, 'shape', type(value).__name__)}; make loss_fn return a mean")
+            if not isinstance(value, torch.Tensor) or value.dim() != 0:  # not numel: at the traced batch of 1 a
+                # per-sample loss (reduction="none") has one element, and fails backward at any other batch size
+                got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ModelError(f"{path}: loss_fn(outputs, targets) must return a 0-dim (scalar) tensor, got {got}; "
+                                 "reduce the loss in loss_fn (e.g. with .mean())")
             cost = self.analyser.analyse(("loss", id(fn)), fn, (outputs, targets), {}, self.state_storages)
         except ModelError:
             raise

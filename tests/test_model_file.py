@@ -199,3 +199,16 @@ def test_files_named_like_shardwise_packages_beside_the_model_do_not_stand_in_fo
     run = subprocess.run([sys.executable, "-c", code, path], cwd=os.path.dirname(os.path.abspath(__file__)),
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_loss_must_be_a_0_dim_tensor(tmp_path):
+    """A per-sample loss (reduction="none") has one element at the traced batch of 1, and failed only later."""
+    from planner.trace import trace_model
+    vec = GOOD + "\ndef loss_fn(out, tgt):\n    return torch.nn.functional.cross_entropy(out, tgt, reduction='none')\n"
+    with pytest.raises(ModelError, match=r"model\.py: loss_fn\(outputs, targets\) must return a 0-dim \(scalar\) "
+                                         r"tensor, got shape \(1,\); reduce the loss in loss_fn \(e\.g\. with "
+                                         r"\.mean\(\)\)$"):
+        trace_model(load_model_file(_write(tmp_path, vec)), 1, progress=False)
+    flt = GOOD + "\ndef loss_fn(out, tgt):\n    return 1.0\n"
+    with pytest.raises(ModelError, match=r"must return a 0-dim \(scalar\) tensor, got float;"):
+        trace_model(load_model_file(_write(tmp_path, flt, "m2.py")), 1, progress=False)
