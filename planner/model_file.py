@@ -2,7 +2,8 @@
 
 Every failure becomes a `ModelError` with one line naming the problem and the fix (missing file, a directory, binary
 or non-UTF-8 text, syntax error with its line, sys.exit at import, missing functions, `build_model` raising or
-returning a model with nothing to train, `sample_batch` returning the wrong number of samples).
+returning a model with nothing to train, `sample_batch` returning the wrong number of samples, a `loss_fn` that is a
+class or not callable).
 """
 from __future__ import annotations
 
@@ -142,8 +143,24 @@ def load_model_file(path: str) -> ModelFile:
         raise ModelError(f"{path}: defines no {missing[0]}(); a model file must define build_model() -> "
                          "nn.Module and sample_batch(batch_size) -> (inputs, targets)")
     loss = getattr(module, "loss_fn", None)
+    _check_loss_fn(path, loss)
     return ModelFile(path=path, build_model=module.build_model, sample_batch=module.sample_batch,
-                     loss_fn=loss if callable(loss) else default_loss, user_file=True)
+                     loss_fn=default_loss if loss is None else loss, user_file=True)
+
+
+def _check_loss_fn(path: str, loss: Any) -> None:
+    """Refuse a `loss_fn` that is a class or not callable: a class would be called as its constructor (or the
+    default loss used in its place without a word)."""
+    if loss is None:
+        return
+    if isinstance(loss, type):
+        name = loss.__name__
+        raise ModelError(f"{path}: loss_fn is the class {name}, not a loss function; write loss_fn = {name}() (an "
+                         "instance) or def loss_fn(outputs, targets)")
+    if not callable(loss):
+        raise ModelError(f"{path}: loss_fn is a {type(loss).__name__} ({str(loss)[:40]!r}), not callable; define "
+                         "loss_fn(outputs, targets) returning the loss, or leave it out for the default (cross-entropy "
+                         "or MSE)")
 
 
 def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn.Module:

@@ -29,7 +29,7 @@ from planner import op_kinds
 from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
-from planner.model_file import ModelFile, batch, build, frame_in_file
+from planner.model_file import ModelFile, batch, build, default_loss, frame_in_file
 from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
 
 
@@ -406,12 +406,28 @@ class _Builder:
             where = frame_in_file(e, path)
             at = f":{where[0]}" if where else ""
             raise ModelError(f"{path}{at}: loss_fn(outputs, targets) raised {_first_line(e)} with outputs "
-                             f"[{_meta_str(outputs)}] and targets [{_meta_str(targets)}]; make sample_batch's "
-                             "targets match the model output (or define loss_fn in the model file)") from None
+                             f"[{_meta_str(outputs)}] and targets [{_meta_str(targets)}]; "
+                             f"{_loss_fix(e, outputs, targets, loss_fn is default_loss)}") from None
         name = "loss" if "loss" not in self.op_names else "loss_fn"
         producers = tuple(dict.fromkeys(n.name for n in output_node.all_input_nodes if n.name in self.op_names))
         label = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
         self._add_op(name, label, "", producers, (outputs, targets), [value], cost, None, lambda _: "loss")
+
+
+_SHAPE_WORDS = ("shape", "size", "dim", "dtype", "scalar type", "out of bounds", "broadcast", "match",
+                "Tensor, not")
+"""Fragments of a loss's exception message that mean outputs and targets did not fit each other."""
+
+
+def _loss_fix(exc: BaseException, outputs: Any, targets: Any, default: bool) -> str:
+    """The fix for `loss_fn` raising: the batch's targets only when it looks like a shape or dtype mismatch."""
+    if _meta_str(outputs) == "no tensors":
+        return "make forward() return the output tensors the loss takes"
+    if _meta_str(targets) == "no tensors" or any(w in str(exc) for w in _SHAPE_WORDS):
+        return ("make sample_batch's targets match the model output (or define loss_fn in the model file)" if default
+                else "make sample_batch's targets match the model output (or loss_fn take them as they are)")
+    return ("define loss_fn(outputs, targets) in the model file (the default is cross-entropy for class ids, else "
+            "MSE)" if default else "fix loss_fn (the error is its own, not the batch's)")
 
 
 def _is_causal(fn: Any, args: tuple, kwargs: dict) -> bool:

@@ -212,3 +212,30 @@ def test_loss_must_be_a_0_dim_tensor(tmp_path):
     flt = GOOD + "\ndef loss_fn(out, tgt):\n    return 1.0\n"
     with pytest.raises(ModelError, match=r"must return a 0-dim \(scalar\) tensor, got float;"):
         trace_model(load_model_file(_write(tmp_path, flt, "m2.py")), 1, progress=False)
+
+
+def test_loss_fn_that_is_a_class_or_not_callable_is_refused(tmp_path):
+    """`loss_fn = nn.CrossEntropyLoss` was called as its constructor while tracing; a string was silently ignored
+    (the default loss trained instead)."""
+    with pytest.raises(ModelError, match=r"model\.py: loss_fn is the class CrossEntropyLoss, not a loss function; "
+                                         r"write loss_fn = CrossEntropyLoss\(\) \(an instance\)"):
+        load_model_file(_write(tmp_path, GOOD + "\nloss_fn = nn.CrossEntropyLoss\n"))
+    with pytest.raises(ModelError, match=r"m2\.py: loss_fn is a str \('cross_entropy'\), not callable; define "
+                                         r"loss_fn\(outputs, targets\)"):
+        load_model_file(_write(tmp_path, GOOD + "\nloss_fn = 'cross_entropy'\n", "m2.py"))
+    instance = load_model_file(_write(tmp_path, GOOD + "\nloss_fn = nn.CrossEntropyLoss()\n", "m3.py"))
+    assert isinstance(instance.loss_fn, torch.nn.CrossEntropyLoss)
+
+
+def test_a_raising_loss_fn_is_blamed_on_the_targets_only_for_a_shape_mismatch(tmp_path):
+    from planner.trace import trace_model
+    raising = GOOD + "\ndef loss_fn(out, tgt):\n    raise ValueError('bad loss')\n"
+    with pytest.raises(ModelError, match=r"model\.py:12: loss_fn\(outputs, targets\) raised ValueError: bad loss with "
+                                         r"outputs \[\(1, 2\)\] and targets \[\(1,\)\]; fix loss_fn \(the error is its "
+                                         r"own, not the batch's\)$"):
+        trace_model(load_model_file(_write(tmp_path, raising)), 1, progress=False)
+    wrong = GOOD.replace("torch.randint(0, 2, (batch_size,))", "torch.randn(batch_size, 5)")
+    with pytest.raises(ModelError, match=r"m2\.py: loss_fn\(outputs, targets\) raised .* with outputs \[\(1, 2\)\] "
+                                         r"and targets \[\(1, 5\)\]; make sample_batch's targets match the model "
+                                         r"output \(or define loss_fn in the model file\)$"):
+        trace_model(load_model_file(_write(tmp_path, wrong, "m2.py")), 1, progress=False)
