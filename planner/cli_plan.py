@@ -74,13 +74,16 @@ def default_precision(peak_flops: Any) -> str:
 def read_calibration(path: str, cluster_name: str) -> float:
     """The step_time_scale recorded by `plan measure --calibrate` for this cluster; PlanError if unusable."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:
         raise PlanError(f"--calibration {path}: cannot read it ({e.strerror}); write one with "
                         "`plan measure PLAN MODEL --calibrate FILE`") from None
     except json.JSONDecodeError as e:
         raise PlanError(f"--calibration {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # binary, a 5000-digit number, deep nesting
+        raise PlanError(f"--calibration {path}: not a calibration file ({type(e).__name__}); give one that "
+                        "`plan measure ... --calibrate FILE` wrote") from None
     if not isinstance(data, dict):
         raise PlanError(f"--calibration {path}: expected a JSON object written by `plan measure --calibrate`")
     if "cluster" not in data or "step_time_scale" not in data:
@@ -93,7 +96,16 @@ def read_calibration(path: str, cluster_name: str) -> float:
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
         raise PlanError(f"--calibration {path}: no positive step_time_scale in it; record a run with "
                         "`plan measure ... --calibrate`")
+    if not SCALE_BOUNDS[0] <= scale <= SCALE_BOUNDS[1]:  # also Infinity, which json reads
+        shown = f"{scale:.3g}" if isinstance(scale, float) or scale < 10 ** 6 else f"of {len(str(scale))} digits"
+        raise PlanError(f"--calibration {path}: step_time_scale {shown} is outside {SCALE_BOUNDS[0]:g}.."
+                        f"{SCALE_BOUNDS[1]:g}: a measured step that far from the prediction means the profile does not "
+                        "describe the machine, not a factor to apply; profile it (`plan profile`) and re-measure")
     return float(scale)
+
+
+SCALE_BOUNDS = (0.01, 100.0)
+"""The calibration factors `plan --calibration` applies: measured/predicted step time within a factor of 100."""
 
 
 def calibrate(result: Any, scale: float, source: str) -> Any:

@@ -36,3 +36,19 @@ def test_calibration_for_another_cluster_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and "dgx-h100" in err and "--calibrate" in err
     assert plan_main(ARGS + ["--calibration", str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_binary_file_or_an_absurd_scale_is_refused_in_one_line(tmp_path, capsys):
+    """A non-UTF-8 file raised UnicodeDecodeError; Infinity and 1e308 (json reads both) scaled every prediction."""
+    cal = tmp_path / "cal.json"
+    cal.write_bytes(b"\xff\xfe\x00\x01")
+    assert plan_main(ARGS + ["--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a calibration file (UnicodeDecodeError)" in err
+    for scale, shown in (("Infinity", "inf"), ("1e308", "1e+308"), ("0.001", "0.001"),
+                         ("1" + "0" * 400, "of 401 digits")):
+        cal.write_text('{"cluster": "cpu-local", "entries": [], "step_time_scale": %s}' % scale)
+        assert plan_main(ARGS + ["--calibration", str(cal)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"step_time_scale {shown} is outside 0.01..100" in err, err
+        assert "Traceback" not in err
