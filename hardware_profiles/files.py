@@ -28,6 +28,15 @@ def unwritable(path: str) -> str | None:
     return None
 
 
+def unwritable_output(path: str | os.PathLike) -> str | None:
+    """`unwritable` for an output path as given: also refuses one ending in a path separator (`-o newdir/`), which
+    names a folder, while realpath drops the separator and the write made a file named newdir."""
+    path = os.fspath(path)
+    if path.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        return f"it ends in {path[-1]!r}, which names a folder, not a file"
+    return unwritable(os.path.realpath(path))  # a symlink is written through, to its target
+
+
 def output_mode(target: str | os.PathLike) -> int:
     """The mode an output written to `target` gets: that of the file it replaces, else what open() would give."""
     try:

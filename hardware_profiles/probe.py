@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from hardware_profiles import host
-from hardware_profiles.files import unwritable
+from hardware_profiles.files import unwritable_output
 from hardware_profiles.schema import Cluster, CollectiveCurve, DeviceSpec, LinkSpec, OpOverhead, ProfileError
 
 
@@ -535,12 +535,12 @@ def main(argv: Sequence[str] | None = None,
     import torch
     args = _parser().parse_args(list(argv or []))
     out = Path(args.output)  # flags first: tracing several --model files takes a while
+    why = unwritable_output(args.output)  # as given: Path drops a trailing separator
+    if why:
+        raise ProfileError(f"-o {args.output}: {why}; give a file path in a folder you can write to")
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
                            "another path")
-    why = unwritable(os.path.realpath(out))  # a symlink is written through, to its target
-    if why:
-        raise ProfileError(f"-o {args.output}: {why}; give a file path in a folder you can write to")
     for given in [args.links_from, *(args.model or [])]:  # writing an input would destroy it
         if given and out.exists() and os.path.exists(given) and os.path.samefile(given, out):
             raise ProfileError(f"-o {args.output} is also this command's input {given}; pick another file")

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from hardware_profiles.files import atomic_output, unwritable
+from hardware_profiles.files import atomic_output, unwritable_output
 from planner.errors import PlanError
 
 RECOMPUTE = ("none", "attention", "selective", "full")
@@ -377,7 +377,8 @@ def _jsonable(x: Any) -> Any:
 
 def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.PathLike | None] = ()) -> None:
     """Before any work: PlanError (one line) when `path`, given with `flag`, cannot be written (empty, or
-    `unwritable`) or is one of the command's `inputs` (writing it would destroy them)."""
+    `unwritable_output`: a folder's name among others) or is one of the command's `inputs` (writing it would
+    destroy them)."""
     path = os.fspath(path)
     if not path:
         raise PlanError(f"{flag} is empty; give a file path")
@@ -385,17 +386,17 @@ def check_output(path: str | os.PathLike, flag: str, inputs: Sequence[str | os.P
         if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
             raise PlanError(f"{flag} {path} is also this command's input {os.fspath(given)}; writing it would "
                             "destroy it: pick another file")
-    why = unwritable(os.path.realpath(path))  # a symlink is written through, to its target
+    why = unwritable_output(path)
     if why:
         raise PlanError(f"{flag} {path}: {why}; give a file path in a folder you can write to")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write text to path via `atomic_output`, so a crash never leaves half a file. A path that cannot be written
-    (`unwritable`, or an error making the folder, the temp file or the rename) is a PlanError, one line."""
+    (`unwritable_output`, or an error making the folder, the temp file or the rename) is a PlanError, one line."""
     path = os.fspath(path)
     target = os.path.realpath(path)
-    why = unwritable(target)
+    why = unwritable_output(path)
     if why is None:
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)

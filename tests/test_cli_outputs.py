@@ -11,7 +11,7 @@ import pytest
 
 from planner.cli import main
 from planner.errors import PlanError
-from planner.plan import check_output
+from planner.plan import check_output, write_atomic
 from planner.search.space import MAX_MICROBATCHES, groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,6 +36,19 @@ def test_check_output(tmp_path):
     with pytest.raises(PlanError, match="also this command's input"):
         check_output(afile, "-o", inputs=[str(afile)])
     check_output(tmp_path / "new" / "x.json", "-o")  # a missing folder is created when written
+
+
+def test_an_output_ending_in_a_separator_is_refused(mlp_plan, tmp_path, monkeypatch, capsys):
+    # `-o newdir/` wrote a file named newdir: realpath drops the separator
+    monkeypatch.chdir(tmp_path)
+    for argv in (PLAN + ["--no-check", "-o", "newdir/"], PLAN + ["--no-check", "--timeline", "newdir/"],
+                 ["export", str(mlp_plan), "--to", "deepspeed", "-o", "newdir/"],
+                 ["measure", str(mlp_plan), MLP, "-o", "newdir/"], ["profile", "--quick", "-o", "newdir/"]):
+        assert main(argv) == 2
+        assert " newdir/: it ends in '/', which names a folder, not a file" in _one_line(capsys)
+    with pytest.raises(PlanError, match="names a folder"):
+        write_atomic("newdir/", "{}\n")
+    assert os.listdir(tmp_path) == []
 
 
 def test_plan_refuses_unwritable_outputs_before_searching(tmp_path, capsys):
