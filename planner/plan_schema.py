@@ -195,14 +195,15 @@ def check_plan_dict(data: Any, where: str = "plan") -> None:
 def main(argv: list[str]) -> int:
     """`plan schema [-o FILE]`: print plan.json's JSON Schema, or write it atomically."""
     from planner.cli import ArgParser
-    from planner.plan import write_atomic
+    from planner.plan import check_output, write_atomic
     p = ArgParser(prog="plan schema", description="Print the JSON Schema of plan.json (draft 2020-12), generated "
                   "from the plan's dataclasses. `plan measure`, `apply_plan` and every command that reads a plan "
                   "validate it against this schema and name the field path of the first problem.")
     p.add_argument("-o", "--output", metavar="FILE", help="write the schema here instead of printing it")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     args = p.parse_args(argv)
-    if args.output:
+    if args.output is not None:  # `-o ""` printed to stdout: refused as every other command's empty -o
+        check_output(args.output, "-o")
         write_atomic(args.output, _schema_text() + "\n")
         print(f"wrote {args.output}")
     else:

@@ -51,6 +51,16 @@ def test_an_output_ending_in_a_separator_is_refused(mlp_plan, tmp_path, monkeypa
     assert os.listdir(tmp_path) == []
 
 
+def test_schema_checks_its_output_as_every_command_does(tmp_path, monkeypatch, capsys):
+    # `plan schema -o ""` printed the schema and exited 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["schema", "-o", ""]) == 2
+    assert "-o is empty; give a file path" in _one_line(capsys)
+    assert main(["schema", "-o", "newdir/"]) == 2
+    assert "-o newdir/: it ends in '/'" in _one_line(capsys)
+    assert os.listdir(tmp_path) == []
+
+
 def test_plan_refuses_unwritable_outputs_before_searching(tmp_path, capsys):
     kept = tmp_path / "kept.json"
     kept.write_text("mine")
