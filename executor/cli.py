@@ -158,9 +158,12 @@ def check_outputs(args) -> bool:
     from executor.plots import HINT, have_matplotlib
     from planner.plan import check_output
     from planner.search_plot import FORMATS
-    for flag, path in (("-o", args.output), ("--calibrate", args.calibrate), ("--plot", args.plot)):
-        if path is not None:  # before the run: a path that cannot be written must not cost it
-            check_output(path, flag, inputs=[args.plan, args.model, args.cluster])
+    outputs = [(flag, path) for flag, path in (("-o", args.output), ("--calibrate", args.calibrate),
+                                               ("--plot", args.plot)) if path is not None]
+    for flag, path in outputs:  # before the run: a path that cannot be written must not cost it
+        check_output(path, flag, inputs=[args.plan, args.model, args.cluster])
+    if len({os.path.realpath(path) for _, path in outputs}) < len(outputs):  # one would merge into the other
+        raise ExecutorError(f"{' and '.join(flag for flag, _ in outputs)} name the same file; give each its own")
     if args.calibrate:
         read_calibration_file(args.calibrate)
     if args.plot and os.path.splitext(args.plot)[1].lower() not in FORMATS:

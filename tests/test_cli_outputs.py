@@ -149,6 +149,9 @@ def test_measure_checks_its_outputs_before_launching(mlp_plan, tmp_path, capsys)
     before = mlp_plan.read_text()
     assert main(["measure", str(mlp_plan), MLP, "-o", str(mlp_plan)]) == 2
     assert "would destroy it" in _one_line(capsys) and mlp_plan.read_text() == before
+    same = tmp_path / "same.json"  # -o and --calibrate merged into one file
+    assert main(["measure", str(mlp_plan), MLP, "-o", str(same), "--calibrate", str(same)]) == 2
+    assert "-o and --calibrate name the same file; give each its own" in _one_line(capsys) and not same.exists()
 
 
 def test_an_error_on_cpu_ranks_is_the_only_line(tmp_path, capsys):
