@@ -410,7 +410,28 @@ def read_calibration_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
         raise ExecutorError(f"--calibrate {path}: not a calibration file (a JSON object with an entries list); "
                             "give a new file name or one an earlier `plan measure --calibrate` wrote")
+    for i, entry in enumerate(data.get("entries", [])):  # write_calibration reads these after the run
+        why = _entry_problem(entry)
+        if why:
+            raise ExecutorError(f"--calibrate {path}: entries[{i}] {why}; give a new file name or one an earlier "
+                                "`plan measure --calibrate` wrote")
     return data
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What makes one entry of a calibration file unusable by `write_calibration`, or None."""
+    if not isinstance(entry, dict):
+        return f"is not an object ({type(entry).__name__})"
+    missing = [k for k in ("cluster", "ratio") if k not in entry]
+    if missing:
+        return f"has no {' and no '.join(missing)}"
+    if not isinstance(entry["cluster"], str):
+        return f"cluster is {entry['cluster']!r}, not a profile name"
+    ratio = entry["ratio"]
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+                              or not 0 < ratio < float("inf")):
+        return f"ratio is {str(ratio)[:40]!r}, not a positive number (or null)"
+    return None
 
 
 def write_calibration(path: str | os.PathLike, plan: Plan, result: Mapping[str, Any]) -> dict[str, Any]:

@@ -149,6 +149,12 @@ def test_measure_checks_its_outputs_before_launching(mlp_plan, tmp_path, capsys)
     before = mlp_plan.read_text()
     assert main(["measure", str(mlp_plan), MLP, "-o", str(mlp_plan)]) == 2
     assert "would destroy it" in _one_line(capsys) and mlp_plan.read_text() == before
+    for entries, why in (([{"cluster": "cpu-local"}], "entries[0] has no ratio"),  # a KeyError after the run
+                         ([3], "entries[0] is not an object (int)"),
+                         ([{"cluster": "cpu-local", "ratio": "1.5"}], "entries[0] ratio is '1.5', not a positive")):
+        notjson.write_text(json.dumps({"entries": entries}))
+        assert main(["measure", str(mlp_plan), MLP, "--calibrate", str(notjson)]) == 2
+        assert why in _one_line(capsys)
     same = tmp_path / "same.json"  # -o and --calibrate merged into one file
     assert main(["measure", str(mlp_plan), MLP, "-o", str(same), "--calibrate", str(same)]) == 2
     assert "-o and --calibrate name the same file; give each its own" in _one_line(capsys) and not same.exists()
