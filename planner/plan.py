@@ -77,7 +77,7 @@ class StageSpec:
     modules: tuple[str, ...] = ()
     """Top-level module paths the stage holds (e.g. `transformer.h.4`), for the executor's model split."""
     rank: int = field(default=0, metadata=_meta(minimum=0))
-    """Pipeline rank that runs it (stage i runs on rank i % pp for interleaved schedules)."""
+    """Pipeline rank that runs it: stage i runs on rank i % pp (a plan file may leave it out)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,9 +229,9 @@ class Plan:
         d = dict(d)
         try:
             mesh = Mesh(**{k: int(v) for k, v in d.pop("mesh").items()})
-            stages = tuple(StageSpec(**{**s, "modules": tuple(s.get("modules", ())),
+            stages = tuple(StageSpec(**{**s, "modules": tuple(s.get("modules", ())), "rank": i % mesh.pp,
                                         **{k: int(s[k]) for k in ("start_layer", "end_layer", "rank") if k in s}})
-                           for s in d.pop("stages", ()))
+                           for i, s in enumerate(d.pop("stages", ())))  # a stage without a rank runs on i % pp
             ops = {name: OpPlacement(**{k: tuple(v) if isinstance(v, list) else v for k, v in o.items()})
                    for name, o in d.pop("ops", {}).items()}
             for k in ("zero_stage", "virtual_stages", "global_batch_size", "microbatch_size", "num_microbatches"):
@@ -254,12 +254,18 @@ class Plan:
     def from_json(cls, text: str, where: str = "plan") -> "Plan":
         """Parse plan.json text."""
         try:
-            d = json.loads(text)
+            d = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise PlanError(f"{where}: not valid JSON ({e.msg} at line {e.lineno}); regenerate it with `plan ... -o`")
         except RecursionError:
             raise PlanError(f"{where}: not a plan: nested too deeply (over {MAX_DEPTH} levels); pass the file "
                             "`plan ... -o` wrote") from None
+        except _DuplicateKey as e:
+            raise PlanError(f"{where}: key {json.dumps(e.key)} appears twice in one object (JSON readers keep the "
+                            "last silently); keep one") from None
+        except ValueError as e:  # a number of more digits than int() converts (4300)
+            raise PlanError(f"{where}: not a plan: {str(e).split(';')[0]}; regenerate it with `plan ... -o`") \
+                from None
         return cls.from_dict(d, where)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -282,8 +288,30 @@ class Plan:
 
 MAX_DEPTH = 32
 """Nesting a plan file may have (its own is 4 deep); deeper is not a plan, and would overflow the recursion."""
-PREDICTED_NUMBERS = ("step_time_s", "peak_memory_bytes")
-"""Keys of `Plan.predicted` that `plan measure` compares with what it measures: finite and >= 0 when given."""
+PREDICTED_NUMBERS = ("step_time_s", "peak_memory_bytes", "tflops_per_device", "mfu")
+"""Keys of `Plan.predicted` that `plan measure` compares with what it measures (and the throughput `plan` reports
+with them): finite and >= 0 when given."""
+PREDICTED_TABLES = ("breakdown", "memory_breakdown")
+"""Keys of `Plan.predicted` holding an object of numbers (step time and memory by part), which `plan measure`
+compares after its run: each value a finite number."""
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one JSON object of a plan file."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: the object, or _DuplicateKey (json.loads keeps the last of two silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _too_deep(data: Any, limit: int) -> bool:
@@ -298,8 +326,13 @@ def _too_deep(data: Any, limit: int) -> bool:
     return False
 
 
+def _bad_real(x: Any) -> bool:
+    """Not a finite number (a bool, a string, NaN, Infinity)."""
+    return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+
+
 def _bad_number(x: Any) -> bool:
-    return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
+    return _bad_real(x) or x < 0
 
 
 def _check_file_plan(plan: Plan, where: str) -> None:
@@ -333,6 +366,10 @@ def _check_file_plan(plan: Plan, where: str) -> None:
         raise PlanError(f"{where}: mesh: dp x tp x pp = {m.dp} x {m.tp} x {m.pp} = {m.world_size} but the plan's "
                         f"cluster has {devices} devices ({int(nodes)} node{'s' if int(nodes) != 1 else ''} x "
                         f"{int(per_node)}); make the product {devices} or re-plan for the cluster with `plan ... -o`")
+    moved = next((k for k, s in enumerate(plan.stages) if s.rank != k % m.pp), None)
+    if moved is not None:  # the executor runs stage k on rank k % pp whatever the file says, and export refuses it
+        raise PlanError(f"{where}: stages[{moved}].rank: {plan.stages[moved].rank}, but stage k runs on pipeline rank "
+                        f"k % pp = {moved % m.pp}; drop rank or set it to {moved % m.pp}")
     if m.tp == 1:
         sharded = next((name for name, p in plan.parameters.items() if p != "R"), None)
         if sharded is not None:
@@ -342,6 +379,15 @@ def _check_file_plan(plan: Plan, where: str) -> None:
     for key in PREDICTED_NUMBERS:
         if key in pred and _bad_number(pred[key]):
             raise PlanError(f"{where}: predicted.{key}: expected a finite number >= 0, got {_show(pred[key])}; drop "
+                            "`predicted` or re-plan with `plan ... -o`")
+    for key in PREDICTED_TABLES:
+        table = pred.get(key)
+        if table is not None and not isinstance(table, Mapping):
+            raise PlanError(f"{where}: predicted.{key}: expected an object of numbers, got {_show(table)}; drop "
+                            "`predicted` or re-plan with `plan ... -o`")
+        bad = next((k for k, v in (table or {}).items() if _bad_real(v)), None)
+        if bad is not None:
+            raise PlanError(f"{where}: predicted.{key}.{bad}: expected a finite number, got {_show(table[bad])}; drop "
                             "`predicted` or re-plan with `plan ... -o`")
     per_device = pred.get("memory_per_device_bytes", [])
     if not isinstance(per_device, (list, tuple)) or any(_bad_number(x) for x in per_device):

@@ -1,7 +1,8 @@
 """A plan file read by `plan check`, `plan export` and `plan measure` is refused at load, as one line naming the field
 and the fix (exit status 2, no traceback), when it cannot be what the planner meant: stages missing, listed twice or
-empty beside listed ones, a mesh its own cluster cannot hold, tp placements at tp=1, a negative or non-finite
-prediction, bytes that are not UTF-8, nesting too deep for a plan; `plan check` refuses a plan made for another
+empty beside listed ones, a stage on a rank other than k % pp, a mesh its own cluster cannot hold, tp placements
+at tp=1, a negative or non-finite prediction (or part of one), a key given twice, a number too long to read, bytes
+that are not UTF-8, nesting too deep for a plan; `plan check` refuses a plan made for another
 model before its dry run."""
 import json
 import os
@@ -65,13 +66,25 @@ BROKEN = [
     (lambda d: d["predicted"].update(memory_per_device_bytes=[1, float("nan")]),
      r"predicted\.memory_per_device_bytes: expected a list of finite numbers >= 0, got \[1, NaN\]"),
     (lambda d: d["predicted"].update(deep=json.loads("[" * 40 + "]" * 40)), r"not a plan: nested too deeply"),
+    # ignored by the executor (stage k runs on rank k % pp) while export refused it
+    (lambda d: d["stages"][1].update(rank=7),
+     r"stages\[1\]\.rank: 7, but stage k runs on pipeline rank k % pp = 1; drop rank or set it to 1$"),
+    # plan measure crashed on these after its run
+    (lambda d: d["predicted"].update(breakdown={"compute_s": "x"}),
+     r'predicted\.breakdown\.compute_s: expected a finite number, got "x"; drop `predicted`'),
+    (lambda d: d["predicted"].update(memory_breakdown={"parameters": 1, "activations": float("nan")}),
+     r"predicted\.memory_breakdown\.activations: expected a finite number, got NaN"),
+    (lambda d: d["predicted"].update(memory_breakdown=[1, 2]),
+     r"predicted\.memory_breakdown: expected an object of numbers, got \[1, 2\]"),
+    (lambda d: d["predicted"].update(tflops_per_device="x"), r'predicted\.tflops_per_device: .* got "x"'),
 ]
 
 
 @pytest.mark.parametrize("edit,message", BROKEN, ids=[
     "no-stages", "stages-empty", "module-in-two-stages", "module-in-two-stages-2",
     "stage0-no-modules", "stage1-no-modules", "mesh-vs-devices", "mesh-vs-nodes", "param-sharded-at-tp1",
-    "negative-step-time", "string-step-time", "infinite-memory", "nan-memory", "deep-prediction"])
+    "negative-step-time", "string-step-time", "infinite-memory", "nan-memory", "deep-prediction", "stage-rank",
+    "string-breakdown", "nan-memory-breakdown", "list-memory-breakdown", "string-tflops"])
 def test_a_broken_plan_file_is_refused_at_load(tmp_path, edit, message):
     data = _good()
     edit(data)
@@ -93,14 +106,32 @@ def test_a_broken_plan_file_is_refused_at_load(tmp_path, edit, message):
     lambda d: d.update(parameters={"0.weight": "R"}),
     lambda d: d.update(predicted={}),
     lambda d: d["predicted"].update(step_time_s=0),
+    lambda d: [s.pop("rank") for s in d["stages"]],  # stage k runs on rank k % pp
+    lambda d: d["predicted"].update(breakdown=None, memory_breakdown={"headroom": -1.5}),
 ], ids=["good", "no-modules", "container-in-two-stages", "no-cluster", "float-nodes", "pp1-no-stages", "replicated",
-        "no-prediction", "zero"])
+        "no-prediction", "zero", "no-stage-ranks", "breakdowns"])
 def test_a_good_plan_file_loads(tmp_path, edit):
     data = _good()
     edit(data)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
-    assert Plan.load(path).mesh.pp == data["mesh"]["pp"]
+    plan = Plan.load(path)
+    assert plan.mesh.pp == data["mesh"]["pp"]
+    assert [s.rank for s in plan.stages] == [k % plan.mesh.pp for k in range(len(plan.stages))]
+
+
+def test_a_key_given_twice_or_a_number_too_long_is_one_line(tmp_path):
+    """json keeps the last of two keys silently; a 5000-digit integer raised ValueError (int's digit limit)."""
+    path = tmp_path / "plan.json"
+    text = json.dumps(_good())
+    path.write_text(text.replace('"zero_stage": 0', '"zero_stage": 3, "zero_stage": 0'))
+    with pytest.raises(PlanError, match=rf'^{re.escape(str(path))}: key "zero_stage" appears twice in one object '
+                                        r"\(JSON readers keep the last silently\); keep one$"):
+        Plan.load(path)
+    path.write_text(text.replace('"zero_stage": 0', '"zero_stage": ' + "1" * 5000))
+    with pytest.raises(PlanError, match=rf"^{re.escape(str(path))}: not a plan: Exceeds the limit \(4300 digits\).*; "
+                                        r"regenerate it with `plan \.\.\. -o`$"):
+        Plan.load(path)
 
 
 def test_plans_built_in_code_are_not_held_to_the_file_checks():
