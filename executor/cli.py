@@ -4,7 +4,7 @@ ranks a plan needs, train N steps on `sample_batch` data, and print predicted vs
 
 Everything that can be checked without starting processes is checked first (the plan loads and is runnable, the
 model file loads, the plan was made for this model, its tp layout is one the executor applies, enough
-GPUs): bad input is one line and exit status 2. Ranks
+GPUs, or CPUs for a plan made for CPU ranks): bad input is one line and exit status 2. Ranks
 run under `torchrun --standalone` (a free port per job, so parallel runs never collide), one thread each by default;
 when a rank raises, it prints one line and exits, torchrun stops the others, and this command prints that line and
 exits 1.
@@ -58,8 +58,9 @@ def _parser():
     return p
 
 
-def check_inputs(plan_path: str, model_path: str):
-    """Load and cross-check plan and model file before anything is launched; returns the Plan."""
+def check_inputs(plan_path: str, model_path: str, cluster_spec: str | None = None):
+    """Load and cross-check plan and model file before anything is launched; returns the Plan. `cluster_spec`
+    (--cluster) names the profile the plan was made for when the plan's own cluster name is no preset."""
     from executor.runner import check_plan_matches_model, check_runnable, check_tp_plan
     from planner.model_file import build, load_model_file
     from planner.plan import Plan
@@ -73,7 +74,27 @@ def check_inputs(plan_path: str, model_path: str):
     if torch.cuda.is_available() and plan.world_size > torch.cuda.device_count():
         raise ExecutorError(f"plan needs {plan.world_size} GPUs, this machine has {torch.cuda.device_count()}; "
                             "multi-node plans run with torchrun on each node and executor.apply_plan")
+    if not torch.cuda.is_available():
+        check_cpu_plan(plan, plan_path, cluster_spec)
     return plan
+
+
+def check_cpu_plan(plan, plan_path: str, cluster_spec: str | None = None) -> None:
+    """On a machine without CUDA, refuse a plan made for a GPU cluster: its ranks would train on CPUs over gloo
+    (in the plan's precision) and measure nothing the plan predicted. The cluster is the preset the plan names,
+    else --cluster's profile; CPU profiles link their ranks over loopback (`plan profile` on CPUs, cpu-local). A
+    plan naming neither a preset nor --cluster (built in code, or from a profile file) is let through: nothing
+    says what it was made for."""
+    from hardware_profiles.load import list_presets, load_cluster
+    name = plan.cluster.get("name")
+    spec = name if name in list_presets() else cluster_spec
+    if not spec:
+        return
+    cluster = load_cluster(spec)
+    if cluster.intra_node.kind != "loopback":
+        raise ExecutorError(f"{plan_path}: the plan was made for {cluster.device.name} GPUs ({cluster.name}), and "
+                            "this machine has no CUDA; re-plan with `--cluster cpu-local` or a profile from "
+                            "`plan profile`")
 
 
 def failure_reason(err: str, rc: int) -> str:
@@ -243,7 +264,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
                                 "aot_eager or eager (all: torch._dynamo.list_backends(exclude_tags=()))")
     if not check_outputs(args):
         return 2
-    plan = check_inputs(args.plan, args.model)
+    plan = check_inputs(args.plan, args.model, args.cluster)
     predicted = None
     if args.trace and predicted_timeline is not None:
         predicted, note = predicted_timeline(plan, args.model, args.cluster)

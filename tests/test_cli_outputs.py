@@ -139,6 +139,32 @@ def test_measure_refuses_before_launching(mlp_plan, flags, match, capsys):
     assert match in _one_line(capsys)
 
 
+def test_measure_refuses_a_gpu_plan_without_cuda(mlp_plan, tmp_path, monkeypatch, capsys):
+    # it launched the plan's 8 ranks as gloo CPU processes in bf16, silently
+    import torch
+
+    import executor.cli
+    from planner.plan import Mesh, Plan
+    launched = []
+    monkeypatch.setattr(executor.cli, "launch", lambda *a, **k: launched.append(a) or (1, "not launched"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu = tmp_path / "gpu.json"
+    Plan(mesh=Mesh(dp=8), global_batch_size=8, microbatch_size=1, num_microbatches=1,
+         cluster={"name": "dgx-a100-80gb", "nodes": 1, "devices_per_node": 8}).save(gpu)
+    assert main(["measure", str(gpu), MLP]) == 2
+    assert (f"{gpu}: the plan was made for NVIDIA A100-SXM4-80GB GPUs (dgx-a100-80gb), and this machine has no "
+            "CUDA; re-plan with `--cluster cpu-local` or a profile from `plan profile`") in _one_line(capsys)
+    mine = tmp_path / "mine.json"  # a profile file's own name: --cluster says what it is
+    Plan.from_dict(dict(Plan.load(gpu).to_dict(), cluster={"name": "my-lab", "nodes": 1, "devices_per_node": 8})) \
+        .save(mine)
+    assert main(["measure", str(mine), MLP, "--cluster", "dgx-h100"]) == 2
+    assert "made for NVIDIA H100" in _one_line(capsys)
+    assert not launched
+    assert main(["measure", str(mine), MLP, "--steps", "2", "--warmup", "1"]) == 1  # nothing says: launched
+    assert main(["measure", str(mlp_plan), MLP, "--steps", "2", "--warmup", "1"]) == 1  # cpu-local: launched
+    assert len(launched) == 2
+
+
 def test_measure_checks_its_outputs_before_launching(mlp_plan, tmp_path, capsys):
     notjson = tmp_path / "calibration.json"
     notjson.write_text("[1, 2]")
