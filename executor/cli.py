@@ -300,9 +300,14 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         measured.setdefault("notes", []).append("--trace: the steps after warm-up ran under torch.profiler, which "
                                                 "adds time to each step")
     out = compare(plan, measured)
+    if args.output:  # the results first: a failure formatting the report (or drawing) must not lose the run
+        write_atomic(args.output, json.dumps(out, indent=1) + "\n")
+    data = write_calibration(args.calibrate, plan, out) if args.calibrate else None
     print(format_report(plan, measured))
     if args.trace:
         out["trace"] = write_traces(args, plan, predicted)
+        if args.output:  # again, with the trace block
+            write_atomic(args.output, json.dumps(out, indent=1) + "\n")
         print(f"wrote {', '.join(out['trace']['files'])} in {args.trace} (the measured steps ran under "
               "torch.profiler; open compare.json in https://ui.perfetto.dev)")
     if args.plot:
@@ -310,9 +315,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         measure_bars([out], args.plot)
         print(f"wrote {args.plot}")
     if args.output:
-        write_atomic(args.output, json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.output}")
-    if args.calibrate:
-        data = write_calibration(args.calibrate, plan, out)
+    if data is not None:
         print(f"calibration: {args.calibrate} step_time_scale = {data['step_time_scale']}")
     return 0

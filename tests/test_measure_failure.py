@@ -1,4 +1,6 @@
 """`plan measure` says why a launched job failed, in one line, even when a rank dies below Python."""
+import pytest
+
 from executor.cli import failure_reason
 
 TORCHRUN_SIGSEGV = """[W] some warning
@@ -97,6 +99,25 @@ def test_no_result_is_a_failure(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "launch", _fake_launch(write=False, rc=-11))
     assert cli.main([str(plan), gpt, "--steps", "2", "--warmup", "1"]) == 1
     assert "the job failed" in capsys.readouterr().err
+
+
+def test_the_results_are_written_before_the_report(tmp_path, monkeypatch, capsys):
+    # -o and --calibrate were written after the report was formatted: a failure there lost the run's results
+    import json
+
+    import executor.cli as cli
+    import executor.measure
+    gpt, plan = _a_plan(tmp_path)
+    monkeypatch.setattr(cli, "launch", _fake_launch(write=True, rc=0))
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError
+    monkeypatch.setattr(executor.measure, "format_report", broken)
+    out, cal = tmp_path / "measured.json", tmp_path / "calibration.json"
+    with pytest.raises(BrokenPipeError):
+        cli.main([str(plan), gpt, "--steps", "2", "--warmup", "1", "-o", str(out), "--calibrate", str(cal)])
+    assert json.loads(out.read_text())["measured"]["step_time_s"] == 0.01
+    assert len(json.loads(cal.read_text())["entries"]) == 1
 
 
 def test_a_timeout_stops_the_ranks_too(tmp_path, capsys):
