@@ -21,7 +21,7 @@ def _runner(loss_fn) -> Runner:
     from types import SimpleNamespace
     r = Runner.__new__(Runner)  # only the loss path: a tp plan's mesh, no model
     r.plan = SimpleNamespace(mesh=SimpleNamespace(tp=2))
-    r.gather_logits, r.vocab_parallel_loss, r.loss_fn, r.out_spec = False, False, loss_fn, None
+    r.gather_logits, r.vocab_parallel_loss, r.loss_fn, r.out_spec, r.notes = False, False, loss_fn, None, []
     return r
 
 
@@ -69,4 +69,5 @@ def test_loss_matches_a_single_device(mesh, loss_fn, target):
     grad = sharded.weight.grad.full_tensor() if isinstance(sharded.weight.grad, DTensor) else sharded.weight.grad
     assert torch.allclose(grad, plain.weight.grad, atol=1e-6)
     assert runner.gather_logits == (loss_fn is _needs_plain)
+    assert any("logits are gathered over tp" in n for n in runner.notes) == (loss_fn is _needs_plain)
     assert runner.vocab_parallel_loss == (loss_fn is _ce)
