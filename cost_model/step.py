@@ -244,9 +244,7 @@ class StepPredictor:
         gathers = [self._coll("all_gather", e * self.pbytes) for e in elems]
         # under pipelining no reduce-scatter runs inside a micro-batch's backward (deferred to the flush)
         reduces = [0.0] * n if self.deferred else [self._coll("reduce_scatter", e * self.gbytes) for e in elems]
-        # ZeRO-3 gathers a block again for its backward; the root stays whole from its forward to its backward
-        # (executor.parallel.apply_fsdp); under pipelining nothing is gathered in backward (see below)
-        again = [0.0 if self.deferred or not l.block else 1.0 for l in layers]
+        again = self.regathered(layers)
         if zero >= 1:  # FSDP2's copies (module docstring): copy-ins on the collectives' streams
             mem = self.cm.compute.memory_time
             copies = [fsdp_gather_copy_bytes(e, self.dp, self.pbytes) if e else (0.0, 0.0) for e in elems]
@@ -297,8 +295,8 @@ class StepPredictor:
         elif zero == 3 and self.deferred:
             # a stage's first backward of the step finds its parameters resharded by the forward before it and
             # gathers them; later backwards find them whole (or follow a forward that gathered): m + 1 sweeps a
-            # step (GPipe and 1F1B alike; counted on 2 CPU ranks, 15 all-gathers of 3 units at m = 4)
-            # (its copy-outs on the compute stream)
+            # step (GPipe and 1F1B alike; counted on 2 CPU ranks, 15 all-gathers of 3 units at m = 4), its
+            # copy-outs on the compute stream
             back = _prefetched(bwd_c[::-1], gathers[::-1], self.slow) - sum(bwd_c)
             ch.gather_once_s = sum(gathers) + sum(outs)
             ch.first_gather_s = (sum(gathers) if self.serial else back) + sum(outs)
@@ -400,19 +398,20 @@ class StepPredictor:
         return [l.param_elems if l.block else (sum(root.values()) if i == first else 0.0)
                 for i, l in enumerate(layers)]
 
+    def regathered(self, layers: list[LayerCost]) -> list[bool]:
+        """Whether ZeRO-3 gathers each layer's parameters again for its backward: a block's, outside pipelining;
+        the root stays whole from its forward to its backward (executor.parallel.apply_fsdp), and a pipeline
+        stage's parameters are gathered for backward once a step (`_chunk`)."""
+        return [l.block and not self.deferred for l in layers]
+
     def _units(self, ch: Chunk) -> list[tuple[int, float]]:
         """The chunk's gradient-reduction units as the executor wraps them: each block (its index in the chunk)
         and the root holding the other layers (index -1: reduced when the chunk's backward ends; a tied weight
         once), with their fp32 gradient bytes."""
-        out, root = [], {}
-        for i, l in enumerate(ch.layers):
-            if l.block:
-                out.append((i, l.param_elems * self.gbytes))
-            else:
-                root.update(l.params or {f"#{i}": l.param_elems})
-        if root:
-            out.append((-1, sum(root.values()) * self.gbytes))
-        return out
+        elems = self.unit_elems(ch.layers)
+        out = [(i, e * self.gbytes) for i, (l, e) in enumerate(zip(ch.layers, elems)) if l.block]
+        first = next((i for i, l in enumerate(ch.layers) if not l.block), None)
+        return out + ([(-1, elems[first] * self.gbytes)] if first is not None else [])
 
     @cached_property
     def deferred_units(self) -> list[list[list[tuple[int, float]]]]:
@@ -637,7 +636,7 @@ class StepPredictor:
         tp = sum(l.tp_fwd if fwd else l.tp_bwd + l.recompute_tp for l in ch.layers)
         zero = self.plan.zero_stage if self.dp > 1 else 0
         pbytes = [e * self.pbytes for e in self.unit_elems(ch.layers)]
-        again = [l.block and not self.deferred for l in ch.layers]  # gathered again for backward (`_chunk`)
+        again = self.regathered(ch.layers)
         gather = sum(self._coll("all_gather", b) for b, a in zip(pbytes, again) if fwd or a) if zero == 3 else 0.0
         reduce = sum(self._coll("reduce_scatter", b) for b in pbytes) if zero >= 2 and not fwd else 0.0
         d = e - s

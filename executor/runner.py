@@ -558,8 +558,7 @@ def _slice(x, start: int, n: int):
     if isinstance(x, dict):
         return {k: _slice(v, start, n) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        parts = [_slice(v, start, n) for v in x]
-        return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
+        return _like(x, [_slice(v, start, n) for v in x])
     return x
 
 
@@ -570,9 +569,13 @@ def _to(x, device):
     if isinstance(x, dict):
         return {k: _to(v, device) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        moved = [_to(v, device) for v in x]
-        return type(x)(*moved) if hasattr(x, "_fields") else type(x)(moved)
+        return _like(x, [_to(v, device) for v in x])
     return x
+
+
+def _like(x: list | tuple, parts: list) -> list | tuple:
+    """`parts` in a sequence of `x`'s type (a namedtuple takes them as positional arguments)."""
+    return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
 
 
 def _as_args(x) -> tuple:
