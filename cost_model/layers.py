@@ -32,9 +32,12 @@ Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the 
 per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
 none under FSDP2, which gathers parameters already in the compute dtype), and its weight gradient is cast back to
 fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 12 for every micro-batch after the
-first: read both, write the sum; none after the first under ZeRO-2/3, which reduce every micro-batch). Priced as
-memory-bound kernels on the compute stream, one per parameter tensor, each also one more dispatched op in forward
-and one more autograd node (ToCopyBackward) in backward, as an activation's cast is (`ComputeModel.op_parts`).
+first: read both, write the sum). Under FSDP2 / `replicate` the 16-bit parameter gets a 16-bit gradient (no cast);
+where micro-batches accumulate it unsharded (ZeRO-0/1, pipelining) FSDP2 converts the first to fp32
+(`to_accumulated_grad_if_needed`, 6 bytes) and adds each later one to that sum (read 4 + 2, write 4); ZeRO-2/3
+reduce every micro-batch and keep none. Priced as memory-bound kernels on the compute stream, one per parameter
+tensor, each also one more dispatched op in forward and one more autograd node (ToCopyBackward) in backward, as an
+activation's cast is (`ComputeModel.op_parts`).
 
 Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
 the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors);
@@ -406,14 +409,16 @@ class LayerCoster:
         plan = self.plan
         elems = sum(_local_params(op, pl, self.tp).values())
         m, mesh = plan.num_microbatches, plan.mesh
-        fsdp = mesh.dp > 1 and plan.zero_stage >= 1
-        cast = 0.0 if mixed_precision_parameters(plan) else 6.0 / (m if mesh.pp > 1 else 1)
-        per_mb_reduce = fsdp and plan.zero_stage >= 2 and mesh.pp == 1
-        accumulate = 0.0 if per_mb_reduce else 12.0 * (m - 1) / m
         compute = self.model.compute
-        # the 16-bit weight gradient is converted up to fp32 (widening), then accumulated
+        if mixed_precision_parameters(plan):
+            # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
+            if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):
+                return 0.0, 0.0
+            return 0.0, compute.cast_time(elems * 6.0, True) / m + compute.memory_time(elems * 10.0 * (m - 1) / m)
+        # autograd converts the 16-bit weight gradient up to fp32 (widening), then accumulates it
+        cast = 6.0 / (m if mesh.pp > 1 else 1)
         return compute.memory_time(elems * cast), \
-            compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * accumulate)
+            compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * 12.0 * (m - 1) / m)
 
     def _autocast_copy_dispatch(self, op, dtensor: bool = False) -> tuple[float, float]:
         """(forward, backward) host seconds of `_autocast_copies`' casts for one micro-batch: each parameter tensor's

@@ -24,8 +24,9 @@ is priced is what the executor does (executor.parallel, executor.runner; torch's
   distributed/fsdp/_fully_shard/_fsdp_collectives.py): before each all-gather, on its stream, the parameter shard
   is cast to the compute dtype and copied into the all-gather input (`all_gather_copy_in`); after it, on the compute
   stream, the gathered buffer is split into the unsharded parameters (`split_with_sizes_copy`: reads and writes the
-  unit's parameters); before each reduce-scatter, on its stream, the unsharded compute-dtype gradients are copied
-  into the fp32 reduce-scatter input (`chunk_cat`, which converts).
+  unit's parameters); before each reduce-scatter, on the compute stream (`foreach_reduce` copies in before
+  switching to the reduce-scatter stream), the unsharded gradients are copied into the fp32 reduce-scatter input
+  (`chunk_cat`, which converts the compute-dtype ones; an fp32 sum where micro-batches accumulated one).
 - A weight tied between the first and the last pipeline stage (embedding and LM head): its fp32 gradient copies
   are all-reduced between the two ranks after the dp reduction, before the optimizer (Megatron-LM's embedding
   all-reduce; executor.pipeline.sum_tied_grads).
@@ -157,10 +158,10 @@ def fsdp_gather_copy_bytes(elems: float, dp: int, pbytes: float) -> tuple[float,
     return shard * ((4.0 + pbytes if pbytes != 4.0 else 0.0) + 2 * pbytes), 2 * elems * pbytes
 
 
-def fsdp_reduce_copy_bytes(elems: float, pbytes: float) -> float:
-    """Bytes of FSDP2's copy of `elems` unsharded compute-dtype gradient elements into its fp32 reduce-scatter
-    input (`chunk_cat` reads them and writes fp32)."""
-    return elems * (pbytes + GRAD_REDUCE_BYTES)
+def fsdp_reduce_copy_bytes(elems: float, pbytes: float, accumulated: bool = False) -> float:
+    """Bytes of FSDP2's copy of `elems` unsharded gradient elements into its fp32 reduce-scatter input
+    (`chunk_cat` reads them, in the compute dtype or, `accumulated` over micro-batches, fp32, and writes fp32)."""
+    return elems * ((GRAD_REDUCE_BYTES if accumulated else pbytes) + GRAD_REDUCE_BYTES)
 
 
 class StepPredictor:
@@ -226,13 +227,17 @@ class StepPredictor:
     def _coll(self, name: str, nbytes: float) -> float:
         return self.cm.comm.time(name, nbytes, self.groups["dp"])
 
+    def _copy_in(self, nbytes: float) -> float:
+        """Seconds of FSDP2's copy-in before one reduction of `nbytes` fp32 bytes outside the passes (ZeRO >= 1;
+        0 otherwise): the gradients micro-batches accumulated in fp32, else the last one's in the compute dtype."""
+        if self.zero < 1 or nbytes <= 0:
+            return 0.0
+        held = self.deferred or self.m > 1
+        return self.cm.compute.memory_time(fsdp_reduce_copy_bytes(nbytes / self.gbytes, self.pbytes, held))
+
     def _reduce(self, coll: str, nbytes: float) -> float:
-        """One gradient reduction of `nbytes` fp32 bytes outside the passes: the collective, and under FSDP2
-        (ZeRO >= 1) its copy-in before it on the same stream."""
-        t = self._coll(coll, nbytes)
-        if self.zero >= 1 and nbytes > 0:
-            t += self.cm.compute.memory_time(fsdp_reduce_copy_bytes(nbytes / self.gbytes, self.pbytes))
-        return t
+        """One gradient reduction of `nbytes` fp32 bytes outside the passes: the collective and its copy-in."""
+        return self._coll(coll, nbytes) + self._copy_in(nbytes)
 
     def _chunk(self, layers: list[LayerCost]) -> Chunk:
         ch = Chunk(layers=layers)
@@ -249,7 +254,11 @@ class StepPredictor:
             mem = self.cm.compute.memory_time
             copies = [fsdp_gather_copy_bytes(e, self.dp, self.pbytes) if e else (0.0, 0.0) for e in elems]
             gathers = [g + mem(c_in) if c_in else g for g, (c_in, _) in zip(gathers, copies)]
-            reduces = [r + mem(fsdp_reduce_copy_bytes(e, self.pbytes)) if r else r for r, e in zip(reduces, elems)]
+            # the reduce-scatters' copy-ins (every micro-batch under ZeRO-2/3) run at the end of the unit's backward
+            ins = [mem(fsdp_reduce_copy_bytes(e, self.pbytes)) if r and zero >= 2 else 0.0
+                   for r, e in zip(reduces, elems)]
+            bwd_c = [c + i for c, i in zip(bwd_c, ins)]
+            ch.compute_s += sum(ins)
             outs = [mem(c_out) if c_out else 0.0 for _, c_out in copies]
             if zero == 3:  # the copy-out after each gather runs on the compute stream, in the pass that gathers
                 fwd_c = [c + o for c, o in zip(fwd_c, outs)]
@@ -420,13 +429,13 @@ class StepPredictor:
         coll = "all_reduce" if self.zero == 0 else "reduce_scatter"
         return [[[(i, self._reduce(coll, b)) for i, b in self._units(ch)] for ch in row] for row in self.chunks]
 
-    def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]], float]:
+    def dp_tail(self, r: int, times) -> tuple[float, list[tuple[float, float, str]], float, float]:
         """Rank r's data-parallel gradient reduction outside the passes (see the module docstring): returns the
-        dp stream's end, its spans (start, duration, name) and the seconds by which it slows the overlapped
-        backward."""
+        dp stream's end, its spans (start, duration, name), the seconds by which it slows the overlapped
+        backward, and the seconds FSDP2's copy-ins add to the compute stream (GPUs)."""
         zero = self.zero
         if self.dp <= 1 or (zero >= 2 and not self.deferred):
-            return 0.0, [], 0.0
+            return 0.0, [], 0.0, 0.0
         coll = "all_reduce" if zero == 0 else "reduce_scatter"
         label = coll.replace("_", "-")
         spans: list[tuple[float, float, str]] = []
@@ -441,7 +450,7 @@ class StepPredictor:
                 for i, d in self.deferred_units[r][c]:
                     spans.append((free, d, f"{label} grads c{c} " + (f"layer {i}" if i >= 0 else "root")))
                     free += d
-            return free, spans, 0.0
+            return free, spans, 0.0, 0.0
         ready: list[tuple[float, float]] = []  # (ready time, bytes)
         ddp = zero == 0 and self.tp == 1  # DDP's buckets; else FSDP2 units (fully_shard / replicate)
         windows = []
@@ -472,8 +481,12 @@ class StepPredictor:
         free = delay = met = 0.0
         last_end = max(b for _, b in windows)
         for k, (t, b) in enumerate(ready):
+            # on GPUs FSDP2's copy-in runs on the compute stream when the unit's backward ends: it delays the rest
+            # of the backward and the collective (on shared cores it joins the reduction's own time below)
+            copy = 0.0 if self.serial else self._copy_in(b)
+            delay += copy
             s = max(free, t + delay)
-            d = self._reduce(coll, b)
+            d = self._reduce(coll, b) - copy
             if self.serial and not ddp:  # FSDP2's reductions block: the ranks meet at each
                 d += self.cm.comm.sync_wait(self.groups["dp"], t - met)
                 met = t
@@ -488,9 +501,9 @@ class StepPredictor:
         # after they are back (waiting, copies out): it delays both the backward's end and the reduction's
         own = self.ddp_reducer(r) if ddp else 0.0
         if self.serial:
-            return free + own, spans, delay + own
+            return free + own, spans, delay + own, 0.0
         slowed = self.slow * sum(_overlap(spans, a, b) for a, b in windows)
-        return free + own, spans, slowed + own
+        return free + own, spans, slowed + own, delay
 
     def step_host(self) -> float:
         """Host seconds of the runner's own work per step before the first pass: with dp > 1 it takes the replica's
@@ -570,11 +583,11 @@ class StepPredictor:
         leads = [lead + host] * self.pp
         t_end, rows = [], []
         for r in range(self.pp):
-            dp_end, spans, slowed = self.dp_tail(r, times)
+            dp_end, spans, slowed, copies = self.dp_tail(r, times)
             spans = [(a + leads[r], d, n) for a, d, n in spans]
-            end = float(comp_end[r]) + leads[r] + slowed
+            end = float(comp_end[r]) + leads[r] + slowed + copies
             t_end.append(max(end, dp_end + leads[r] if spans else 0.0))
-            rows.append((spans, slowed))
+            rows.append((spans, slowed, copies))
         tied = self.tied_all_reduce()
         tied_at = max(t_end[0], t_end[-1])
         if tied:
@@ -584,8 +597,8 @@ class StepPredictor:
             psi = self.rank_params(r)
             opt = self.optimizer_time(r, psi / self.dp if self.zero >= 1 else psi)
             totals.append(t_end[r] + opt)
-            spans, slowed = rows[r]
-            extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], host=host, slowed=slowed,
+            spans, slowed, copies = rows[r]
+            extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], host=host, slowed=slowed, copies=copies,
                                gather_wait=gather_wait,
                                end=t_end[r], tied=tied if r in (0, self.pp - 1) else 0.0))
             if timeline:
@@ -659,9 +672,9 @@ class StepPredictor:
         # the interleaved schedule's mid-schedule reductions hold the compute stream between passes
         held = sum(d for a, d, _ in x["spans"] if a + d <= float(comp_end[crit]) + x["lead"] + 1e-12) \
             if self.deferred and self.v > 1 else 0.0
-        exposed = (busy - compute) + held + x["gather_wait"] + max(0.0, x["end"] - float(comp_end[crit]) - x["host"]) \
-            + x["loss_pp"] + x["loss_dp"]
-        compute += x["host"]  # the step's own host work before the first pass
+        exposed = (busy - compute) + held + x["gather_wait"] \
+            + max(0.0, x["end"] - float(comp_end[crit]) - x["host"] - x["copies"]) + x["loss_pp"] + x["loss_dp"]
+        compute += x["host"] + x["copies"]  # the step's own host work before the first pass; FSDP2's last copy-ins
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]
         breakdown = {

@@ -40,13 +40,14 @@ def gpt():
     return trace_model(load_model_file(os.path.join(ROOT, "examples", "gpt.py")), batch_size=1, progress=False)
 
 
-def _fsdp_copies(sp, units):
+def _fsdp_copies(sp, units, accumulated=False):
     """FSDP2's copies around one gather and one reduce-scatter of `units` (parameter elements each), by hand:
     (all-gather copy-in: the fp32 shard cast to bf16, 6 bytes, then copied, 4; copy-out: the gathered bf16 buffer
-    read and written, 4 bytes per element; reduce-scatter copy-in: bf16 gradients read, fp32 written, 6 bytes)."""
+    read and written, 4 bytes per element; reduce-scatter copy-in: bf16 gradients read, fp32 written, 6 bytes, or
+    8 from an fp32 sum that micro-batches `accumulated`)."""
     mem = sp.cm.compute.memory_time
     return (sum(mem(e / sp.dp * 10) for e in units if e), sum(mem(e * 4) for e in units if e),
-            sum(mem(e * 6) for e in units if e))
+            sum(mem(e * (8 if accumulated else 6)) for e in units if e))
 
 
 def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
@@ -68,23 +69,27 @@ def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
         loss = sp3._coll("all_reduce", 4.0)  # the step's loss, all-reduced over dp after the optimizer
         assert sp3.loss_all_reduces(0.0) == (0.0, pytest.approx(loss))
         # ZeRO-3: per micro-batch a gather before forward, one before backward (blocks only: the root stays
-        # gathered), a reduce-scatter after backward, each with FSDP2's copy-in on its stream; the copy-out after
-        # each gather runs on the compute stream
-        assert p3.breakdown["dp_comm_s"] == pytest.approx(
-            m * (gather + copy_in + gather_b + copy_in_b + rs + rs_copy) + loss)
+        # gathered), a reduce-scatter after backward; each gather's copy-in runs on its stream, the copy-out after
+        # it and each reduce-scatter's copy-in (FSDP2's foreach_reduce) on the compute stream
+        assert p3.breakdown["dp_comm_s"] == pytest.approx(m * (gather + copy_in + gather_b + copy_in_b + rs) + loss)
         plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in layers)
         assert sp3.chunks[0][0].compute_s - sum(sp3.fsdp_overhead(layers)) == \
-            pytest.approx(plain + copy_out + copy_out_b)
+            pytest.approx(plain + copy_out + copy_out_b + rs_copy)
         # ZeRO-1: parameters gathered once per step, gradients reduce-scattered once (fp32) per FSDP2 unit (each
         # block, and the root holding the embedding, final norm and head) in the last backward
         units = [b for _, b in sp1._units(sp1.chunks[0][0])]
         assert len(units) == 4 and sum(units) == pytest.approx(4 * sum(l.param_elems for l in sp1.chunks[0][0].layers))
         assert sp1.chunks[0][0].gather_once_s == pytest.approx(gather + copy_in + copy_out)
-        rs_units = sum(sp1._coll("reduce_scatter", b) + sp1.cm.compute.memory_time(b / 4 * 6) for b in units)
+        rs_units = sum(sp1._coll("reduce_scatter", b) for b in units)
         assert p1.breakdown["dp_comm_s"] == pytest.approx(gather + copy_in + copy_out + rs_units + loss)
-        l1 = sp1.chunks[0][0].layers  # no copy on ZeRO-1's compute stream
+        l1 = sp1.chunks[0][0].layers  # no copy on ZeRO-1's compute stream inside a micro-batch
         assert sp1.chunks[0][0].compute_s - sum(sp1.fsdp_overhead(l1)) == \
             pytest.approx(sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in l1))
+        # the last backward's copy-ins (of the fp32 sums when micro-batches accumulated) join the compute stream
+        ins = _fsdp_copies(sp1, [b / 4 for b in units], accumulated=m > 1)[2]
+        assert sp1.dp_tail(0, sp1.pass_times())[3] == pytest.approx(ins) and ins > 0
+        assert p1.breakdown["compute_s"] == pytest.approx(
+            m * sp1.chunks[0][0].compute_s + sp1.step_host() + ins)
 
 
 def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flush(gpt):
@@ -99,7 +104,7 @@ def test_pipelined_zero3_gathers_once_per_micro_batch_and_reduces_after_the_flus
         assert ch.gather_once_s == pytest.approx(gather + copy_in + copy_out) and ch.first_gather_s > 0
         plain = sum(l.fwd_compute + l.bwd_compute + l.recompute - l.recompute_tp for l in ch.layers)
         assert ch.compute_s - sum(sp.fsdp_overhead(ch.layers)) == pytest.approx(plain + copy_out)  # one gather
-    _, spans, _ = sp.dp_tail(0, sp_times(sp))
+    _, spans, _, _ = sp.dp_tail(0, sp_times(sp))
     assert spans and all(n.startswith("reduce-scatter") for _, _, n in spans)
 
 
@@ -130,7 +135,7 @@ def test_gradients_reduce_in_fp32_at_twice_the_bf16_bytes():
     g, cl = megatron_gpt(layers=2), _no_latency(cluster(per_node=2))
     cl = dataclasses.replace(cl, intra_node=dataclasses.replace(cl.intra_node, kind="shm"))  # no NCCL base latency
     sp = StepPredictor(CostModel(cl), g, _plan(g, cl, 2, dp=2, zero=0, precision="bf16"))
-    _, spans, _ = sp.dp_tail(0, sp_times(sp))
+    _, spans, _, _ = sp.dp_tail(0, sp_times(sp))
     elems = sum(l.param_elems for l in sp.chunks[0][0].layers)
     assert sum(d for _, d, _ in spans) == pytest.approx(2 * sp._coll("all_reduce", elems * 2))
 
@@ -144,7 +149,7 @@ def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(
     plan = _plan(gpt, cl, 8, dp=2, pp=2, zero=0)
     sp = StepPredictor(CostModel(cl), gpt, plan)
     times = sp_times(sp)
-    end, spans, slowed = sp.dp_tail(0, times)
+    end, spans, slowed, _ = sp.dp_tail(0, times)
     units = [b for ch in sp.chunks[0] for _, b in sp._units(ch)]
     assert slowed == 0 and spans[0][0] == pytest.approx(times.rank_end()[0])  # nothing overlaps the backward
     assert end - spans[0][0] == pytest.approx(sum(sp._coll("all_reduce", b) for b in units))
@@ -184,7 +189,7 @@ def test_interleaved_dp_reduction_runs_after_each_chunks_last_backward(gpt):
     plan = _plan(gpt, cl, 8, dp=2, pp=2, zero=1, schedule="interleaved", vp=2)
     sp = StepPredictor(CostModel(cl), gpt, plan)
     times = sp.pass_times()
-    end, spans, slowed = sp.dp_tail(0, times)
+    end, spans, slowed, _ = sp.dp_tail(0, times)
     first, last = (float(times.b_end[0, c].max()) for c in (1, 0))
     assert slowed == 0 and first < last == pytest.approx(float(times.rank_end()[0]))
     mid = [d for s, d, n in spans if " c1 " in n]
@@ -448,8 +453,13 @@ def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
     # micro-batches (6 bytes, plus 12 per later micro-batch)
     assert copies(1) == pytest.approx((mem(6 * elems), mem(6 * elems)))
     assert copies(4) == pytest.approx((mem(6 * elems), mem((6 + 12 * 3 / 4) * elems)))
-    # FSDP2 gathers bf16 parameters (no cast); ZeRO-3 reduces every micro-batch (no fp32 accumulation)
-    assert copies(8, dp=2, zero=3, mbs=1) == pytest.approx((0.0, mem(6 * elems)))
+    # FSDP2 gathers bf16 parameters (no cast) and autograd gives their bf16 gradients (no cast back); ZeRO-2/3
+    # reduce every micro-batch (nothing accumulated), as ZeRO-1 does its only one
+    assert copies(8, dp=2, zero=3, mbs=1) == (0.0, 0.0) and copies(8, dp=2, zero=2, mbs=1) == (0.0, 0.0)
+    assert copies(2, dp=2, zero=1, mbs=1) == (0.0, 0.0)
+    # ZeRO-1 over 4 micro-batches: FSDP2 converts the first gradient to fp32 once (6 bytes) and adds each later
+    # bf16 one to that sum (read 4 + 2, write 4), per micro-batch on average
+    assert copies(8, dp=2, zero=1, mbs=1) == pytest.approx((0.0, mem(6 * elems) / 4 + mem(10 * 3 / 4 * elems)))
     assert copies(4, precision="fp32") == (0.0, 0.0)
     assert copies(1, precision="bf16")[0] > 0 and LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1)) \
         ._autocast_copies(gpt.module_op("h.0.ln_1"), None) == (0.0, 0.0)
