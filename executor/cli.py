@@ -81,20 +81,23 @@ def check_inputs(plan_path: str, model_path: str, cluster_spec: str | None = Non
 
 def check_cpu_plan(plan, plan_path: str, cluster_spec: str | None = None) -> None:
     """On a machine without CUDA, refuse a plan made for a GPU cluster: its ranks would train on CPUs over gloo
-    (in the plan's precision) and measure nothing the plan predicted. The cluster is the preset the plan names,
-    else --cluster's profile; CPU profiles link their ranks over loopback (`plan profile` on CPUs, cpu-local). A
-    plan naming neither a preset nor --cluster (built in code, or from a profile file) is let through: nothing
-    says what it was made for."""
+    (in the plan's precision) and measure nothing the plan predicted. CPU profiles link their ranks over loopback
+    (`plan profile` on CPUs, cpu-local): the plan records its cluster's link kind and device (`cluster_record`);
+    a plan written before it did is checked against the preset it names, else --cluster's profile, and let
+    through when it names neither (built in code, or from a profile file): nothing says what it was made for."""
     from hardware_profiles.load import list_presets, load_cluster
-    name = plan.cluster.get("name")
-    spec = name if name in list_presets() else cluster_spec
-    if not spec:
-        return
-    cluster = load_cluster(spec)
-    if cluster.intra_node.kind != "loopback":
-        raise ExecutorError(f"{plan_path}: the plan was made for {cluster.device.name} GPUs ({cluster.name}), and "
-                            "this machine has no CUDA; re-plan with `--cluster cpu-local` or a profile from "
-                            "`plan profile`")
+    name, link = plan.cluster.get("name"), plan.cluster.get("link")
+    if link is not None:
+        device = plan.cluster.get("device", "its")
+    else:
+        spec = name if name in list_presets() else cluster_spec
+        if not spec:
+            return
+        cluster = load_cluster(spec)
+        link, device, name = cluster.intra_node.kind, cluster.device.name, cluster.name
+    if link != "loopback":
+        raise ExecutorError(f"{plan_path}: the plan was made for {device} GPUs ({name}), and this machine has no "
+                            "CUDA; re-plan with `--cluster cpu-local` or a profile from `plan profile`")
 
 
 def failure_reason(err: str, rc: int) -> str:

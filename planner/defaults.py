@@ -20,7 +20,7 @@ from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.layout import parameter_placements
-from planner.plan import Mesh, OpPlacement, Plan, StageSpec, model_fingerprint
+from planner.plan import Mesh, OpPlacement, Plan, StageSpec, cluster_record, model_fingerprint
 from planner.shard_flow import split_problems
 from planner.strategies import strategies_for
 
@@ -331,6 +331,6 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
         schedule=schedule, virtual_stages=vp, global_batch_size=batch_size, microbatch_size=mbs,
         num_microbatches=m, precision=precision, stages=stages,
         ops=ops, parameters=parameter_placements(graph, ops),
-        cluster={"name": cluster.name, "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node},
+        cluster=cluster_record(cluster),
         model={"path": model_path, "parameters": graph.num_parameters,
                "fingerprint": model_fingerprint((p.name, p.shape) for p in graph.parameters), "graph": graph.tracer})

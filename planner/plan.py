@@ -135,8 +135,11 @@ class Plan:
     (`S(dim)`); parameters not listed are replicated. The executor distributes parameters exactly so."""
     cluster: Mapping[str, Any] = field(default_factory=dict, metadata=_meta(properties={
         "name": {"type": "string"}, "nodes": {"type": "integer", "minimum": 1},
-        "devices_per_node": {"type": "integer", "minimum": 1}}))
-    """`name`, `nodes`, `devices_per_node` of the cluster the plan was made for."""
+        "devices_per_node": {"type": "integer", "minimum": 1}, "device": {"type": "string"},
+        "link": {"type": "string"}}))
+    """`name`, `nodes`, `devices_per_node` of the cluster the plan was made for, its `device` name and `link`, the
+    kind of its links inside a node (`loopback` for CPU ranks; `cluster_record`). Plans written before the last
+    two lack them."""
     model: Mapping[str, Any] = field(default_factory=dict, metadata=_meta(properties={
         "path": {"type": "string"}, "parameters": {"type": "integer", "minimum": 0},
         "fingerprint": {"type": "string"}, "graph": {"enum": ["export", "fx"]}}))
@@ -393,6 +396,12 @@ def _check_file_plan(plan: Plan, where: str) -> None:
     if not isinstance(per_device, (list, tuple)) or any(_bad_number(x) for x in per_device):
         raise PlanError(f"{where}: predicted.memory_per_device_bytes: expected a list of finite numbers >= 0, got "
                         f"{_show(per_device)}; drop `predicted` or re-plan with `plan ... -o`")
+
+
+def cluster_record(cluster) -> dict[str, Any]:
+    """`Plan.cluster` for a `hardware_profiles.schema.Cluster`: what `plan measure` checks the machine against."""
+    return {"name": cluster.name, "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node,
+            "device": cluster.device.name, "link": cluster.intra_node.kind}
 
 
 def recompute_counts(plan: Plan) -> str:

@@ -159,6 +159,14 @@ def test_measure_refuses_a_gpu_plan_without_cuda(mlp_plan, tmp_path, monkeypatch
         .save(mine)
     assert main(["measure", str(mine), MLP, "--cluster", "dgx-h100"]) == 2
     assert "made for NVIDIA H100" in _one_line(capsys)
+    # a plan records its cluster's device and link kind (plans made from a profile file included)
+    assert Plan.load(mlp_plan).cluster["link"] == "loopback"
+    lab = tmp_path / "lab.json"
+    Plan.from_dict(dict(Plan.load(gpu).to_dict(), cluster={"name": "my-lab", "nodes": 1, "devices_per_node": 8,
+                                                           "device": "NVIDIA H100 80GB HBM3", "link": "nvswitch"})) \
+        .save(lab)
+    assert main(["measure", str(lab), MLP]) == 2
+    assert "made for NVIDIA H100 80GB HBM3 GPUs (my-lab)" in _one_line(capsys)
     assert not launched
     assert main(["measure", str(mine), MLP, "--steps", "2", "--warmup", "1"]) == 1  # nothing says: launched
     assert main(["measure", str(mlp_plan), MLP, "--steps", "2", "--warmup", "1"]) == 1  # cpu-local: launched

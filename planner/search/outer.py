@@ -43,7 +43,8 @@ from planner.defaults import check_forced_recompute_blocks, forced_recompute_blo
 from planner.errors import PlanError
 from planner.graph import NO_REPEATED_BLOCKS, OpGraph
 from planner.layout import parameter_placements
-from planner.plan import RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, model_fingerprint, recompute_counts
+from planner.plan import (RECOMPUTE, Mesh, OpPlacement, Plan, StageSpec, cluster_record, model_fingerprint,
+                          recompute_counts)
 from planner.search.ilp import ILPError
 from planner.search.layer_costs import LayerArrays, LayerCosts
 from planner.search.placement import PlacementResult, PlacementSolver
@@ -466,7 +467,7 @@ class OuterSearch:
                     microbatch_size=g.mbs,
                     num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
                     ops=dict(placement.ops), parameters=self._parameters(placement),
-                    cluster={"name": c.name, "nodes": c.nodes, "devices_per_node": c.devices_per_node},
+                    cluster=cluster_record(c),
                     model={"path": self.model_path, "parameters": self._num_params,
                            "fingerprint": self._fingerprint, "graph": self.graph.tracer})
 
