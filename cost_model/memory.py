@@ -97,6 +97,9 @@ class DeviceWork:
     the activations."""
     largest_tensor: float = 0.0
     """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
+    units: tuple = ()
+    """Per chunk, the parameter elements of each layer's FSDP2 unit (`StepPredictor.unit_elems`: blocks sharing a
+    module are one unit, at the first); empty: each block its own."""
     fused: bool = True
     """Whether AdamW runs torch's fused kernel (the executor's default on GPUs, `executor.runner.default_optimizer`);
     CPU tensors take torch's single-tensor path."""
@@ -144,9 +147,11 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     resident = psi * FP32 / (n if fsdp else 1)
     opt = psi * ADAM_STATE_BYTES / (n if fsdp else 1)
     grads_step = psi * FP32 / (n if fsdp else 1)
-    blocks = [l for ch in w.layers for l in ch if l.block]
-    biggest_block = max((l.param_elems for l in blocks), default=0.0)
-    root = psi - sum(l.param_elems for l in blocks)  # outside the blocks; a tied weight once
+    # each block's unit (blocks sharing a module: one unit, its parameters once)
+    blocks = [u for c, ch in enumerate(w.layers) for i, l in enumerate(ch) if l.block
+              for u in [w.units[c][i] if w.units else l.param_elems]]
+    biggest_block = max(blocks, default=0.0)
+    root = psi - sum(blocks)  # outside the blocks; a tied weight once
     gathered = 0.0  # unsharded parameters held in forward and backward
     gather_buffer = 0.0  # ZeRO-3: the next block's all-gather output
     if z in (1, 2) or (z == 3 and w.pipelined):  # pipelined ZeRO-3 keeps them whole after the first backward
@@ -208,14 +213,18 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
         per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
         reduces = z >= 1 or (n > 1 and not w.ddp)
         done: set[str] = set()  # parameters whose gradient a later layer's backward already made
-        for l in reversed(layers):
+        for i in reversed(range(len(layers))):
+            l = layers[i]
             below -= l.act_bytes
-            own = l.param_elems * (FP32 if z == 0 else unsharded)
             # a weight tied to a later layer (GPT's embedding, read again by the LM head): its second gradient is
             # a dense tensor of its own until autograd adds it to the first
-            tied = sum(e for name, e in l.params.items() if name in done) * (FP32 if z == 0 else unsharded)
+            again = sum(e for name, e in l.params.items() if name in done)
+            tied = again * (FP32 if z == 0 else unsharded)
             done.update(l.params)
-            rs_input = l.param_elems * FP32 if reduces else 0.0
+            new = l.param_elems - again if l.block else l.param_elems  # a shared module's gradient is there already
+            own = new * (FP32 if z == 0 else unsharded)
+            # a block's FSDP2 unit is reduced at its first block (blocks sharing a module together)
+            rs_input = (w.units[c][i] if w.units and l.block else l.param_elems) * FP32 if reduces else 0.0
             if w.microbatches > 1:
                 during, after = accumulated, accumulated
             elif per_layer:
@@ -227,7 +236,7 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                               + cast_weights + recast, temporaries=gather_buffer + recv + tied))
             out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
                               temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
-            fresh = fresh + l.param_elems * FP32 / n if per_layer else min(fresh + own, accumulated)
+            fresh = fresh + new * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
 
 
@@ -250,6 +259,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
         grad_recv=tuple(grad_recv), largest_tensor=max(tensors, default=0.0),
+        units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
         # devices)

@@ -63,6 +63,7 @@ from cost_model.communication import Group, mesh_groups
 from cost_model.layers import TENSOR_KINDS, LayerCost, LayerCoster
 from cost_model.memory import DDP_BUCKET_BYTES, memory_per_rank
 from cost_model.prediction import Prediction, TraceEvent
+from cost_model.sharing import block_units, own_params, unit_counts, unit_heads
 from cost_model.assumptions import step_assumptions
 from cost_model.compute import peak_flops
 from cost_model.simulator import simulate
@@ -183,7 +184,7 @@ class StepPredictor:
         self.slow = cm.comm.overlap_slowdown(self.groups["dp"])
         self.serial = cm.comm.shares_compute(self.groups["dp"])
         coster = LayerCoster(cm, graph, plan, self.groups["tp"])
-        costs = [coster.cost(layer) for layer in self.layers]
+        costs = own_params(graph, plan, self.layers, [coster.cost(layer) for layer in self.layers])
         if self.pp > 1 and self.tp > 1:
             costs = self._whole_boundaries(costs)
         self.chunks = [[None] * self.v for _ in range(self.pp)]
@@ -364,7 +365,7 @@ class StepPredictor:
         for c, ch in enumerate(self.chunks[r]):
             for i, l in enumerate(ch.layers):
                 for name, e in l.partial_elems.items():
-                    partial[(c, i, name) if l.block else name] = e
+                    partial[(c, i, name) if l.block and not l.params else name] = e
         reduce = sum(self.cm.comm.time("all_reduce", e * self.gbytes, self.groups["tp"]) for e in partial.values())
         return t + n["plain"] * ov.optimizer + (n["dtensor"] + n["partial"]) * ov.dtensor_optimizer + reduce
 
@@ -382,7 +383,8 @@ class StepPredictor:
             (ov.fsdp_module, ov.fsdp_tensor)
         # a block's cost is shared by identical blocks (its names are the first one's): count blocks' tensors
         # per layer, the others by name (a tied weight once); the root's cost goes with its first layer
-        shares = [per_mod + len(l.tensors) * per_t if l.block else 0.0 for l in layers]
+        # blocks sharing a module are one unit, its tensors counted once (`unit_counts`)
+        shares = [m * per_mod + t * per_t if l.block else 0.0 for l, (m, t) in zip(layers, unit_counts(layers))]
         root = [i for i, l in enumerate(layers) if not l.block]
         root_t = len({k for l in layers if not l.block for k in l.tensors})
         if reshard and not self.deferred:  # the root is not resharded after forward (executor.parallel.apply_fsdp)
@@ -404,7 +406,8 @@ class StepPredictor:
             if not l.block:
                 root.update(l.params or {f"#{i}": l.param_elems})
         first = next((i for i, l in enumerate(layers) if not l.block), None)
-        return [l.param_elems if l.block else (sum(root.values()) if i == first else 0.0)
+        units = block_units(layers)  # blocks sharing a module: one unit, at the first
+        return [units[i] if l.block else (sum(root.values()) if i == first else 0.0)
                 for i, l in enumerate(layers)]
 
     def regathered(self, layers: list[LayerCost]) -> list[bool]:
@@ -417,8 +420,8 @@ class StepPredictor:
         """The chunk's gradient-reduction units as the executor wraps them: each block (its index in the chunk)
         and the root holding the other layers (index -1: reduced when the chunk's backward ends; a tied weight
         once), with their fp32 gradient bytes."""
-        elems = self.unit_elems(ch.layers)
-        out = [(i, e * self.gbytes) for i, (l, e) in enumerate(zip(ch.layers, elems)) if l.block]
+        elems, head = self.unit_elems(ch.layers), unit_heads(ch.layers)
+        out = [(i, e * self.gbytes) for i, (l, e) in enumerate(zip(ch.layers, elems)) if l.block and head[i] == i]
         first = next((i for i, l in enumerate(ch.layers) if not l.block), None)
         return out + ([(-1, elems[first] * self.gbytes)] if first is not None else [])
 
