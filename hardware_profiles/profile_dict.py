@@ -15,6 +15,8 @@ YAML layout::
       memory_efficiency: [[1.0e6, 0.3], [1.0e9, 0.9]]    # [bytes moved by one op, achieved fraction of peak]
       op_overhead: {forward: 4.0e-6, backward: 8.0e-6, optimizer: 6.0e-5}   # optional, measured; default 0
       kernel_costs: {gelu: [3.6e-9, 4.0e-9]}              # optional, measured: [forward, backward] s per element
+      by_precision: {bf16: {linear_efficiency: [[6.6e4, 0.01], [3.4e7, 0.4]], kernel_costs: {gelu: [2e-9, 3e-9]}}}
+                                                          # optional, measured on CPU ranks at a 16-bit precision
       sms: 108                                            # optional: GEMM tiles / attention blocks run in waves
       matmul: {tiles: [[256, 128], [128, 128]], best_efficiency: 0.869}   # optional: GEMM efficiency by shape
       attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128}   # optional: fused SDPA; or
@@ -43,7 +45,7 @@ from typing import Any, Mapping
 
 from hardware_profiles.schema import (COLLECTIVES, FLOP_DTYPES, GEMM_LAYOUTS, KERNELS, LEVELS, LINK_KINDS,
                                       NORM_FUNCTIONS, UNFUSED_ATTENTION, AttentionModel, Cluster, CollectiveCurve,
-                                      DeviceSpec, LinkSpec, MatmulModel, OpOverhead, ProfileError)
+                                      DeviceSpec, LinkSpec, MatmulModel, OpOverhead, PrecisionRates, ProfileError)
 
 
 
@@ -113,7 +115,8 @@ def _link(d: Any, where: str) -> LinkSpec:
 def _device(d: Any, where: str) -> DeviceSpec:
     d = _keys(d, where, ("name", "memory_bytes", "usable_memory_fraction", "peak_flops", "memory_bandwidth",
                          "matmul_efficiency", "memory_efficiency"),
-              ("op_overhead", "kernel_costs", "linear_efficiency", "linear_backward_efficiency") + _GPU_KEYS)
+              ("op_overhead", "kernel_costs", "linear_efficiency", "linear_backward_efficiency", "by_precision")
+              + _GPU_KEYS)
     mem = _pos(d["memory_bytes"], f"{where}.memory_bytes", integer=True, unit="bytes")
     if mem < 2**26:
         raise ProfileError(f"{where}.memory_bytes: {mem} is under 64 MiB; the unit is bytes (80 GB = 80e9 "
@@ -136,7 +139,27 @@ def _device(d: Any, where: str) -> DeviceSpec:
         kernel_costs=_kernels(d.get("kernel_costs"), f"{where}.kernel_costs"),
         **{k: _curve(d[k], f"{where}.{k}", y_fraction=True) for k in ("linear_efficiency",
                                                                      "linear_backward_efficiency") if k in d},
+        by_precision=_by_precision(d.get("by_precision"), f"{where}.by_precision"),
         **_gpu_fields(d, where))
+
+
+_RATE_CURVES = ("matmul_efficiency", "linear_efficiency", "linear_backward_efficiency", "attention_efficiency",
+                "attention_backward_efficiency")
+"""The curves a `by_precision` entry may carry (with its `kernel_costs`)."""
+
+
+def _by_precision(d: Any, where: str) -> dict[str, PrecisionRates]:
+    """`by_precision: {bf16: {linear_efficiency: [...], ..., kernel_costs: {...}}}` (optional)."""
+    if d is None:
+        return {}
+    d = _keys(d, where, (), ("bf16", "fp16"))
+    out = {}
+    for prec, v in d.items():
+        w = f"{where}.{prec}"
+        v = _keys(v, w, (), _RATE_CURVES + ("kernel_costs",))
+        out[prec] = PrecisionRates(kernel_costs=_kernels(v.get("kernel_costs"), f"{w}.kernel_costs"),
+                                   **{k: _curve(v[k], f"{w}.{k}", y_fraction=True) for k in _RATE_CURVES if k in v})
+    return out
 
 
 _GPU_KEYS = ("sms", "matmul", "attention", "kernel_floor", "async_host", "matmul_shapes", "attention_shapes",
@@ -483,8 +506,18 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
                       if dev.kernel_costs else {}),
                    **{k: [list(p) for p in getattr(dev, k)] for k in ("linear_efficiency",
                                                                      "linear_backward_efficiency") if getattr(dev, k)},
+                   **({"by_precision": {p: _rates_dict(r) for p, r in dev.by_precision.items()}}
+                      if dev.by_precision else {}),
                    **_gpu_dict(dev)},
         "links": {"intra_node": link(c.intra_node), "inter_node": link(c.inter_node)},
         "collectives": [{"collective": k.collective, "level": k.level, "group_size": k.group_size,
                          "points": [list(p) for p in k.points]} for k in c.collectives],
     }
+
+
+def _rates_dict(r: PrecisionRates) -> dict[str, Any]:
+    """One `by_precision` entry as plain data (its empty fields left out)."""
+    out: dict[str, Any] = {k: [list(p) for p in getattr(r, k)] for k in _RATE_CURVES if getattr(r, k)}
+    if r.kernel_costs:
+        out["kernel_costs"] = {k: list(v) for k, v in r.kernel_costs.items()}
+    return out

@@ -245,6 +245,29 @@ def interp_log(curve: Sequence[tuple[float, float]], x: float) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrecisionRates:
+    """A CPU rank's rates measured at a 16-bit precision (`plan profile` on CPU ranks: bf16), which the fp32 ones
+    do not predict: without AMX or AVX512-BF16, oneDNN emulates bf16 matmuls far below the fp32 rate, and
+    elementwise kernels convert each element. Curves are fractions of `peak_flops` at that precision."""
+
+    matmul_efficiency: tuple[tuple[float, float], ...] = ()
+    """[FLOPs of one square matmul, fraction of the precision's peak], as `DeviceSpec.matmul_efficiency`."""
+    linear_efficiency: tuple[tuple[float, float], ...] = ()
+    """[forward FLOPs of one nn.Linear call with 16-bit weights and input, fraction of the precision's peak in its
+    forward], as `DeviceSpec.linear_efficiency`."""
+    linear_backward_efficiency: tuple[tuple[float, float], ...] = ()
+    """The same linear's backward, as `DeviceSpec.linear_backward_efficiency`."""
+    attention_efficiency: tuple[tuple[float, float], ...] = ()
+    """[dense forward FLOPs 4 b s^2 d of one causal scaled_dot_product_attention call, those FLOPs over its forward
+    seconds, as a fraction of the precision's peak] (on CPUs the bf16 kernel's backward runs far below fp32's)."""
+    attention_backward_efficiency: tuple[tuple[float, float], ...] = ()
+    """The same call's backward (2.5x the dense forward FLOPs), as `attention_efficiency`."""
+    kernel_costs: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Kernel family -> (forward, backward) seconds per element on a tensor of this precision (`widen`: a
+    conversion of it to fp32), as `DeviceSpec.kernel_costs`."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
     """One accelerator (or one CPU rank)."""
 
@@ -320,6 +343,28 @@ class DeviceSpec:
     beyond its measured curve], increasing in compute: ranks that share a host's cores arrive apart after the same
     work (`hardware_profiles.measure_collectives.sync_wait_points`). Measured on CPU ranks; empty elsewhere (no
     wait priced)."""
+
+    by_precision: Mapping[str, PrecisionRates] = field(default_factory=dict)
+    """Precision ("bf16", "fp16") -> rates measured at it on CPU ranks (`PrecisionRates`); empty in profiles measured
+    before `plan profile` took them, and on GPUs (where `matmul_efficiency` is measured at bf16 already)."""
+
+    def rates(self, precision: str) -> PrecisionRates | None:
+        """The rates measured at a 16-bit `precision`, or None where the profile has none."""
+        return self.by_precision.get(precision)
+
+    def matmul_curve(self, precision: str) -> tuple[tuple[float, float], ...]:
+        """The matmul efficiency curve at `precision`: its own where measured (`by_precision`), else
+        `matmul_efficiency`."""
+        r = self.by_precision.get(precision)
+        return r.matmul_efficiency if r is not None and r.matmul_efficiency else self.matmul_efficiency
+
+    def kernel_cost(self, family: str, precision: str = "fp32") -> tuple[float, float] | None:
+        """(forward, backward) seconds per element of a kernel family on a tensor of `precision`: measured at it
+        (`by_precision`) where the profile has that, else `kernel_costs`; None where neither lists the family."""
+        r = self.by_precision.get(precision)
+        if r is not None and family in r.kernel_costs:
+            return r.kernel_costs[family]
+        return self.kernel_costs.get(family)
 
     @property
     def usable_memory_bytes(self) -> int:
