@@ -42,6 +42,11 @@ class MeasurePlan:
     collective_repeats: int = 0
     """Timed calls per collective and size (0: `repeats`). More on CPU ranks, where gloo's times are heavy-tailed and
     a mean needs more samples than a median."""
+    bf16_attention_lengths: tuple[int, ...] = ()
+    """CPU ranks: sequence lengths of the causal SDPA calls timed at bf16 (`attention_rates`; empty: none)."""
+    bf16_linear_sizes: tuple[int, ...] = ()
+    """CPU ranks: nn.Linear(n, n) sizes timed at bf16 (`linear_rates`), for `PrecisionRates` (empty: none). Up to 256
+    only: a bf16 linear of 2 x 256^3 FLOPs takes 33 ms at the ~1 GFLOP/s of a CPU without bf16 instructions."""
 
     def steps(self) -> list[str]:
         """Labels of the measurement steps, in order, for the progress bar."""
@@ -62,12 +67,14 @@ def plan_for(quick: bool, cuda: bool) -> MeasurePlan:
         return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256), "bf16": (16, 32)},
                            copy_bytes=(64 * KIB, 1 * MIB, 8 * MIB),
                            collective_bytes=(4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB),
-                           collectives=names, warmup=2, repeats=9, budget_s=0.5)
+                           collectives=names, warmup=2, repeats=9, budget_s=0.5, bf16_linear_sizes=(16, 32),
+                           bf16_attention_lengths=(16, 32))
     # bf16 matmul runs at ~1 GFLOP/s on a CPU without bf16 instructions (measured here), so only small sizes.
     return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256, 512, 1024), "bf16": (16, 32, 64, 128)},
                        copy_bytes=tuple(2 ** k for k in range(16, 29, 2)),         # 64 KiB .. 256 MiB
                        collective_bytes=tuple(2 ** k for k in range(12, 25, 2)),   # 4 KiB .. 16 MiB
-                       collectives=names, warmup=3, repeats=15, budget_s=1.0, collective_repeats=45)
+                       collectives=names, warmup=3, repeats=15, budget_s=1.0, collective_repeats=45,
+                       bf16_linear_sizes=(32, 64, 128, 256), bf16_attention_lengths=(32, 64, 128, 256))
 
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -216,27 +223,76 @@ def copy_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], No
     return out
 
 
+def _then(first: Callable[[], None], second: Callable[[], object]) -> Callable[[], None]:
+    """`first`, then `second`."""
+    def both() -> None:
+        first()
+        second()
+    return both
+
+
 def linear_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
-                 overhead: dict[str, float]) -> list[tuple[float, float, float]]:
+                 overhead: dict[str, float], dtype: str = "fp32") -> list[tuple[float, float, float]]:
     """[(forward FLOPs 2n^3, forward FLOP/s, backward FLOP/s)] of an nn.Linear(n, n) with bias on a (4, n/4, n)
     input, for each n: the module as models call it (addmm on a view, the backward's two matmuls on transposed
     operands, the bias gradient's sum), its weights out of cache and its input (and output gradient) in, as in a
     step (`cold_weights`). The per-op overheads the cost model charges a linear separately (one op
-    forward; its node and one per parameter backward) are taken out of the times."""
+    forward; its node and one per parameter backward) are taken out of the times. `dtype` "bf16": weights, input
+    and gradient in bf16, the kernels autocast runs (its casts are priced apart), each timed call after another
+    bf16 linear: with AMX the matrix unit slows down once idle for a few ms (measured here 2026-11-27, 256-wide
+    forward: 328 GFLOP/s back to back, 24.5 after the cache flush alone, 173 after the flush and another linear,
+    112 after a 3 ms busy wait), and in a step the op before a linear is rarely that long."""
     out = []
+    dt = DTYPES[dtype]
     for n in sizes:
-        lin = torch.nn.Linear(n, n, device=device)
-        x = torch.randn(4, max(n // 4, 1), n, device=device, requires_grad=True)
-        dy = torch.randn(4, max(n // 4, 1), n, device=device)
+        lin = torch.nn.Linear(n, n, device=device, dtype=dt)
+        x = torch.randn(4, max(n // 4, 1), n, device=device, dtype=dt, requires_grad=True)
+        dy = torch.randn(4, max(n // 4, 1), n, device=device, dtype=dt)
         flops = 2.0 * x.shape[0] * x.shape[1] * n * n
 
         def fb():
             lin(x).backward(dy)
             lin.weight.grad = lin.bias.grad = x.grad = None
-        f = expected(time_calls(lambda: lin(x), sync, plan.warmup, plan.repeats, plan.budget_s,
-                                before=cold_weights(device, x)))
-        t = expected(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s, before=cold_weights(device, x, dy)))
+        cold_f, cold_b = cold_weights(device, x), cold_weights(device, x, dy)
+        if dtype != "fp32":  # then one other linear of the same shape, as the op before it in a step runs one
+            other = torch.nn.Linear(n, n, device=device, dtype=dt)
+            xo = torch.randn_like(x, requires_grad=False)
+            cold_f, cold_b = _then(cold_f, lambda: other(xo)), _then(cold_b, lambda: other(xo))
+        f = expected(time_calls(lambda: lin(x), sync, plan.warmup, plan.repeats, plan.budget_s, before=cold_f))
+        t = expected(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s, before=cold_b))
         f_k = max(f - overhead.get("forward", 0.0), f * 0.05)
         b_k = max(t - f - 3 * overhead.get("backward", 0.0), (t - f) * 0.05, 1e-9)
         out.append((flops, flops / f_k, 2 * flops / b_k))
+    return out
+
+
+ATTENTION_HEADS, ATTENTION_HEAD_DIM = 8, 64
+"""Batch x heads and head dim of the SDPA calls `attention_rates` times (GPT-2's head dim)."""
+
+
+def attention_rates(lengths: Sequence[int], device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                    overhead: dict[str, float], dtype: str = "bf16") -> list[tuple[float, float, float]]:
+    """[(dense forward FLOPs 4 b s^2 d, forward FLOP/s, backward FLOP/s over 2.5x those FLOPs)] of a causal
+    scaled_dot_product_attention on (1, ATTENTION_HEADS, s, ATTENTION_HEAD_DIM) q, k, v for each length s, the
+    per-op overheads taken out (one op forward, one autograd node backward). On CPUs the bf16 kernel's backward
+    runs far below fp32's (measured here 2026-11-27, s = 64: 6.6 against 23.8 GFLOP/s), which GEMM rates do not
+    show."""
+    dt = DTYPES[dtype]
+    out = []
+    for s in lengths:
+        q, k, v = (torch.randn(1, ATTENTION_HEADS, s, ATTENTION_HEAD_DIM, device=device, dtype=dt,
+                               requires_grad=True) for _ in range(3))
+        dy = torch.randn(1, ATTENTION_HEADS, s, ATTENTION_HEAD_DIM, device=device, dtype=dt)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        flops = 4.0 * ATTENTION_HEADS * s * s * ATTENTION_HEAD_DIM
+
+        def fb():
+            sdpa(q, k, v, is_causal=True).backward(dy)
+            q.grad = k.grad = v.grad = None
+        f = expected(time_calls(lambda: sdpa(q, k, v, is_causal=True), sync, plan.warmup, plan.repeats,
+                                plan.budget_s))
+        t = expected(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s))
+        f_k = max(f - overhead.get("forward", 0.0), f * 0.05)
+        b_k = max(t - f - overhead.get("backward", 0.0), (t - f) * 0.05, 1e-9)
+        out.append((flops, flops / f_k, 2.5 * flops / b_k))
     return out

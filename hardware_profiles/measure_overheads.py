@@ -396,6 +396,37 @@ def partial_grad_adam(device: torch.device, sync: Callable[[], None], plan: Meas
     return _fixed_times(opt.step, sync, plan) / tensors
 
 
+BF16_KERNELS = ("add", "gelu", "tanh")
+"""Kernel families timed at bf16 on CPU ranks (`bf16_kernel_costs`): those autocast runs in bf16 on a linear's bf16
+output. Norms, softmax and losses run in fp32 under autocast, and AdamW on the fp32 master weights."""
+
+
+def bf16_kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                      elems: int = KERNEL_ELEMS) -> dict[str, tuple[float, float]]:
+    """CPU ranks: (forward, backward) seconds per element of the BF16_KERNELS on a bf16 tensor of `elems` elements,
+    as `kernel_costs` times them in fp32, and `widen`, one bf16 -> fp32 conversion (`Tensor.float()`, autocast's
+    cast up; the same both ways)."""
+    x = torch.randn(elems // 512, 512, device=device, dtype=torch.bfloat16)
+    fns = {"add": lambda t: t + t, "gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+           "tanh": torch.tanh}
+    out = {}
+    for name in BF16_KERNELS:
+        out[name] = _per_element(fns[name], x, sync, plan, elems)
+    widen = expected(time_calls(x.float, sync, plan.warmup, plan.repeats, plan.budget_s)) / elems
+    out["widen"] = (widen, widen)
+    return out
+
+
+def _per_element(fn: Callable[[torch.Tensor], torch.Tensor], t0: torch.Tensor, sync: Callable[[], None],
+                 plan: MeasurePlan, elems: int) -> tuple[float, float]:
+    """(forward, backward) seconds per element of `fn` on `t0`: backward is (forward + backward) - forward."""
+    t = t0.clone().requires_grad_()
+    g = torch.ones_like(t0)
+    f = expected(time_calls(lambda: fn(t), sync, plan.warmup, plan.repeats, plan.budget_s))
+    fb = expected(time_calls(lambda: fn(t).backward(g), sync, plan.warmup, plan.repeats, plan.budget_s))
+    return f / elems, max(fb - f, 0.0) / elems
+
+
 def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
                  elems: int = KERNEL_ELEMS) -> dict[str, tuple[float, float]]:
     """Kernel family -> (forward, backward) seconds per element on an fp32 tensor of `elems` elements: add, gelu
@@ -430,10 +461,5 @@ def kernel_costs(device: torch.device, sync: Callable[[], None], plan: MeasurePl
            "layer_norm": (xn, lambda t: torch.nn.functional.layer_norm(t, (128,), w, b))}
     out = {"adamw": (_adam_time([torch.nn.Parameter(x.clone())], sync, plan) / x.numel(), 0.0)}
     for name, (t0, fn) in fns.items():
-        t = t0.clone().requires_grad_()
-        g = torch.ones_like(t0)
-        f = expected(time_calls(lambda: fn(t), sync, plan.warmup, plan.repeats, plan.budget_s))
-        fb = expected(time_calls(lambda: fn(t).backward(g), sync, plan.warmup, plan.repeats,
-                                          plan.budget_s))
-        out[name] = (f / elems, max(fb - f, 0.0) / elems)
+        out[name] = _per_element(fn, t0, sync, plan, elems)
     return out

@@ -25,7 +25,8 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from hardware_profiles import host
 from hardware_profiles.files import unwritable_output
-from hardware_profiles.schema import Cluster, CollectiveCurve, DeviceSpec, LinkSpec, OpOverhead, ProfileError
+from hardware_profiles.schema import (Cluster, CollectiveCurve, DeviceSpec, LinkSpec, OpOverhead, PrecisionRates,
+                                      ProfileError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -176,6 +177,8 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         dist.all_gather_object(everyone, local)
         raw["linear"] = [(f, statistics.median(r[i][1] for r in everyone),
                           statistics.median(r[i][2] for r in everyone)) for i, (f, _, _) in enumerate(local)]
+        if plan.bf16_linear_sizes:  # bf16 is not fp32 at another peak on CPUs: its own linears and kernels
+            raw["bf16"] = _bf16_rates(device, sync, plan, raw["overhead"], world)
     step("op overheads")
     if cfg.get("shapes"):
         raw.update(_model_shapes(cfg["shapes"], device, sync, plan, raw["overhead"], cuda, world))
@@ -197,6 +200,27 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         raw["sync_wait"] = C.sync_wait_points(device, plan, intra)
         step("sync wait")
     return raw if rank == 0 else None
+
+
+def _bf16_rates(device: Any, sync: Callable[[], None], plan: Any, overhead: dict[str, float],
+                world: int) -> dict[str, Any]:
+    """CPU ranks: nn.Linear rates and elementwise kernel costs at bf16 (median over ranks), for the profile's
+    `by_precision.bf16`."""
+    import torch.distributed as dist
+    from hardware_profiles import measure as M
+    from hardware_profiles.measure_overheads import bf16_kernel_costs
+    local = (M.linear_rates(plan.bf16_linear_sizes, device, sync, plan, overhead, dtype="bf16"),
+             bf16_kernel_costs(device, sync, plan),
+             M.attention_rates(plan.bf16_attention_lengths, device, sync, plan, overhead, dtype="bf16"))
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, local)
+    med = statistics.median
+
+    def rates(j: int) -> list[tuple[float, float, float]]:
+        return [(f, med(r[j][i][1] for r in everyone), med(r[j][i][2] for r in everyone))
+                for i, (f, _, _) in enumerate(local[j])]
+    return {"linear": rates(0), "attention": rates(2),
+            "kernels": {k: tuple(med(r[1][k][j] for r in everyone) for j in range(2)) for k in local[1]}}
 
 
 def _model_shapes(shapes: dict[str, list], device: Any, sync: Callable[[], None], plan: Any,
@@ -387,6 +411,10 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
     cuda = raw["backend"] == "nccl"
     main_dtype = "bf16" if cuda else "fp32"  # the dtype training runs in on this hardware
     peaks = {dt: max(r for _, r in rates) for dt, rates in raw["matmul"].items()}
+    low = raw.get("bf16")
+    if low and low["linear"]:  # a bf16 linear forward (AMX) may beat the small square matmuls timed at bf16; not
+        # its backward, a difference of two noisy times (under load it once came out at 3e16 FLOP/s)
+        peaks["bf16"] = max(peaks["bf16"], *(f for _, f, _ in low["linear"]))
     bw_peak = max(r for _, r in raw["copy"])
     device = DeviceSpec(name=dev["name"], memory_bytes=int(dev["memory_bytes"]),
                         usable_memory_fraction=round(min(1.0, dev["usable_fraction"]), 4),
@@ -406,7 +434,8 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
                         matmul_shapes=tuple(tuple(r) for r in raw.get("matmul_shapes", ())),
                         attention_shapes=tuple(tuple(r) for r in raw.get("attention_shapes", ())),
                         norm_shapes=tuple(tuple(r) for r in raw.get("norm_shapes", ())),
-                        reduce_shapes=tuple(tuple(r) for r in raw.get("reduce_shapes", ())))
+                        reduce_shapes=tuple(tuple(r) for r in raw.get("reduce_shapes", ())),
+                        by_precision=_by_precision(raw, peaks))
     links, curves = {}, []
     for level, by_name in raw["curves"].items():
         n = local_world if level == "intra_node" else world // local_world
@@ -427,6 +456,22 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
     return Cluster(name=name or ("cpu-local" if not cuda else _slug(dev["name"])), nodes=world // local_world,
                    devices_per_node=local_world, device=device, intra_node=links["intra_node"],
                    inter_node=links["inter_node"], collectives=tuple(curves))
+
+
+def _by_precision(raw: dict[str, Any], peaks: dict[str, float]) -> dict[str, PrecisionRates]:
+    """CPU ranks' bf16 measurements as `DeviceSpec.by_precision` (fractions of the bf16 peak); {} without them."""
+    low = raw.get("bf16")
+    if not low:
+        return {}
+    pk = peaks["bf16"]
+    return {"bf16": PrecisionRates(matmul_efficiency=_efficiency(raw["matmul"]["bf16"], pk),
+                                   linear_efficiency=_efficiency([(f, r) for f, r, _ in low["linear"]], pk),
+                                   linear_backward_efficiency=_efficiency([(f, r) for f, _, r in low["linear"]], pk),
+                                   attention_efficiency=_efficiency([(f, r) for f, r, _ in low.get("attention", [])],
+                                                                    pk),
+                                   attention_backward_efficiency=_efficiency(
+                                       [(f, r) for f, _, r in low.get("attention", [])], pk),
+                                   kernel_costs={k: (float(f), float(b)) for k, (f, b) in low["kernels"].items()})}
 
 
 def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = None) -> str:
@@ -465,7 +510,12 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "model's (batch, sequence, features): F.linear flattens and restores the leading dims).",
              "linear_efficiency / linear_backward_efficiency: nn.Linear(n, n) on n tokens, forward and backward "
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs, timed with the weights out of "
-             "cache and the input in, as a step finds them.",
+             "cache and the input in, as a step finds them. by_precision.bf16 (CPU ranks): the same linears with bf16 "
+             "weights and input, and the square bf16 matmuls, over the bf16 peak (the best of their forward rates); "
+             "attention_efficiency / attention_backward_efficiency: causal SDPA on (1, 8, s, 64) bf16 q, k, v, by "
+             "dense forward FLOPs 4 b s^2 d, rates over those FLOPs (backward: 2.5x them); "
+             "kernel_costs of add, gelu, tanh on a bf16 tensor (autocast runs norms, softmax and losses in fp32) and "
+             "widen, a bf16 -> fp32 conversion per element.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s, layout] "
              "(layout: nn, nt = second operand read transposed as F.linear reads its weight, tn = first) and "
              "SDPA calls [b*h, s_q, s_k, d, causal, precision, fwd s, bwd s]; norm_shapes: its layer/RMS norms "
