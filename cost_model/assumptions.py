@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cost_model.compute import ComputeModel
 from cost_model.memory import DDP_BUCKET_BYTES
 from hardware_profiles.schema import UNFUSED_ATTENTION
 from planner.plan import recompute_counts
@@ -113,8 +114,10 @@ def _compute_assumption(dev, precision: str, peak: float) -> str:
         parts.append("GEMMs by the profile's efficiency curves by size")
     if dev.matmul_shapes or dev.attention_shapes or dev.norm_shapes or dev.reduce_shapes:
         parts.append("the model's own measured GEMM/attention/norm/bias-gradient shapes first")
-    if precision != "fp32" or not dev.linear_backward_efficiency or dev.matmul_shapes:  # else nn.Linear's rates
+    if not ComputeModel(dev).linear_curves(precision):  # else nn.Linear's measured rates
         parts.append("a linear's bias gradient as one reduction over its output gradient")
+    if dev.rates(precision) is not None:
+        parts.append(f"linears, matmuls and elementwise kernels at the rates measured at {precision}")
     if dev.attention is not None and dev.attention.kernel == UNFUSED_ATTENTION:
         parts.append("SDPA unfused: batched GEMMs over the dense scores plus softmax (and dropout) passes")
     elif dev.attention is not None:

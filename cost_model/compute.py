@@ -26,7 +26,10 @@ the kernels, so a sequence of ops costs max(sum of kernels, sum of host) (`combi
 
 Two measured CPU terms refine this where the profile has them (written by `plan profile` on CPU ranks):
 `kernel_costs` (elementwise kernels that are compute-bound on CPUs: max(bytes term, elements x seconds per
-element)) and `linear_efficiency` / `linear_backward_efficiency` (nn.Linear's own fp32 rates).
+element)) and `linear_efficiency` / `linear_backward_efficiency` (nn.Linear's own fp32 rates); at bf16 the same
+measured at bf16 (`DeviceSpec.by_precision`: linears, square matmuls, causal SDPA, bf16 elementwise kernels and
+the widening cast), which on CPUs run far from the fp32 rates (without bf16 instructions all of them; with AMX the
+SDPA backward, 3-8x slower than fp32's).
 
 What each op does on the device (FLOPs, bytes, GEMM shapes, casts) comes from `cost_model.work.op_work`.
 """
@@ -51,10 +54,10 @@ class ComputeModel:
         self.device = device
 
     def matmul_time(self, flops: float, precision: str) -> float:
-        """Seconds for one matmul-like kernel of `flops` FLOPs on the `matmul_efficiency` curve (no shape)."""
+        """Seconds for one matmul-like kernel of `flops` FLOPs on the matmul efficiency curve (no shape)."""
         if flops <= 0:
             return 0.0
-        eff = interp_log(self.device.matmul_efficiency, flops)
+        eff = interp_log(self.device.matmul_curve(precision), flops)
         return flops / (peak_flops(self.device, precision) * eff)
 
     def memory_time(self, nbytes: float) -> float:
@@ -136,9 +139,9 @@ class ComputeModel:
         return frac * gemms * flops / (4.0 * bh * s_q * s_k * d)
 
     def kernel_time(self, work: OpWork, backward: bool) -> float:
-        """Seconds of the op's elementwise kernel from the profile's measured per-element cost (0 when the profile
-        has none for its family)."""
-        cost = self.device.kernel_costs.get(work.kernel) if work.kernel else None
+        """Seconds of the op's elementwise kernel from the profile's measured per-element cost at the dtype it runs
+        in (`DeviceSpec.kernel_cost`; 0 when the profile has none for its family)."""
+        cost = self.device.kernel_cost(work.kernel, work.kernel_precision) if work.kernel else None
         return work.elems * cost[1 if backward else 0] if cost else 0.0
 
     def overhead(self, kind: str, work: OpWork) -> tuple[float, float]:
@@ -177,19 +180,20 @@ class ComputeModel:
         casts before it, each a memory-bound kernel both ways)."""
         f, b = self._kernel_times(kind, work, precision)
         of, ob = self.overhead(kind, work)
-        cf = sum(self._floor(self.cast_time(c, w)) for c, w in zip(work.cast_bytes, work.cast_widens))
-        cb = sum(self._floor(self.cast_time(c, not w)) for c, w in zip(work.cast_bytes, work.cast_widens))
+        cf = sum(self._floor(self.cast_time(c, w, precision)) for c, w in zip(work.cast_bytes, work.cast_widens))
+        cb = sum(self._floor(self.cast_time(c, not w, precision)) for c, w in zip(work.cast_bytes, work.cast_widens))
         if work.cast_bytes:  # a cast is one more op in forward and one more autograd node in backward
             ov = self.device.op_overhead
             of, ob = of + len(work.cast_bytes) * ov.forward, ob + len(work.cast_bytes) * ov.backward
         return f + cf, b + cb, of, ob
 
-    def cast_time(self, nbytes: float, widening: bool) -> float:
+    def cast_time(self, nbytes: float, widening: bool, precision: str = "fp32") -> float:
         """Seconds of one 16-bit <-> fp32 conversion moving `nbytes` (6 per element): the bytes term, and for a
         widening one (16-bit to fp32) at least the profile's measured `widen` seconds per element (torch's CUDA
-        copy vectorizes only fp32 -> bf16 / fp16; the widening copy runs its unrolled generic kernel)."""
+        copy vectorizes only fp32 -> bf16 / fp16; the widening copy runs its unrolled generic kernel). `precision`:
+        the 16-bit side, whose measured `widen` (CPU ranks: `by_precision`) is taken first."""
         t = self.memory_time(nbytes)
-        cost = self.device.kernel_costs.get("widen") if widening else None
+        cost = self.device.kernel_cost("widen", precision) if widening else None
         return max(t, nbytes / 6.0 * cost[0]) if cost else t
 
     def op_times(self, kind: str, work: OpWork, precision: str) -> tuple[float, float]:
@@ -233,14 +237,16 @@ class ComputeModel:
         if kind == "attention" and work.attn is not None and self.unfused_attention:
             return (self.unfused_attention_time(work.attn, precision, False, work.dropout),
                     self.unfused_attention_time(work.attn, precision, True, work.dropout))
+        measured = self.measured_attention(work, precision) if kind == "attention" else None
+        if measured is not None:
+            return max(measured[0], fwd_mem), max(measured[1], bwd_mem)
         if kind == "attention" and work.attn is not None and \
                 (self.device.attention is not None or self.device.attention_shapes):
             return (self.attention_time(work.attn, work.fwd_flops, precision, False),
                     self.attention_time(work.attn, work.bwd_flops, precision, True))
-        if kind == "linear" and precision == "fp32" and self.device.linear_backward_efficiency \
-                and not self.device.matmul_shapes:
-            # measured in fp32 (`plan profile` on CPU ranks); other precisions use the GEMM model
-            return self._linear_times(work, precision, fwd_mem, bwd_mem)
+        curves = self.linear_curves(precision) if kind == "linear" else None
+        if curves:  # measured nn.Linear rates at this precision (`plan profile` on CPU ranks); else the GEMM model
+            return self._linear_times(work, precision, fwd_mem, bwd_mem, *curves)
         if work.gemms:
             return self._gemm_times(work, precision)
         if kind == "norm" and work.norm is not None and self.device.norm_shapes:
@@ -288,13 +294,43 @@ class ComputeModel:
         ratio = work.bwd_flops / work.fwd_flops if work.fwd_flops > 0 else 0.0
         return fwd + frac * self.kernel_time(work, False), ratio * fwd + frac * self.kernel_time(work, True)
 
-    def _linear_times(self, work: OpWork, precision: str, fwd_mem: float, bwd_mem: float) -> tuple[float, float]:
+    def measured_attention(self, work: OpWork, precision: str) -> tuple[float, float] | None:
+        """(forward, backward) seconds of an SDPA call from the causal SDPA rates measured at `precision` by dense
+        forward FLOPs (`PrecisionRates.attention_efficiency`; a call without a causal mask does 1 / the causal
+        fraction of that work); None where the profile has none, a fused-attention model, or the model's own
+        calls timed at this precision (`attention_shapes`)."""
+        dev, a = self.device, work.attn
+        r = dev.rates(precision)
+        if a is None or r is None or not r.attention_backward_efficiency or dev.attention is not None or \
+                any(row[5] == precision for row in dev.attention_shapes) or work.fwd_flops <= 0:
+            return None
+        pk = peak_flops(dev, precision)
+        more = 1.0 if a[4] else 1.0 / self._causal_fraction(a[1], a[2])
+        fwd = work.fwd_flops / (pk * interp_log(r.attention_efficiency, work.fwd_flops))
+        bwd = work.bwd_flops / (pk * interp_log(r.attention_backward_efficiency, work.fwd_flops))
+        return fwd * more, bwd * more
+
+    def linear_curves(self, precision: str) -> tuple[tuple, tuple] | None:
+        """The (forward, backward) nn.Linear efficiency curves measured at `precision` (fp32: the top-level ones;
+        bf16 / fp16: `by_precision`'s), or None where the profile has none or times the model's own GEMMs at it
+        (`matmul_shapes`)."""
+        dev = self.device
+        if precision == "fp32":
+            ok = dev.linear_backward_efficiency and not dev.matmul_shapes
+            return (dev.linear_efficiency, dev.linear_backward_efficiency) if ok else None
+        r = dev.rates(precision)
+        if r is None or not r.linear_backward_efficiency or any(row[4] == precision for row in dev.matmul_shapes):
+            return None
+        return r.linear_efficiency, r.linear_backward_efficiency
+
+    def _linear_times(self, work: OpWork, precision: str, fwd_mem: float, bwd_mem: float,
+                      fwd_curve: tuple, bwd_curve: tuple) -> tuple[float, float]:
         """(forward, backward) kernel seconds of an nn.Linear from the profile's measured nn.Linear rates by
-        forward FLOPs (the module's own matmul layouts, transposes and bias gradient)."""
+        forward FLOPs (the module's own matmul layouts, transposes and bias gradient) at `precision`."""
         pk = peak_flops(self.device, precision)
         f = work.fwd_flops
         if f <= 0:
             return fwd_mem, bwd_mem
-        fwd = f / (pk * interp_log(self.device.linear_efficiency, f))
-        bwd = work.bwd_flops / (pk * interp_log(self.device.linear_backward_efficiency, f))
+        fwd = f / (pk * interp_log(fwd_curve, f))
+        bwd = work.bwd_flops / (pk * interp_log(bwd_curve, f))
         return max(fwd, fwd_mem), max(bwd, bwd_mem)

@@ -21,7 +21,7 @@ before the output is written; the s (up to SPLIT_K_MAX, each slice at least SPLI
 time is taken.
 A GEMM with a dimension that is not a multiple of 16 bytes runs at the profile's measured `unaligned_efficiency`
 instead, where it has one. Profiles without a `matmul` block price a GEMM by its FLOPs on the `matmul_efficiency`
-curve (CPU ranks).
+curve (CPU ranks; at bf16 the curve measured at bf16 where the profile has one, `DeviceSpec.matmul_curve`).
 
 Fused attention (FlashAttention-2/3, cuDNN): FLOPs as FlopCounterMode counts them (dense: 4*b*h*s_q*s_k*d forward,
 2.5x that backward, the count of Dao 2023, "FlashAttention-2", Sec. 4.1), times the fraction of score blocks a
@@ -127,7 +127,7 @@ def gemm_plan(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> tuple[flo
     peak = peak_flops(device, precision)
     mm = device.matmul
     if mm is None:
-        e = interp_log(device.matmul_efficiency, flops)
+        e = interp_log(device.matmul_curve(precision), flops)
         return flops / (peak * e), 1, e
     base = mm.unaligned_efficiency if mm.unaligned_efficiency is not None and not aligned(g, precision) \
         else mm.best_efficiency

@@ -79,6 +79,9 @@ class OpWork:
     attention, the score matrix batch x heads x s_q x s_k)."""
     kernel: str | None = None
     """Kernel family priced by the profile's `kernel_costs` (see `kernel_family`), or None."""
+    kernel_precision: str = "fp32"
+    """The precision the op's kernel runs in (its output's under autocast: fp32 for norms, softmax, losses and ops
+    with an fp32 input), which picks the measured `kernel_costs` (`DeviceSpec.kernel_cost`)."""
     params: int = 0
     """Parameter tensors the op reads (each adds a gradient-accumulation node in backward)."""
     dtensor: bool = False
@@ -365,7 +368,8 @@ def op_work(op: OpNode, placement, tp: int, scale: float, precision: str, dtenso
     gemms = op_gemms(op, acts, par, p_pl, tp, scale, div)
     return OpWork(fwd_flops=op.fwd_flops * scale / div, bwd_flops=op.bwd_flops * scale / div,
                   fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes,
-                  elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), params=len(op.params),
+                  elems=kernel_elems(op, acts, scale, elem_div), kernel=kernel_family(op), kernel_precision=out_prec,
+                  params=len(op.params),
                   dtensor=dtensor, nd_input=nd_input, gemms=gemms,
                   gemm_layout=gemm_layout(op), norm=norm_call(op, acts, scale, elem_div),
                   attn=_attn_shape(op, acts, scale, div), copy=copy, dropout=attention_dropout(op),

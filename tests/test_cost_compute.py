@@ -647,3 +647,73 @@ def test_shallow_gemms_pay_their_tiles_pipeline_fill():
     best = h100.matmul.best_efficiency
     assert kernels.gemm_efficiency(plain, one_wave, "bf16") == pytest.approx(best)
     assert kernels.gemm_efficiency(h100, one_wave, "bf16") == pytest.approx(best * 1024 / (1024 + 192))
+
+
+# ---- rates measured at bf16 on CPU ranks (by_precision) -----------------------------------------------------------
+
+CPU = load_cluster("cpu-local").device
+
+
+def _with_bf16(dev, **rates):
+    """`dev` with a by_precision.bf16 entry of the given PrecisionRates fields."""
+    from hardware_profiles.schema import PrecisionRates
+    return dataclasses.replace(dev, by_precision={"bf16": PrecisionRates(**rates)})
+
+
+def test_a_bf16_linear_on_a_cpu_profile_is_priced_by_its_bf16_curves():
+    """Before by_precision, a bf16 linear on cpu-local ran on the fp32-measured matmul curve at the bf16 peak; with
+    bf16 linear curves it takes them (fp32 keeps its own curves)."""
+    f = 2.0 * 256 * 128 * 512
+    work = OpWork(fwd_flops=f, bwd_flops=2 * f, fwd_bytes=0, bwd_bytes=0, gemms=((1, 256, 512, 128),),
+                  gemm_layout="nt")
+    curve = ((1e4, 0.01), (1e9, 0.01))
+    dev = _with_bf16(CPU, linear_efficiency=curve, linear_backward_efficiency=((1e4, 0.02), (1e9, 0.02)))
+    fwd, bwd = ComputeModel(dev)._kernel_times("linear", work, "bf16")
+    pk = CPU.peak_flops["bf16"]
+    assert fwd == pytest.approx(f / (pk * 0.01)) and bwd == pytest.approx(2 * f / (pk * 0.02))
+    assert ComputeModel(dev)._kernel_times("linear", work, "fp32") == \
+        ComputeModel(CPU)._kernel_times("linear", work, "fp32")
+    assert ComputeModel(CPU)._kernel_times("linear", work, "bf16")[0] < fwd / 10  # without: the fp32 curves
+
+
+def test_bf16_matmuls_attention_and_kernels_use_the_bf16_measurements():
+    dev = _with_bf16(CPU, matmul_efficiency=((1e4, 0.001), (1e9, 0.001)),
+                     attention_efficiency=((1e4, 0.1), (1e9, 0.1)),
+                     attention_backward_efficiency=((1e4, 0.01), (1e9, 0.01)),
+                     kernel_costs={"gelu": (1e-6, 2e-6), "widen": (1e-7, 1e-7)})
+    pk = CPU.peak_flops["bf16"]
+    g = (4, 64, 64, 32)
+    assert kernels.gemm_time(dev, g, "bf16") == pytest.approx(2.0 * math.prod(g) / (pk * 0.001))
+    assert kernels.gemm_time(dev, g, "fp32") == kernels.gemm_time(CPU, g, "fp32")
+    # a causal SDPA call: dense forward FLOPs over the measured rates, backward 2.5x the FLOPs
+    a = (16, 64, 64, 32, True)
+    f = 4.0 * 16 * 64 * 64 * 32
+    work = OpWork(fwd_flops=f, bwd_flops=2.5 * f, fwd_bytes=0, bwd_bytes=0, attn=a)
+    fwd, bwd = ComputeModel(dev)._kernel_times("attention", work, "bf16")
+    assert fwd == pytest.approx(f / (pk * 0.1)) and bwd == pytest.approx(2.5 * f / (pk * 0.01))
+    # a gelu on a bf16 tensor at the bf16 cost; the same family in fp32 (an fp32 input) at the fp32 one
+    gelu = OpWork(fwd_flops=0, bwd_flops=0, fwd_bytes=1.0, bwd_bytes=1.0, elems=1e4, kernel="gelu",
+                  kernel_precision="bf16")
+    assert ComputeModel(dev).kernel_time(gelu, False) == pytest.approx(1e-2)
+    assert ComputeModel(dev).kernel_time(dataclasses.replace(gelu, kernel_precision="fp32"), False) == \
+        pytest.approx(1e4 * CPU.kernel_costs["gelu"][0])
+    # autocast's widening cast at the measured bf16 -> fp32 rate (6 bytes per element)
+    assert ComputeModel(dev).cast_time(6e4, True, "bf16") == pytest.approx(1e4 * 1e-7)
+    assert ComputeModel(dev).cast_time(6e4, True, "fp32") == ComputeModel(CPU).cast_time(6e4, True)
+
+
+def test_by_precision_round_trips_and_bad_values_name_the_field():
+    dev = _with_bf16(CPU, linear_efficiency=((1e4, 0.01), (1e9, 0.5)), linear_backward_efficiency=((1e4, 0.02),),
+                     attention_efficiency=((1e6, 0.3),), attention_backward_efficiency=((1e6, 0.1),),
+                     matmul_efficiency=((1e4, 0.1), (1e6, 1.0)), kernel_costs={"add": (1e-9, 2e-9)})
+    c = dataclasses.replace(load_cluster("cpu-local"), device=dev)
+    d = cluster_to_dict(c)
+    assert cluster_from_dict(d) == c
+    assert "by_precision" not in cluster_to_dict(load_cluster("cpu-local"))["device"]  # older profiles: as before
+    bad = cluster_to_dict(c)
+    bad["device"]["by_precision"]["bf16"]["linear_efficiency"] = [[1e4, 2.0]]
+    with pytest.raises(ProfileError, match=r"by_precision\.bf16\.linear_efficiency\[0\]\[1\]"):
+        cluster_from_dict(bad)
+    bad["device"]["by_precision"] = {"int8": {}}
+    with pytest.raises(ProfileError, match=r"by_precision\.int8: unknown key"):
+        cluster_from_dict(bad)
