@@ -71,6 +71,13 @@ def default_precision(peak_flops: Any) -> str:
     return "fp32" if fp32 and (not bf16 or bf16 < fp32) else "bf16"
 
 
+def unmeasured_precision_note(cluster: Any, precision: str) -> str:
+    """One line: this CPU profile has no rates measured at `precision`, so its fp32 curves price it."""
+    return (f"note: the profile {cluster.name} measured no {precision} rates on its CPU ranks (by_precision); its "
+            f"linears, matmuls and elementwise kernels are priced with the fp32 curves at the {precision} peak, "
+            f"which on CPUs can be several times off: re-measure with `plan profile`")
+
+
 def read_calibration(path: str, cluster_name: str) -> float:
     """The step_time_scale recorded by `plan measure --calibrate` for this cluster; PlanError if unusable."""
     try:
@@ -292,6 +299,9 @@ def main(argv: Sequence[str]) -> int:
         why = "is below its fp32 peak" if cluster.device.peak_flops.get("bf16") else "is not given"
         precision_note = (f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's "
                           f"bf16 peak {why}")
+    if cluster and precision != "fp32" and cluster.intra_node.kind == "loopback" and \
+            cluster.device.rates(precision) is None:  # CPU ranks: fp32's curves say little about bf16's rates
+        precision_note = "\n".join(filter(None, (precision_note, unmeasured_precision_note(cluster, precision))))
     quiet = contextlib.ExitStack()
     if args.json:  # stdout is the JSON alone: what the model file prints while it runs goes to stderr
         quiet.enter_context(contextlib.redirect_stdout(sys.stderr))

@@ -28,3 +28,33 @@ def test_a_profile_slower_at_bf16_defaults_to_fp32_and_says_so(tmp_path, capsys)
                       "-o", str(out)]) == 0
     assert json.loads(out.read_text())["precision"] == "fp32"
     assert "using fp32" in capsys.readouterr().err
+
+
+def _cpu_profile(tmp_path, bf16: bool):
+    """cpu-local as a file, with or without its by_precision (bf16 rates measured on its CPU ranks)."""
+    import yaml
+    from hardware_profiles.load import PRESET_DIR
+    d = yaml.safe_load(open(PRESET_DIR / "cpu-local.yaml"))
+    if not bf16:
+        d["device"].pop("by_precision", None)
+    else:
+        d["device"].setdefault("by_precision", {"bf16": {"linear_efficiency": [[6.5e4, 0.01], [3.4e7, 0.5]],
+                                                         "linear_backward_efficiency": [[6.5e4, 0.01], [3.4e7, 0.5]]}})
+    prof = tmp_path / f"cpu_{'bf16' if bf16 else 'fp32'}.yaml"
+    prof.write_text(yaml.safe_dump(d))
+    return str(prof)
+
+
+def test_bf16_on_a_cpu_profile_without_bf16_rates_says_so_in_one_line(tmp_path, capsys):
+    """A CPU profile measured before by_precision prices bf16 with its fp32 curves: plan says so; a profile that
+    measured bf16 does not."""
+    args = [GPT, "--batch-size", "8", "--precision", "bf16", "--force", "dp=2,zero=0,mbs=4", "-o",
+            str(tmp_path / "p.json")]
+    assert plan_main([*args[:1], "--cluster", _cpu_profile(tmp_path, False), *args[1:]]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "measured no bf16 rates" in ln]
+    assert len(notes) == 1 and notes[0].startswith("note: ")
+    assert plan_main([*args[:1], "--cluster", _cpu_profile(tmp_path, True), *args[1:]]) == 0
+    assert "measured no bf16 rates" not in capsys.readouterr().err
+    assert plan_main([*args[:1], "--cluster", _cpu_profile(tmp_path, False), *args[1:4], "fp32",
+                      *args[5:]]) == 0
+    assert "measured no" not in capsys.readouterr().err
