@@ -295,8 +295,8 @@ class ComputeModel:
         return fwd + frac * self.kernel_time(work, False), ratio * fwd + frac * self.kernel_time(work, True)
 
     def measured_attention(self, work: OpWork, precision: str) -> tuple[float, float] | None:
-        """(forward, backward) seconds of an SDPA call from the causal SDPA rates measured at `precision` by dense
-        forward FLOPs (`PrecisionRates.attention_efficiency`; a call without a causal mask does 1 / the causal
+        """(forward, backward) seconds of an SDPA call from the causal SDPA rates measured at `precision` by head dim
+        and dense forward FLOPs (`PrecisionRates.attention_fraction`; a call without a causal mask does 1 / the causal
         fraction of that work); None where the profile has none, a fused-attention model, or the model's own
         calls timed at this precision (`attention_shapes`)."""
         dev, a = self.device, work.attn
@@ -306,8 +306,8 @@ class ComputeModel:
             return None
         pk = peak_flops(dev, precision)
         more = 1.0 if a[4] else 1.0 / self._causal_fraction(a[1], a[2])
-        fwd = work.fwd_flops / (pk * interp_log(r.attention_efficiency, work.fwd_flops))
-        bwd = work.bwd_flops / (pk * interp_log(r.attention_backward_efficiency, work.fwd_flops))
+        fwd = work.fwd_flops / (pk * r.attention_fraction(a[3], work.fwd_flops, False))
+        bwd = work.bwd_flops / (pk * r.attention_fraction(a[3], work.fwd_flops, True))
         return fwd * more, bwd * more
 
     def linear_curves(self, precision: str) -> tuple[tuple, tuple] | None:

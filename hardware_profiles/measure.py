@@ -44,6 +44,8 @@ class MeasurePlan:
     a mean needs more samples than a median."""
     bf16_attention_lengths: tuple[int, ...] = ()
     """CPU ranks: sequence lengths of the causal SDPA calls timed at bf16 (`attention_rates`; empty: none)."""
+    bf16_attention_head_dims: tuple[int, ...] = ()
+    """CPU ranks: their head dims."""
     bf16_linear_sizes: tuple[int, ...] = ()
     """CPU ranks: nn.Linear(n, n) sizes timed at bf16 (`linear_rates`), for `PrecisionRates` (empty: none). Up to 256
     only: a bf16 linear of 2 x 256^3 FLOPs takes 33 ms at the ~1 GFLOP/s of a CPU without bf16 instructions."""
@@ -68,13 +70,14 @@ def plan_for(quick: bool, cuda: bool) -> MeasurePlan:
                            copy_bytes=(64 * KIB, 1 * MIB, 8 * MIB),
                            collective_bytes=(4 * KIB, 64 * KIB, 1 * MIB, 4 * MIB),
                            collectives=names, warmup=2, repeats=9, budget_s=0.5, bf16_linear_sizes=(16, 32),
-                           bf16_attention_lengths=(16, 32))
+                           bf16_attention_lengths=(16, 32), bf16_attention_head_dims=(16, 32))
     # bf16 matmul runs at ~1 GFLOP/s on a CPU without bf16 instructions (measured here), so only small sizes.
     return MeasurePlan(matmul_sizes={"fp32": (32, 64, 128, 256, 512, 1024), "bf16": (16, 32, 64, 128)},
                        copy_bytes=tuple(2 ** k for k in range(16, 29, 2)),         # 64 KiB .. 256 MiB
                        collective_bytes=tuple(2 ** k for k in range(12, 25, 2)),   # 4 KiB .. 16 MiB
                        collectives=names, warmup=3, repeats=15, budget_s=1.0, collective_repeats=45,
-                       bf16_linear_sizes=(32, 64, 128, 256), bf16_attention_lengths=(32, 64, 128, 256))
+                       bf16_linear_sizes=(32, 64, 128, 256), bf16_attention_lengths=(32, 64, 128, 256),
+                       bf16_attention_head_dims=ATTENTION_HEAD_DIMS)
 
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -266,33 +269,38 @@ def linear_rates(sizes: Sequence[int], device: torch.device, sync: Callable[[], 
     return out
 
 
-ATTENTION_HEADS, ATTENTION_HEAD_DIM = 8, 64
-"""Batch x heads and head dim of the SDPA calls `attention_rates` times (GPT-2's head dim)."""
+ATTENTION_HEADS = 8
+"""Batch x heads of the SDPA calls `attention_rates` times."""
+ATTENTION_HEAD_DIMS = (32, 64, 128)
+"""Head dims of the SDPA calls `attention_rates` times (GPT-2 and the small examples 64 and 32, Llama 128): on CPUs
+the bf16 kernel's rate depends on it (measured 2026-11-27, s = 64: backward 3.8 GFLOP/s at d = 32, 6.6 at 64)."""
 
 
 def attention_rates(lengths: Sequence[int], device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
-                    overhead: dict[str, float], dtype: str = "bf16") -> list[tuple[float, float, float]]:
-    """[(dense forward FLOPs 4 b s^2 d, forward FLOP/s, backward FLOP/s over 2.5x those FLOPs)] of a causal
-    scaled_dot_product_attention on (1, ATTENTION_HEADS, s, ATTENTION_HEAD_DIM) q, k, v for each length s, the
+                    overhead: dict[str, float], dtype: str = "bf16", head_dims: Sequence[int] = ATTENTION_HEAD_DIMS
+                    ) -> list[tuple[int, float, float, float]]:
+    """[(head dim d, dense forward FLOPs 4 b s^2 d, forward FLOP/s, backward FLOP/s over 2.5x those FLOPs)] of a
+    causal scaled_dot_product_attention on (1, ATTENTION_HEADS, s, d) q, k, v for each head dim and length s, the
     per-op overheads taken out (one op forward, one autograd node backward). On CPUs the bf16 kernel's backward
-    runs far below fp32's (measured here 2026-11-27, s = 64: 6.6 against 23.8 GFLOP/s), which GEMM rates do not
-    show."""
+    runs far below fp32's (measured here 2026-11-27, s = 64, d = 64: 6.6 against 23.8 GFLOP/s), which GEMM rates
+    do not show."""
     dt = DTYPES[dtype]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     out = []
-    for s in lengths:
-        q, k, v = (torch.randn(1, ATTENTION_HEADS, s, ATTENTION_HEAD_DIM, device=device, dtype=dt,
-                               requires_grad=True) for _ in range(3))
-        dy = torch.randn(1, ATTENTION_HEADS, s, ATTENTION_HEAD_DIM, device=device, dtype=dt)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        flops = 4.0 * ATTENTION_HEADS * s * s * ATTENTION_HEAD_DIM
+    for d in head_dims:
+        for s in lengths:
+            q, k, v = (torch.randn(1, ATTENTION_HEADS, s, d, device=device, dtype=dt, requires_grad=True)
+                       for _ in range(3))
+            dy = torch.randn(1, ATTENTION_HEADS, s, d, device=device, dtype=dt)
+            flops = 4.0 * ATTENTION_HEADS * s * s * d
 
-        def fb():
-            sdpa(q, k, v, is_causal=True).backward(dy)
-            q.grad = k.grad = v.grad = None
-        f = expected(time_calls(lambda: sdpa(q, k, v, is_causal=True), sync, plan.warmup, plan.repeats,
-                                plan.budget_s))
-        t = expected(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s))
-        f_k = max(f - overhead.get("forward", 0.0), f * 0.05)
-        b_k = max(t - f - overhead.get("backward", 0.0), (t - f) * 0.05, 1e-9)
-        out.append((flops, flops / f_k, 2.5 * flops / b_k))
+            def fb():
+                sdpa(q, k, v, is_causal=True).backward(dy)
+                q.grad = k.grad = v.grad = None
+            f = expected(time_calls(lambda: sdpa(q, k, v, is_causal=True), sync, plan.warmup, plan.repeats,
+                                    plan.budget_s))
+            t = expected(time_calls(fb, sync, plan.warmup, plan.repeats, plan.budget_s))
+            f_k = max(f - overhead.get("forward", 0.0), f * 0.05)
+            b_k = max(t - f - overhead.get("backward", 0.0), (t - f) * 0.05, 1e-9)
+            out.append((d, flops, flops / f_k, 2.5 * flops / b_k))
     return out

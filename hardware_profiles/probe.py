@@ -211,14 +211,15 @@ def _bf16_rates(device: Any, sync: Callable[[], None], plan: Any, overhead: dict
     from hardware_profiles.measure_overheads import bf16_kernel_costs
     local = (M.linear_rates(plan.bf16_linear_sizes, device, sync, plan, overhead, dtype="bf16"),
              bf16_kernel_costs(device, sync, plan),
-             M.attention_rates(plan.bf16_attention_lengths, device, sync, plan, overhead, dtype="bf16"))
+             M.attention_rates(plan.bf16_attention_lengths, device, sync, plan, overhead, dtype="bf16",
+                               head_dims=plan.bf16_attention_head_dims))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, local)
     med = statistics.median
 
-    def rates(j: int) -> list[tuple[float, float, float]]:
-        return [(f, med(r[j][i][1] for r in everyone), med(r[j][i][2] for r in everyone))
-                for i, (f, _, _) in enumerate(local[j])]
+    def rates(j: int) -> list[tuple]:  # the key fields, then the medians of the two rates
+        return [(*row[:-2], med(r[j][i][-2] for r in everyone), med(r[j][i][-1] for r in everyone))
+                for i, row in enumerate(local[j])]
     return {"linear": rates(0), "attention": rates(2),
             "kernels": {k: tuple(med(r[1][k][j] for r in everyone) for j in range(2)) for k in local[1]}}
 
@@ -467,11 +468,15 @@ def _by_precision(raw: dict[str, Any], peaks: dict[str, float]) -> dict[str, Pre
     return {"bf16": PrecisionRates(matmul_efficiency=_efficiency(raw["matmul"]["bf16"], pk),
                                    linear_efficiency=_efficiency([(f, r) for f, r, _ in low["linear"]], pk),
                                    linear_backward_efficiency=_efficiency([(f, r) for f, _, r in low["linear"]], pk),
-                                   attention_efficiency=_efficiency([(f, r) for f, r, _ in low.get("attention", [])],
-                                                                    pk),
-                                   attention_backward_efficiency=_efficiency(
-                                       [(f, r) for f, _, r in low.get("attention", [])], pk),
+                                   attention_efficiency=_by_head_dim(low.get("attention", []), 2, pk),
+                                   attention_backward_efficiency=_by_head_dim(low.get("attention", []), 3, pk),
                                    kernel_costs={k: (float(f), float(b)) for k, (f, b) in low["kernels"].items()})}
+
+
+def _by_head_dim(rows: Sequence[tuple], col: int, peak: float) -> dict[int, tuple[tuple[float, float], ...]]:
+    """{head dim: [(FLOPs, rate / peak)]} of `attention_rates` rows (rate in column `col`)."""
+    dims = sorted({int(r[0]) for r in rows})
+    return {d: _efficiency([(r[1], r[col]) for r in rows if r[0] == d], peak) for d in dims}
 
 
 def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = None) -> str:
@@ -512,8 +517,8 @@ def _header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = No
              "rates (per-op overheads taken out) over peak_flops, by forward FLOPs, timed with the weights out of "
              "cache and the input in, as a step finds them. by_precision.bf16 (CPU ranks): the same linears with bf16 "
              "weights and input, and the square bf16 matmuls, over the bf16 peak (the best of their forward rates); "
-             "attention_efficiency / attention_backward_efficiency: causal SDPA on (1, 8, s, 64) bf16 q, k, v, by "
-             "dense forward FLOPs 4 b s^2 d, rates over those FLOPs (backward: 2.5x them); "
+             "attention_efficiency / attention_backward_efficiency: by head dim d, causal SDPA on (1, 8, s, d) bf16 "
+             "q, k, v, by dense forward FLOPs 4 b s^2 d, rates over those FLOPs (backward: 2.5x them); "
              "kernel_costs of add, gelu, tanh on a bf16 tensor (autocast runs norms, softmax and losses in fp32) and "
              "widen, a bf16 -> fp32 conversion per element.",
              "matmul_shapes / attention_shapes (--model): the model's own GEMMs [batch, M, N, K, precision, s, layout] "

@@ -15,8 +15,9 @@ YAML layout::
       memory_efficiency: [[1.0e6, 0.3], [1.0e9, 0.9]]    # [bytes moved by one op, achieved fraction of peak]
       op_overhead: {forward: 4.0e-6, backward: 8.0e-6, optimizer: 6.0e-5}   # optional, measured; default 0
       kernel_costs: {gelu: [3.6e-9, 4.0e-9]}              # optional, measured: [forward, backward] s per element
-      by_precision: {bf16: {linear_efficiency: [[6.6e4, 0.01], [3.4e7, 0.4]], kernel_costs: {gelu: [2e-9, 3e-9]}}}
-                                                          # optional, measured on CPU ranks at a 16-bit precision
+      by_precision: {bf16: {linear_efficiency: [[6.6e4, 0.01], [3.4e7, 0.4]], kernel_costs: {gelu: [2e-9, 3e-9]},
+                            attention_efficiency: {64: [[2.1e6, 0.2]]}}}   # optional, measured on CPU ranks
+                                                          # at a 16-bit precision (SDPA curves by head dim)
       sms: 108                                            # optional: GEMM tiles / attention blocks run in waves
       matmul: {tiles: [[256, 128], [128, 128]], best_efficiency: 0.869}   # optional: GEMM efficiency by shape
       attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128}   # optional: fused SDPA; or
@@ -143,9 +144,10 @@ def _device(d: Any, where: str) -> DeviceSpec:
         **_gpu_fields(d, where))
 
 
-_RATE_CURVES = ("matmul_efficiency", "linear_efficiency", "linear_backward_efficiency", "attention_efficiency",
-                "attention_backward_efficiency")
-"""The curves a `by_precision` entry may carry (with its `kernel_costs`)."""
+_RATE_CURVES = ("matmul_efficiency", "linear_efficiency", "linear_backward_efficiency")
+"""The curves a `by_precision` entry may carry (with its `kernel_costs` and _ATTENTION_CURVES)."""
+_ATTENTION_CURVES = ("attention_efficiency", "attention_backward_efficiency")
+"""A `by_precision` entry's SDPA curves: {head dim: curve}."""
 
 
 def _by_precision(d: Any, where: str) -> dict[str, PrecisionRates]:
@@ -156,9 +158,20 @@ def _by_precision(d: Any, where: str) -> dict[str, PrecisionRates]:
     out = {}
     for prec, v in d.items():
         w = f"{where}.{prec}"
-        v = _keys(v, w, (), _RATE_CURVES + ("kernel_costs",))
+        v = _keys(v, w, (), _RATE_CURVES + _ATTENTION_CURVES + ("kernel_costs",))
         out[prec] = PrecisionRates(kernel_costs=_kernels(v.get("kernel_costs"), f"{w}.kernel_costs"),
-                                   **{k: _curve(v[k], f"{w}.{k}", y_fraction=True) for k in _RATE_CURVES if k in v})
+                                   **{k: _curve(v[k], f"{w}.{k}", y_fraction=True) for k in _RATE_CURVES if k in v},
+                                   **{k: _by_head_dim(v[k], f"{w}.{k}") for k in _ATTENTION_CURVES if k in v})
+    return out
+
+
+def _by_head_dim(d: Any, where: str) -> dict[int, tuple[tuple[float, float], ...]]:
+    """`{head dim: [[FLOPs, fraction], ...]}`."""
+    if not isinstance(d, Mapping) or not d:
+        raise ProfileError(f"{where}: expected a mapping of head dim to a curve, e.g. {{64: [[2.1e6, 0.02]]}}")
+    out = {}
+    for hd, curve in d.items():
+        out[int(_pos(hd, f"{where}.{hd}", integer=True))] = _curve(curve, f"{where}.{hd}", y_fraction=True)
     return out
 
 
@@ -518,6 +531,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
 def _rates_dict(r: PrecisionRates) -> dict[str, Any]:
     """One `by_precision` entry as plain data (its empty fields left out)."""
     out: dict[str, Any] = {k: [list(p) for p in getattr(r, k)] for k in _RATE_CURVES if getattr(r, k)}
+    out.update({k: {hd: [list(p) for p in c] for hd, c in getattr(r, k).items()} for k in _ATTENTION_CURVES
+                if getattr(r, k)})
     if r.kernel_costs:
         out["kernel_costs"] = {k: list(v) for k, v in r.kernel_costs.items()}
     return out

@@ -257,14 +257,28 @@ class PrecisionRates:
     forward], as `DeviceSpec.linear_efficiency`."""
     linear_backward_efficiency: tuple[tuple[float, float], ...] = ()
     """The same linear's backward, as `DeviceSpec.linear_backward_efficiency`."""
-    attention_efficiency: tuple[tuple[float, float], ...] = ()
-    """[dense forward FLOPs 4 b s^2 d of one causal scaled_dot_product_attention call, those FLOPs over its forward
-    seconds, as a fraction of the precision's peak] (on CPUs the bf16 kernel's backward runs far below fp32's)."""
-    attention_backward_efficiency: tuple[tuple[float, float], ...] = ()
-    """The same call's backward (2.5x the dense forward FLOPs), as `attention_efficiency`."""
+    attention_efficiency: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Head dim -> [dense forward FLOPs 4 b s^2 d of one causal scaled_dot_product_attention call, those FLOPs over
+    its forward seconds as a fraction of the precision's peak] (on CPUs the bf16 kernel runs far below fp32's, the
+    more so at small head dims: measured 2026-11-27, s = 64, backward 3.8 GFLOP/s at d = 32, 6.6 at d = 64)."""
+    attention_backward_efficiency: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """The same calls' backward (2.5x the dense forward FLOPs), as `attention_efficiency`."""
     kernel_costs: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Kernel family -> (forward, backward) seconds per element on a tensor of this precision (`widen`: a
     conversion of it to fp32), as `DeviceSpec.kernel_costs`."""
+
+    def attention_fraction(self, head_dim: int, flops: float, backward: bool) -> float:
+        """Fraction of peak of a causal SDPA call of `flops` dense forward FLOPs: each measured head dim's curve at
+        `flops`, interpolated between the two nearest head dims in log2 (held flat beyond them)."""
+        table = self.attention_backward_efficiency if backward else self.attention_efficiency
+        dims = sorted(table)
+        lo = max([d for d in dims if d <= head_dim], default=dims[0])
+        hi = min([d for d in dims if d >= head_dim], default=dims[-1])
+        e_lo, e_hi = interp_log(table[lo], flops), interp_log(table[hi], flops)
+        if hi == lo:
+            return e_lo
+        w = (math.log2(head_dim) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        return e_lo + w * (e_hi - e_lo)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -651,7 +651,7 @@ def test_shallow_gemms_pay_their_tiles_pipeline_fill():
 
 # ---- rates measured at bf16 on CPU ranks (by_precision) -----------------------------------------------------------
 
-CPU = load_cluster("cpu-local").device
+CPU = dataclasses.replace(load_cluster("cpu-local").device, by_precision={})  # as measured before by_precision
 
 
 def _with_bf16(dev, **rates):
@@ -678,8 +678,8 @@ def test_a_bf16_linear_on_a_cpu_profile_is_priced_by_its_bf16_curves():
 
 def test_bf16_matmuls_attention_and_kernels_use_the_bf16_measurements():
     dev = _with_bf16(CPU, matmul_efficiency=((1e4, 0.001), (1e9, 0.001)),
-                     attention_efficiency=((1e4, 0.1), (1e9, 0.1)),
-                     attention_backward_efficiency=((1e4, 0.01), (1e9, 0.01)),
+                     attention_efficiency={32: ((1e4, 0.1), (1e9, 0.1)), 128: ((1e4, 0.4), (1e9, 0.4))},
+                     attention_backward_efficiency={32: ((1e4, 0.01), (1e9, 0.01)), 128: ((1e4, 0.04),)},
                      kernel_costs={"gelu": (1e-6, 2e-6), "widen": (1e-7, 1e-7)})
     pk = CPU.peak_flops["bf16"]
     g = (4, 64, 64, 32)
@@ -691,6 +691,11 @@ def test_bf16_matmuls_attention_and_kernels_use_the_bf16_measurements():
     work = OpWork(fwd_flops=f, bwd_flops=2.5 * f, fwd_bytes=0, bwd_bytes=0, attn=a)
     fwd, bwd = ComputeModel(dev)._kernel_times("attention", work, "bf16")
     assert fwd == pytest.approx(f / (pk * 0.1)) and bwd == pytest.approx(2.5 * f / (pk * 0.01))
+    # head dim 64: halfway between the curves of 32 and 128 in log2 (0.1 + 0.5 x 0.3); beyond them, held
+    a64 = dataclasses.replace(work, attn=(16, 64, 64, 64, True))
+    assert ComputeModel(dev)._kernel_times("attention", a64, "bf16")[0] == pytest.approx(f / (pk * 0.25))
+    a16 = dataclasses.replace(work, attn=(16, 64, 64, 16, True))
+    assert ComputeModel(dev)._kernel_times("attention", a16, "bf16") == pytest.approx((fwd, bwd))
     # a gelu on a bf16 tensor at the bf16 cost; the same family in fp32 (an fp32 input) at the fp32 one
     gelu = OpWork(fwd_flops=0, bwd_flops=0, fwd_bytes=1.0, bwd_bytes=1.0, elems=1e4, kernel="gelu",
                   kernel_precision="bf16")
@@ -704,15 +709,20 @@ def test_bf16_matmuls_attention_and_kernels_use_the_bf16_measurements():
 
 def test_by_precision_round_trips_and_bad_values_name_the_field():
     dev = _with_bf16(CPU, linear_efficiency=((1e4, 0.01), (1e9, 0.5)), linear_backward_efficiency=((1e4, 0.02),),
-                     attention_efficiency=((1e6, 0.3),), attention_backward_efficiency=((1e6, 0.1),),
+                     attention_efficiency={64: ((1e6, 0.3),)}, attention_backward_efficiency={64: ((1e6, 0.1),)},
                      matmul_efficiency=((1e4, 0.1), (1e6, 1.0)), kernel_costs={"add": (1e-9, 2e-9)})
     c = dataclasses.replace(load_cluster("cpu-local"), device=dev)
     d = cluster_to_dict(c)
     assert cluster_from_dict(d) == c
-    assert "by_precision" not in cluster_to_dict(load_cluster("cpu-local"))["device"]  # older profiles: as before
+    old = dataclasses.replace(c, device=CPU)  # a profile without it writes none and reads back without it
+    assert "by_precision" not in cluster_to_dict(old)["device"] and cluster_from_dict(cluster_to_dict(old)) == old
     bad = cluster_to_dict(c)
     bad["device"]["by_precision"]["bf16"]["linear_efficiency"] = [[1e4, 2.0]]
     with pytest.raises(ProfileError, match=r"by_precision\.bf16\.linear_efficiency\[0\]\[1\]"):
+        cluster_from_dict(bad)
+    bad["device"]["by_precision"]["bf16"]["linear_efficiency"] = [[1e4, 0.5]]
+    bad["device"]["by_precision"]["bf16"]["attention_efficiency"] = {64: [[1e6, 0.3]], "d": [[1e6, 0.3]]}
+    with pytest.raises(ProfileError, match=r"by_precision\.bf16\.attention_efficiency\.d"):
         cluster_from_dict(bad)
     bad["device"]["by_precision"] = {"int8": {}}
     with pytest.raises(ProfileError, match=r"by_precision\.int8: unknown key"):

@@ -93,9 +93,10 @@ def test_profile_two_gloo_ranks(tmp_path):
     low = c.device.rates("bf16")
     assert low is not None and set(low.kernel_costs) == {"add", "gelu", "tanh", "widen"}
     assert all(0 < f < 1e-5 for f, _ in low.kernel_costs.values())
-    for curve in (low.matmul_efficiency, low.linear_efficiency, low.linear_backward_efficiency,
-                  low.attention_efficiency, low.attention_backward_efficiency):
-        assert len(curve) == 2 and all(0 < e <= 1.0 for _, e in curve)
+    curves = (low.matmul_efficiency, low.linear_efficiency, low.linear_backward_efficiency,
+              *low.attention_efficiency.values(), *low.attention_backward_efficiency.values())
+    assert all(len(curve) == 2 and all(0 < e <= 1.0 for _, e in curve) for curve in curves)
+    assert set(low.attention_efficiency) == set(low.attention_backward_efficiency) == {16, 32}  # head dims
     # FSDP2's hooks and copies cost something per module; a Partial gradient's all-reduces cost more than none
     # (its collectives are timed apart and taken out, so a per-module part may round to 0 under noise)
     assert 0 < ov.fsdp_module + ov.fsdp_tensor < 0.5 and 0 < ov.fsdp_module_reshard + ov.fsdp_tensor_reshard < 0.5
