@@ -716,6 +716,7 @@ def test_by_precision_round_trips_and_bad_values_name_the_field():
     assert cluster_from_dict(d) == c
     old = dataclasses.replace(c, device=CPU)  # a profile without it writes none and reads back without it
     assert "by_precision" not in cluster_to_dict(old)["device"] and cluster_from_dict(cluster_to_dict(old)) == old
+    assert load_cluster("cpu-local").device.rates("bf16") is not None  # the preset measured bf16
     bad = cluster_to_dict(c)
     bad["device"]["by_precision"]["bf16"]["linear_efficiency"] = [[1e4, 2.0]]
     with pytest.raises(ProfileError, match=r"by_precision\.bf16\.linear_efficiency\[0\]\[1\]"):
