@@ -65,10 +65,26 @@ def parse_force(text: str | None) -> dict[str, Any]:
     return out
 
 
-def default_precision(peak_flops: Any) -> str:
-    """bf16, unless the device is slower at bf16 than at fp32 (CPU ranks), then fp32."""
-    bf16, fp32 = peak_flops.get("bf16"), peak_flops.get("fp32")
-    return "fp32" if fp32 and (not bf16 or bf16 < fp32) else "bf16"
+def default_precision(device: Any) -> str:
+    """bf16, unless the device trains slower at bf16 than at fp32 (CPU ranks), then fp32: an nn.Linear's forward
+    and backward at the largest size the profile measured at bf16 (`by_precision`), against the same at fp32 (a
+    matrix unit can make the bf16 forward faster while its backward is several times slower); without those
+    curves, the two peaks."""
+    from hardware_profiles.schema import interp_log
+    bf16, fp32 = device.peak_flops.get("bf16"), device.peak_flops.get("fp32")
+    if not fp32 or not bf16:
+        return "fp32" if fp32 else "bf16"
+    r = device.rates("bf16")
+    if r is not None and r.linear_efficiency and r.linear_backward_efficiency and device.linear_efficiency \
+            and device.linear_backward_efficiency:
+        flops = r.linear_efficiency[-1][0]
+
+        def seconds(peak, fwd, bwd):  # one linear: forward flops, backward twice that
+            return flops / (peak * interp_log(fwd, flops)) + 2 * flops / (peak * interp_log(bwd, flops))
+        slower = seconds(bf16, r.linear_efficiency, r.linear_backward_efficiency) > \
+            seconds(fp32, device.linear_efficiency, device.linear_backward_efficiency)
+        return "fp32" if slower else "bf16"
+    return "fp32" if bf16 < fp32 else "bf16"
 
 
 def unmeasured_precision_note(cluster: Any, precision: str) -> str:
@@ -293,12 +309,13 @@ def main(argv: Sequence[str]) -> int:
         if args.attention:
             cluster = cluster.with_attention_kernel(args.attention)
     scale = read_calibration(args.calibration, cluster.name) if cluster and args.calibration else None
-    precision = args.precision or (default_precision(cluster.device.peak_flops) if cluster else "bf16")
+    precision = args.precision or (default_precision(cluster.device) if cluster else "bf16")
     precision_note = ""
     if cluster and args.precision is None and precision != "bf16":
-        why = "is below its fp32 peak" if cluster.device.peak_flops.get("bf16") else "is not given"
-        precision_note = (f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's "
-                          f"bf16 peak {why}")
+        why = ("its measured nn.Linear forward + backward is slower at bf16 than at fp32"
+               if cluster.device.rates("bf16") is not None else "bf16 peak is below its fp32 peak"
+               if cluster.device.peak_flops.get("bf16") else "bf16 peak is not given")
+        precision_note = f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's {why}"
     if cluster and precision != "fp32" and cluster.intra_node.kind == "loopback" and \
             cluster.device.rates(precision) is None:  # CPU ranks: fp32's curves say little about bf16's rates
         precision_note = "\n".join(filter(None, (precision_note, unmeasured_precision_note(cluster, precision))))

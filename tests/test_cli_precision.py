@@ -9,9 +9,25 @@ GPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 
 def test_default_precision_rule():
-    assert default_precision({"bf16": 312e12, "fp32": 19.5e12}) == "bf16"
-    assert default_precision({"bf16": 1.8e9, "fp32": 89e9}) == "fp32"
-    assert default_precision({"fp32": 89e9}) == "fp32"
+    import dataclasses
+
+    from hardware_profiles.load import load_cluster
+    from hardware_profiles.schema import PrecisionRates
+    a100 = load_cluster("dgx-a100-80gb").device
+    assert default_precision(a100) == "bf16"
+    peaks = lambda **p: dataclasses.replace(a100, peak_flops=p)  # noqa: E731
+    assert default_precision(peaks(bf16=1.8e9, fp32=89e9)) == "fp32"
+    assert default_precision(peaks(fp32=89e9)) == "fp32"
+    # measured bf16 linears: a faster forward (a matrix unit) does not make up for a backward 4x slower
+    cpu = load_cluster("cpu-local").device
+    fwd, bwd = ((1e6, 0.5), (1e8, 0.5)), ((1e6, 0.5), (1e8, 0.5))
+    mine = dataclasses.replace(cpu, peak_flops={"fp32": 100e9, "bf16": 150e9}, linear_efficiency=fwd,
+                               linear_backward_efficiency=bwd, by_precision={"bf16": PrecisionRates(
+                                   linear_efficiency=fwd, linear_backward_efficiency=((1e6, 0.08), (1e8, 0.08)))})
+    assert default_precision(mine) == "fp32"
+    faster = dataclasses.replace(mine, by_precision={"bf16": PrecisionRates(
+        linear_efficiency=fwd, linear_backward_efficiency=((1e6, 0.4), (1e8, 0.4)))})
+    assert default_precision(faster) == "bf16"
 
 
 def test_a_profile_slower_at_bf16_defaults_to_fp32_and_says_so(tmp_path, capsys):
