@@ -414,11 +414,12 @@ class LayerCoster:
             # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
             if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):
                 return 0.0, 0.0
-            return 0.0, compute.cast_time(elems * 6.0, True) / m + compute.memory_time(elems * 10.0 * (m - 1) / m)
+            widen = compute.cast_time(elems * 6.0, True, self.prec)
+            return 0.0, widen / m + compute.memory_time(elems * 10.0 * (m - 1) / m)
         # autograd converts the 16-bit weight gradient up to fp32 (widening), then accumulates it
         cast = 6.0 / (m if mesh.pp > 1 else 1)
         return compute.memory_time(elems * cast), \
-            compute.cast_time(elems * 6.0, True) + compute.memory_time(elems * 12.0 * (m - 1) / m)
+            compute.cast_time(elems * 6.0, True, self.prec) + compute.memory_time(elems * 12.0 * (m - 1) / m)
 
     def _autocast_copy_dispatch(self, op, dtensor: bool = False) -> tuple[float, float]:
         """(forward, backward) host seconds of `_autocast_copies`' casts for one micro-batch: each parameter tensor's
