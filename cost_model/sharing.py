@@ -15,24 +15,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cost_model.layers import TENSOR_KINDS, LayerCost, _local_params
-from planner.graph import Layer, OpGraph
+from planner.graph import OpGraph
 from planner.plan import Plan
-
-
-def _names(graph: OpGraph, layer: Layer) -> set[str]:
-    return {p.name for i in layer.ops for p in graph.ops[i].params}
 
 
 def own_params(graph: OpGraph, plan: Plan, layers, costs: list[LayerCost]) -> list[LayerCost]:
     """`costs` with each block that holds a parameter another layer also holds carrying its parameters by name
-    (`params`: local elements after tp; `tensors`, `partial_elems` renamed from the cached block's)."""
-    holders: dict[str, int] = {}
-    for layer in layers:
-        for name in _names(graph, layer):
-            holders[name] = holders.get(name, 0) + 1
+    (`params`: local elements after tp; `tensors`, `partial_elems` renamed from the cached block's); `layers` is
+    `graph.layers()`, whose indices `OpGraph.blocks_sharing_parameters` names."""
+    sharing = graph.blocks_sharing_parameters
+    if not sharing:
+        return costs
     out = list(costs)
     for k, (layer, cost) in enumerate(zip(layers, costs)):
-        if layer.block_type is None or not any(holders[n] > 1 for n in _names(graph, layer)):
+        if k not in sharing:
             continue
         # the layer whose ops the cached cost was computed from: the first holding the same object
         src = layers[next(j for j, c in enumerate(costs) if c is cost)]

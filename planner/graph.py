@@ -243,6 +243,18 @@ class OpGraph:
         return self._layers
 
     @cached_property
+    def blocks_sharing_parameters(self) -> frozenset[int]:
+        """Indices in `layers()` of the blocks holding a parameter another layer holds too (a module reused by two
+        blocks); empty for most models (a tied embedding and LM head are not blocks)."""
+        names = [{p.name for i in layer.ops for p in self.ops[i].params} for layer in self.layers()]
+        holders: dict[str, int] = {}
+        for own in names:
+            for n in own:
+                holders[n] = holders.get(n, 0) + 1
+        return frozenset(k for k, (layer, own) in enumerate(zip(self.layers(), names))
+                         if layer.block_type is not None and any(holders[n] > 1 for n in own))
+
+    @cached_property
     def _layers(self) -> tuple[Layer, ...]:
         layers: list[Layer] = []
         cur_key: tuple[str | None, str | None] | None = None
