@@ -489,7 +489,7 @@ class StepPredictor:
             copy = 0.0 if self.serial else self._copy_in(b)
             delay += copy
             s = max(free, t + delay)
-            d = self._reduce(coll, b) - copy
+            d = self._reduce(coll, b) if self.serial else self._coll(coll, b)
             if self.serial and not ddp:  # FSDP2's reductions block: the ranks meet at each
                 d += self.cm.comm.sync_wait(self.groups["dp"], t - met)
                 met = t
