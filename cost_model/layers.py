@@ -51,6 +51,7 @@ run in forward.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -152,11 +153,18 @@ def runs_on_dtensors(plan: Plan) -> Callable[[str], bool]:
     placed = {pl.module for pl in plan.ops.values() if pl.strategy != "replicate"}
     placed |= {name.rpartition(".")[0] for name in plan.parameters}
     # a path runs on DTensors when it is a placed module or one of their ancestors: every such path, once
-    ancestors = {".".join(parts[:k]) for q in placed for parts in [q.split(".")] for k in range(1, len(parts) + 1)}
+    ancestors = set().union(*map(_prefixes, placed))
 
     def on(path: str) -> bool:
         return not path or path in ancestors
     return on
+
+
+@functools.lru_cache(maxsize=65536)
+def _prefixes(path: str) -> tuple[str, ...]:
+    """'a.b.c' -> ('a', 'a.b', 'a.b.c'); module paths repeat across a search's plans, so kept."""
+    parts = path.split(".")
+    return tuple(".".join(parts[:k]) for k in range(1, len(parts) + 1))
 
 
 def _local_params(op, placement, tp: int) -> dict[str, float]:
@@ -195,15 +203,16 @@ class LayerCoster:
 
     def cost(self, layer: Layer) -> LayerCost:
         """The cost of one layer (cached per block type and placement pattern)."""
-        ops = self.plan.ops
-        pattern = tuple(_pattern(ops.get(self.graph.ops[i].name)) for i in layer.ops)
-        # the block's edges from outside it depend on where those tensors live: the first block reads the
-        # embedding's output (a vocabulary-parallel partial sum, say), later ones the previous block's
-        # (and the last block's output, read once, sums no gradients where the others' do)
-        reads = tuple(self.extra_reads.get(self.graph.ops[i].name, 0) for i in layer.ops)
         policy = self.policy(layer)
-        key = (layer.block_type, pattern, self._inputs_from_outside(layer), reads, policy) \
-            if layer.block_type else None
+        key = None
+        if layer.block_type:
+            ops = self.plan.ops
+            names, sources, reads = _layer_reads(self.graph)[layer.ops[0]]
+            # the block's edges from outside it depend on where those tensors live: the first block reads the
+            # embedding's output (a vocabulary-parallel partial sum, say), later ones the previous block's
+            # (and the last block's output, read once, sums no gradients where the others' do)
+            outside = tuple(pl.output if pl is not None else "R" for pl in map(ops.get, sources))
+            key = (layer.block_type, tuple(map(_pattern, map(ops.get, names))), outside, reads, policy)
         if key is not None and key in self._cache:
             return self._cache[key]
         c = self._compute(layer, policy)
@@ -327,18 +336,6 @@ class LayerCoster:
                          host=(host_f, host_b + rec_h),
                          cast_weight_bytes=sum(casts.values()) * PRECISION_BYTES[self.prec],
                          checkpointed=full or selective, out_full_bytes=out_full, boundary_gather=boundary)
-
-    def _inputs_from_outside(self, layer: Layer) -> tuple[str, ...]:
-        """The output placement of each tensor an op of `layer` reads from an op outside it, in read order."""
-        g, ops = self.graph, self.plan.ops
-        names = {g.ops[i].name for i in layer.ops}
-        out = []
-        for i in layer.ops:
-            for src in g.ops[i].inputs:
-                if src in g.index and src not in names:
-                    pl = ops.get(src)
-                    out.append(pl.output if pl is not None else "R")
-        return tuple(out)
 
     def _local_calls(self, layer: Layer) -> int:
         """Calls per micro-batch of modules the plan leaves wholly replicated in this layer (executor.tp
@@ -568,6 +565,25 @@ def stage_blocks(graph: OpGraph, plan: Plan) -> list[list[str]]:
     layers = graph.layers()
     spans = [(s.start_layer, s.end_layer) for s in plan.stages] or [(0, len(layers))]
     return [[l.name for l in layers[a:b] if l.block_type is not None] for a, b in spans]
+
+
+def _layer_reads(graph: OpGraph) -> dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]]:
+    """Per layer, by its first op's index (a module called twice makes two layers of one name): its ops' names, the ops outside it whose outputs its ops read (in read order), and each
+    op's `extra_reads`; what `LayerCoster.cost` keys its cache on besides the plan. Kept on the graph."""
+    out = graph.__dict__.get("_shardwise_layer_reads")
+    if out is not None:
+        return out
+    more = extra_reads(graph)
+    out = {}
+    for layer in graph.layers():
+        names = tuple(graph.ops[i].name for i in layer.ops)
+        inside = set(names)
+        sources = tuple(src for i in layer.ops for src in graph.ops[i].inputs
+                        if src in graph.index and src not in inside)
+        if layer.ops:
+            out[layer.ops[0]] = (names, sources, tuple(more.get(n, 0) for n in names))
+    graph.__dict__["_shardwise_layer_reads"] = out
+    return out
 
 
 def _pattern(pl):
