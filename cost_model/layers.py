@@ -568,8 +568,9 @@ def stage_blocks(graph: OpGraph, plan: Plan) -> list[list[str]]:
 
 
 def _layer_reads(graph: OpGraph) -> dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]]:
-    """Per layer, by its first op's index (a module called twice makes two layers of one name): its ops' names, the ops outside it whose outputs its ops read (in read order), and each
-    op's `extra_reads`; what `LayerCoster.cost` keys its cache on besides the plan. Kept on the graph."""
+    """Per layer, by its first op's index (a module called twice makes two layers of one name): its ops' names,
+    the ops outside it whose outputs its ops read (in read order), and each op's `extra_reads`; what
+    `LayerCoster.cost` keys its cache on besides the plan. Kept on the graph."""
     out = graph.__dict__.get("_shardwise_layer_reads")
     if out is not None:
         return out

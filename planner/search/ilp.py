@@ -65,7 +65,8 @@ SCIP_PARAMETERS = "separating/maxrounds = 0\nseparating/maxroundsroot = 0\n"
 """SCIP without cutting planes: the edge linearisation is already tight, and separating cuts took most of SCIP's
 time on problems with layer times and required sets (ortools 9.15, 2 cores: a zoo model's 24 tp=2 problems 15.5
 -> 2.6 s, a Llama's on dgx-h100 at tp=4 11.8 -> 1.0 s), for the same optimum and the same choices on every problem
-of those and of GPT-2 XL's and GPT-3 175B's searches. Branching still proves optimality (gap 0)."""
+of those and of GPT-2 XL's and GPT-3 175B's searches. Branching still proves optimality (gap 0); between answers
+tied on the objective SCIP may pick another one than with cuts (the README's forced GPT example)."""
 
 
 class ILPError(RuntimeError):
