@@ -325,10 +325,11 @@ def test_model_facts_of_gpt_example():
 
 @pytest.fixture(scope="module")
 def gpt2_xl_plan(tmp_path_factory):
-    """The bundled GPT-2 XL plan, searched as the README shows it (~4 s)."""
+    """The bundled GPT-2 XL plan, searched as the README shows it, written without the dry run (10 s of a 48-layer
+    model on fake tensors; the export reads the plan alone)."""
     path = tmp_path_factory.mktemp("xl") / "plan.json"
     assert cli([os.path.join(ROOT, "examples", "gpt2_xl.py"), "--cluster", "dgx-a100-80gb", "--batch-size", "512",
-                "-o", str(path)]) == 0
+                "--no-check", "-o", str(path)]) == 0
     return path
 
 
