@@ -203,9 +203,15 @@ def main() -> int:
     import torch
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
     precision = "bf16" if torch.cuda.is_available() else "fp32"
-    if not torch.cuda.is_available() and args.cluster != "cpu-local":  # plan measure runs only loopback plans on CPUs
-        print(f"  no CUDA: links from cpu-local, not {args.cluster}", flush=True)
-        args.cluster = "cpu-local"
+    if not torch.cuda.is_available():  # plan measure runs only plans whose ranks talk over loopback on CPUs
+        from hardware_profiles.load import ProfileError, load_cluster
+        try:
+            kind = load_cluster(args.cluster).intra_node.kind
+        except ProfileError as e:
+            ap.error(str(e))
+        if kind != "loopback":
+            print(f"  no CUDA: links from cpu-local, not {args.cluster} ({kind})", flush=True)
+            args.cluster = "cpu-local"
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {gpu}, torch {torch.__version__}, {precision}",
           flush=True)
     from concurrent.futures import ThreadPoolExecutor
