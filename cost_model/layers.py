@@ -62,6 +62,7 @@ from cost_model.work import FREE_KINDS, split_inputs, tensor_bytes
 from cost_model.ops import attention_core, logits_producer, sac_kept, sequence_shard, shards_last_dim
 from planner.autocast import AUTOCAST_LOWER_KINDS
 from planner.graph import Layer, OpGraph, dtype_bytes
+from planner.layout import boundary_placements
 from planner.plan import OpPlacement, Plan
 
 LOSS_PARALLEL_ALL_REDUCES = 3
@@ -119,11 +120,12 @@ class LayerCost:
     """Whether the layer's forward runs under torch's checkpoint (full or selective recomputation): its linears
     then keep no weight copies for backward, and its re-run casts them again."""
     out_full_bytes: float = 0.0
-    """Bytes of the layer's output gathered whole over tp (= `out_bytes` unless the output is sharded)."""
+    """Bytes a pipeline stage boundary after this layer sends per device: `out_bytes`, or, for an output sharded
+    over tp that is sent whole (all but a block's: `planner.layout.boundary_placements`), the gathered tensor."""
     boundary_gather: tuple[float, float] = (0.0, 0.0)
-    """When the output is sharded over tp: (the all-gather to a whole tensor in forward, the all-gather of the
-    gradient of the whole tensor read back sharded, in backward), which a pipeline stage boundary after this layer
-    costs (`executor.tp.stage_boundary_hooks` sends whole tensors)."""
+    """For an output sharded over tp and sent whole: (the all-gather to a whole tensor in forward, the all-gather of
+    the gradient of the whole tensor read back sharded, in backward), which a pipeline stage boundary after this
+    layer costs (`executor.tp.stage_boundary_hooks`)."""
 
     def __post_init__(self):
         object.__setattr__(self, "out_full_bytes", max(self.out_full_bytes, self.out_bytes))  # frozen
@@ -190,6 +192,7 @@ class LayerCoster:
         self.extra_reads = extra_reads(graph)
         self.grads = input_grads(graph)
         self.recomputed = plan.recomputed_blocks(stage_blocks(graph, plan))
+        self.sent_sharded = boundary_placements(plan) if self.tp > 1 and plan.mesh.pp > 1 else {}
         self._cache: dict = {}
 
     def policy(self, layer: Layer) -> str:
@@ -534,10 +537,12 @@ class LayerCoster:
         return tensor_bytes(last.output_meta[0], self._dtype(last.name)) * self.mbs / self.graph.batch_size / div
 
     def _boundary(self, layer: Layer, out_bytes: float) -> tuple[float, tuple[float, float]]:
-        """(`LayerCost.out_full_bytes`, `LayerCost.boundary_gather`) of the layer's output."""
+        """(`LayerCost.out_full_bytes`, `LayerCost.boundary_gather`) of the layer's output: a block's sharded
+        output crosses a stage boundary as its shard, any other sharded output whole (`executor.tp`)."""
         last = self.graph.ops[layer.ops[-1]]
         pl = self.plan.ops.get(last.name)
-        if not last.output_meta or pl is None or not pl.output.startswith("S") or self.tp <= 1:
+        if not last.output_meta or pl is None or not pl.output.startswith("S") or self.tp <= 1 \
+                or (layer.block_type is not None and layer.name in self.sent_sharded):
             return out_bytes, (0.0, 0.0)
         meta, prec = last.output_meta[0], self._dtype(last.name)
         kw = dict(traced_batch_size=self.graph.batch_size)

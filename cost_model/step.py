@@ -196,10 +196,11 @@ class StepPredictor:
             self._sender_busy()
 
     def _whole_boundaries(self, costs: list[LayerCost]) -> list[LayerCost]:
-        """Under tp a stage sends its output whole (`executor.tp.stage_boundary_hooks`): a sharded output (sequence
-        parallelism) is all-gathered at the end of the sender's forward, and the receiver, which reads it
-        replicated, all-gathers its gradient at the end of its backward; the receiver holds the whole tensor (the
-        receive buffer) while the micro-batch is in flight, beyond the shard its first layer keeps."""
+        """Under tp a stage sends a block's sharded output (sequence parallelism) as each rank's shard, and any
+        other output whole (`executor.tp.stage_boundary_hooks`): a sharded output sent whole is all-gathered at the
+        end of the sender's forward, and the receiver, which reads it replicated, all-gathers its gradient at the
+        end of its backward; the receiver holds the whole tensor (the receive buffer) while the micro-batch is in
+        flight, beyond the shard its first layer keeps."""
         costs = list(costs)
         for _, e in self.stage_ranges[:-1]:
             out, nxt = costs[e - 1], costs[e]

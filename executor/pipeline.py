@@ -16,6 +16,8 @@ equal — Megatron-LM's treatment of shared embeddings.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.distributed as dist
 import torch.fx as fx
@@ -25,6 +27,7 @@ from torch.distributed.pipelining import PipelineStage
 from executor.errors import ExecutorError
 from executor.parallel import blocks
 from planner.blocks import layer_modules
+from planner.layout import boundary_placements as block_output_placements
 from planner.plan import Plan, StageSpec
 
 
@@ -244,6 +247,26 @@ def _stage_graph(model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int], k
         outs = live(k)
         g.output(env[outs[0]] if len(outs) == 1 else tuple(env[n] for n in outs))
     return fx.GraphModule(model, g)
+
+
+def boundary_placements(graphs: list[fx.GraphModule], plan: Plan, block_paths: list[str]) -> list[list[str]]:
+    """Per stage boundary k (stage k to stage k + 1), the placement each value crossing it travels in
+    (`executor.tp.stage_boundary_hooks`): a block's output (the call of a block module, or the first item of the
+    tuple it returns) as `planner.layout.boundary_placements` says, which the cost model prices; anything else
+    "R" (whole). Every rank computes the same lists from the same stage graphs, so sender and receiver agree."""
+    sharded = {b: p for b, p in block_output_placements(plan).items() if b in set(block_paths)}
+    out = []
+    for g in graphs[:-1]:
+        ret = next(n for n in g.graph.nodes if n.op == "output").args[0]
+        out.append([sharded.get(_block_called(v), "R") for v in (ret if isinstance(ret, tuple) else (ret,))])
+    return out
+
+
+def _block_called(v: object) -> str | None:
+    """The module path a stage's output value is the result of (a `call_module` node, or item 0 of one)."""
+    if isinstance(v, fx.Node) and v.op == "call_function" and v.target is operator.getitem and v.args[1] == 0:
+        v = v.args[0]
+    return v.target if isinstance(v, fx.Node) and v.op == "call_module" else None
 
 
 def tied_pairs(model: nn.Module, modules: list[list[str]]) -> list[tuple[str, list[int]]]:

@@ -298,10 +298,13 @@ class Runner:
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]
         self.stage_ids = mine
         self.parts, stages = [], []
+        crossing = pipeline.boundary_placements(graphs, plan, self.block_paths) if plan.mesh.tp > 1 else []
         for i in mine:
             part = self._parallelize(graphs[i])
             if plan.mesh.tp > 1:
-                tp.stage_boundary_hooks(part, self.mesh["tp"], last=i == len(graphs) - 1)
+                tp.stage_boundary_hooks(part, self.mesh["tp"], last=i == len(graphs) - 1,
+                                        received=crossing[i - 1] if i else None,
+                                        sent=crossing[i] if i < len(crossing) else None)
                 part.register_forward_pre_hook(lambda *_: tp.forget_gathered())  # a stage's forward begins
                 part.register_forward_hook(lambda *_: tp.forget_gathered())  # and ends
             self.parts.append(part)

@@ -518,19 +518,41 @@ def to_plain(x: Any, keep_vocab_sharded: bool = False) -> Any:
     return out
 
 
-def stage_boundary_hooks(stage: nn.Module, mesh: DeviceMesh, last: bool) -> None:
-    """A pipeline stage sends and receives plain tensors: its float inputs become Replicate DTensors (so their
-    gradients come back as plain tensors); the outputs of every stage but the last are gathered to Replicate and
-    unwrapped (the last stage's go to the loss as the model's outputs do)."""
+def stage_boundary_hooks(stage: nn.Module, mesh: DeviceMesh, last: bool, received: list[str] | None = None,
+                         sent: list[str] | None = None) -> None:
+    """A pipeline stage sends and receives plain tensors. `received` / `sent`: the placement (`S(d)`, or "R") each
+    value crossing into / out of the stage has (`executor.pipeline.boundary_placements`; None: all "R"). A sharded
+    value travels as each tp rank's local shard, between the same tp rank of the two stages: the sender unwraps its
+    shard (redistributed to that placement first, should it hold another), the receiver wraps the shard back with
+    it, and the gradients travel the same way. A value placed "R" travels whole: the sender gathers it to
+    Replicate and unwraps it, the receiver reads it as Replicate (its gradient comes back a plain tensor). The last
+    stage's outputs go to the loss as the model's outputs do."""
     def pre(module, args):
-        return tuple(_from_local(a, mesh) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                     for a in args)
+        return tuple(_received(a, mesh, received[i] if received and i < len(received) else "R")
+                     for i, a in enumerate(args))
 
     def post(module, args, output):
-        return tree_map(_to_local, output)
+        if isinstance(output, tuple):
+            return tuple(_sent(o, mesh, sent[i] if sent and i < len(sent) else "R") for i, o in enumerate(output))
+        return _sent(output, mesh, sent[0] if sent else "R")
     stage.register_forward_pre_hook(pre)
     if not last:
         stage.register_forward_hook(post)
+
+
+def _received(t: Any, mesh: DeviceMesh, placement: str) -> Any:
+    if not isinstance(t, torch.Tensor) or isinstance(t, DTensor) or not t.is_floating_point():
+        return t
+    return DTensor.from_local(t, mesh, [parse_placement(placement, t.dim())], run_check=False)
+
+
+def _sent(t: Any, mesh: DeviceMesh, placement: str) -> Any:
+    if placement == "R" or not isinstance(t, torch.Tensor):
+        return tree_map(_to_local, t)
+    if not isinstance(t, DTensor):
+        t = DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+    want = parse_placement(placement, t.dim())
+    return (t if t.placements[0] == want else t.redistribute(placements=[want])).to_local()
 
 
 def reduce_partial_grads(params) -> None:

@@ -1,8 +1,11 @@
-"""From per-op placements to per-parameter placements: what `Plan.parameters` holds.
+"""Layout facts the search, the cost model and the executor must agree on.
 
-The search and the cost model think per op (`OpPlacement.params`, in `OpNode.params` order); the executor
-distributes parameters by name. A parameter read by several ops (a tied embedding / LM head) must get one layout;
-`parameter_placements` raises PlanError naming both ops when it does not.
+From per-op placements to per-parameter placements (what `Plan.parameters` holds): the search and the cost model
+think per op (`OpPlacement.params`, in `OpNode.params` order); the executor distributes parameters by name. A
+parameter read by several ops (a tied embedding / LM head) must get one layout; `parameter_placements` raises
+PlanError naming both ops when it does not.
+
+What a pipeline stage boundary sends: `boundary_placements`.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Mapping
 
 from planner.errors import PlanError
 from planner.graph import OpGraph
-from planner.plan import OpPlacement
+from planner.plan import OpPlacement, Plan
 
 
 def parameter_placements(graph: OpGraph, ops: Mapping[str, OpPlacement]) -> dict[str, str]:
@@ -30,3 +33,18 @@ def parameter_placements(graph: OpGraph, ops: Mapping[str, OpPlacement]) -> dict
             by[param.name] = name
             out[param.name] = where
     return {k: v for k, v in out.items() if v != "R"}
+
+
+def boundary_placements(plan: Plan) -> dict[str, str]:
+    """Module path -> the placement its output crosses a pipeline stage boundary in, for the modules whose output
+    is sent sharded: a block's output is its last op's (in the plan's op order, the graph's), and when that is a
+    shard (`S(d)`, e.g. the sequence shard under sequence parallelism) each tp rank sends its own shard to the same
+    tp rank of the next stage, which reads it with that placement (as Megatron-LM's pipeline sends the
+    sequence-parallel shard). Every other value crossing a boundary (a module not listed here, glue between
+    modules) is sent whole."""
+    last: dict[str, str] = {}
+    for placement in plan.ops.values():
+        parts = placement.module.split(".") if placement.module else []
+        for k in range(1, len(parts) + 1):
+            last[".".join(parts[:k])] = placement.output
+    return {m: out for m, out in last.items() if out.startswith("S")}

@@ -17,6 +17,7 @@ from cost_model.model import CostModel, op_precision
 from cost_model.step import GRAD_REDUCE_BYTES, StepPredictor, _with_reduce
 from planner.defaults import default_plan
 from planner.graph import OpGraph, OpNode, TensorMeta
+from planner.plan import OpPlacement
 from test_memory_activations import cluster, megatron_gpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,24 +162,39 @@ def test_pipelined_dp_reduction_waits_for_the_flush_and_tied_weights_all_reduce(
     assert StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 8, dp=4, zero=0)).tied_all_reduce() == 0.0
 
 
-def test_a_sequence_parallel_stage_boundary_sends_the_whole_tensor(gpt):
-    # executor.tp.stage_boundary_hooks gathers a stage's sharded output and sends it whole; the receiver reads it
-    # replicated, so its gradient is all-gathered in backward and the whole tensor is held while in flight
+def test_a_sequence_parallel_stage_boundary_sends_each_ranks_shard(gpt):
+    # executor.tp.stage_boundary_hooks sends a block's sequence-sharded output as each tp rank's shard and the
+    # receiver reads it sharded (planner.layout.boundary_placements): no gather on either side, half the bytes of
+    # the replicated output at tp = 2, and the receiver keeps only the shard
     cl = _no_latency(cluster(nodes=1, per_node=4))
     plain, seq = (StepPredictor(CostModel(cl), gpt, _plan(gpt, cl, 4, tp=2, pp=2, sp=s, schedule="1f1b"))
                   for s in (0, 1))
-    assert seq.p2p_s > 0 and plain.p2p_s == pytest.approx(seq.p2p_s)
     (s0, e0), _ = seq.stage_ranges
+    assert seq.layers[e0 - 1].block_type is not None
     sender, receiver = seq.chunks[0][0].layers[-1], seq.chunks[1][0].layers[0]
-    assert sender.out_full_bytes == 2 * sender.out_bytes
-    fwd, bwd = sender.boundary_gather
-    assert fwd > 0 and bwd > 0
+    assert sender.out_full_bytes == sender.out_bytes == pytest.approx(
+        plain.chunks[0][0].layers[-1].out_bytes / 2)
+    assert 0 < seq.p2p_s < plain.p2p_s
+    assert seq.p2p_s == pytest.approx(CostModel(cl).comm.time("send_recv", sender.out_bytes, seq.groups["pp"]))
+    assert sender.boundary_gather == (0.0, 0.0)
     alone = LayerCoster(CostModel(cl), gpt, seq.plan, seq.groups["tp"])
-    assert sender.tp_fwd == pytest.approx(alone.cost(seq.layers[e0 - 1]).tp_fwd + fwd)
-    first = alone.cost(seq.layers[e0])
-    assert receiver.tp_bwd == pytest.approx(first.tp_bwd + bwd)
-    assert receiver.act_bytes == pytest.approx(first.act_bytes + sender.out_bytes)
-    assert plain.chunks[0][0].layers[-1].boundary_gather == (0.0, 0.0)  # a replicated output is sent as it is
+    assert sender.tp_fwd == pytest.approx(alone.cost(seq.layers[e0 - 1]).tp_fwd)
+    assert receiver.tp_bwd == pytest.approx(alone.cost(seq.layers[e0]).tp_bwd)
+    assert receiver.act_bytes == pytest.approx(alone.cost(seq.layers[e0]).act_bytes)
+
+
+def test_a_sharded_output_that_is_not_a_blocks_crosses_whole(gpt):
+    # only a block's output travels as its shard (executor.pipeline.boundary_placements); a sharded output of the
+    # ops between blocks is gathered and sent whole, its gradient all-gathered in the receiver's backward
+    cl = _no_latency(cluster(nodes=1, per_node=4))
+    plan = _plan(gpt, cl, 4, tp=2, pp=2, sp=1, schedule="1f1b")
+    pre = next(l for l in gpt.layers() if l.block_type is None)  # the embeddings, before the first block
+    last = gpt.ops[pre.ops[-1]].name
+    ops = {**plan.ops, last: OpPlacement(strategy="sequence", inputs=("R", "R"), output="S(1)")}  # as if sharded
+    coster = LayerCoster(CostModel(cl), gpt, dataclasses.replace(plan, ops=ops), Group(2, 1))
+    glue = [pre]
+    cost = coster.cost(glue[0])
+    assert cost.out_full_bytes == pytest.approx(2 * cost.out_bytes) and min(cost.boundary_gather) > 0
 
 
 def test_interleaved_dp_reduction_runs_after_each_chunks_last_backward(gpt):

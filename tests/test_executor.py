@@ -155,6 +155,15 @@ def test_pipeline_stages_hold_no_receive_buffer_between_steps(results):
     assert results["dp"]["recv_slots"] == 0
 
 
+def test_a_sequence_parallel_stage_boundary_sends_each_ranks_shard(results):
+    # tp = 2 with sequence parallelism: a stage sends its block's sequence shard, half the boundary tensor, to the
+    # same tp rank of the next stage (executor.tp.stage_boundary_hooks, as the cost model prices it); without
+    # sequence parallelism the block's output is replicated and crosses whole
+    assert results["tp_pp_sp"]["sent_per_microbatch"] == results["tp_pp_sp"]["boundary_elems"] / 2
+    assert results["load_into_tp_pp"]["sent_per_microbatch"] == results["load_into_tp_pp"]["boundary_elems"]
+    assert results["pp_1f1b"]["sent_per_microbatch"] == results["pp_1f1b"]["boundary_elems"]
+
+
 def test_replicated_subtrees_run_generated_code(results):
     # a module tp leaves replicated runs its unflattened graph's generated code (torch.fx.Interpreter, the
     # default of torch.export.unflatten, costs ~0.15 ms a call on a CPU rank)

@@ -97,6 +97,16 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
         start = 0
     losses, gathers = [], []
     interpreted = _count_interpreter_runs()
+    sent = [0]  # elements of the activations this rank's stages send in the last step
+
+    def counting_sends(get):
+        def ops(chunk):
+            got = get(chunk)
+            sent[0] += sum(op.tensor.numel() for op in got)
+            return got
+        return ops
+    for st in getattr(runner, "stages", []):
+        st.get_fwd_send_ops = counting_sends(st.get_fwd_send_ops)
     from executor import parallel
     plain_call, calls = parallel.recompute_call, [0]
 
@@ -106,6 +116,7 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     parallel.recompute_call = counted
     try:
         for x, y in data[start:spec.get("stop", STEPS)]:
+            sent[0] = 0
             with _count_all_gathers() as n, interpreted:
                 losses.append(runner.step(x, y))
             gathers.append(n[0])
@@ -140,6 +151,11 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     held = torch.tensor([float(sum(i.buffer.numel() for i in slots)), float(len(slots))])
     dist.all_reduce(held, op=dist.ReduceOp.MAX)
     out["recv_held"], out["recv_slots"] = held.tolist()
+    # activation elements a stage sent per micro-batch, and the whole boundary tensor's (micro-batch x seq x C)
+    most = torch.tensor([float(sent[0])])
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    out["sent_per_microbatch"] = most.item() / plan.num_microbatches
+    out["boundary_elems"] = plan.microbatch_size * CFG["block_size"] * CFG["n_embd"]
     flag = torch.tensor([float(runner.vocab_parallel_loss and not runner.gather_logits)])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the loss runs on the last pipeline stage's ranks only
     out["vocab_parallel_loss"] = bool(flag.item())
