@@ -36,12 +36,11 @@ def parameter_placements(graph: OpGraph, ops: Mapping[str, OpPlacement]) -> dict
 
 
 def boundary_placements(plan: Plan) -> dict[str, str]:
-    """Module path -> the placement its output crosses a pipeline stage boundary in, for the modules whose output
-    is sent sharded: a block's output is its last op's (in the plan's op order, the graph's), and when that is a
-    shard (`S(d)`, e.g. the sequence shard under sequence parallelism) each tp rank sends its own shard to the same
-    tp rank of the next stage, which reads it with that placement (as Megatron-LM's pipeline sends the
-    sequence-parallel shard). Every other value crossing a boundary (a module not listed here, glue between
-    modules) is sent whole."""
+    """Module path -> its output's placement (its last op's, in the plan's op order, the graph's), for every module
+    whose output is a shard (`S(d)`, e.g. the sequence shard under sequence parallelism). A block listed here
+    crosses a pipeline stage boundary as that shard: each tp rank sends its own to the same tp rank of the next
+    stage, which reads it with that placement (as Megatron-LM's pipeline sends the sequence-parallel shard). Every
+    other value crossing a boundary (a block not listed, any other module, glue between modules) is sent whole."""
     last: dict[str, str] = {}
     for placement in plan.ops.values():
         parts = placement.module.split(".") if placement.module else []
