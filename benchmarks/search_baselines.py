@@ -61,8 +61,10 @@ def main() -> None:
             fitting = [t for t in times.values() if t is not None]
             speedup = f"{min(fitting) / best:7.2f}x" if fitting else "    n/a"
             p = res.best
-            plan = (f"dp={p.mesh.dp} tp={p.mesh.tp} pp={p.mesh.pp} z{p.zero_stage} mbs{p.microbatch_size} "
-                    f"{p.recompute}{recompute_counts(p)} {p.schedule if p.mesh.pp > 1 else ''}")
+            plan = " ".join(filter(None, (
+                f"dp={p.mesh.dp} tp={p.mesh.tp} pp={p.mesh.pp} z{p.zero_stage} mbs{p.microbatch_size}",
+                f"{p.recompute}{recompute_counts(p)}", p.schedule if p.mesh.pp > 1 else "",
+                "sp" if p.sequence_parallel else "")))
             cell = lambda t: f"{t:9.3f}" if t is not None else f"{'OOM':>9}"  # noqa: E731
             print(f"{name:<6} {preset:<14} {gpus:>5} {cell(times['DDP'])} {cell(times['ZeRO-3'])} "
                   f"{cell(times['TP=node,PP=nodes']):>11} {best:9.3f}  {speedup}  {plan}", flush=True)
