@@ -254,7 +254,8 @@ def boundary_placements(graphs: list[fx.GraphModule], plan: Plan, block_paths: l
     (`executor.tp.stage_boundary_hooks`): a block's output (the call of a block module, or the first item of the
     tuple it returns) as `planner.layout.boundary_placements` says, which the cost model prices; anything else
     "R" (whole). Every rank computes the same lists from the same stage graphs, so sender and receiver agree."""
-    sharded = {b: p for b, p in block_output_placements(plan).items() if b in set(block_paths)}
+    is_block = frozenset(block_paths)
+    sharded = {b: p for b, p in block_output_placements(plan).items() if b in is_block}
     out = []
     for g in graphs[:-1]:
         ret = next(n for n in g.graph.nodes if n.op == "output").args[0]

@@ -543,16 +543,13 @@ def stage_boundary_hooks(stage: nn.Module, mesh: DeviceMesh, last: bool, receive
 def _received(t: Any, mesh: DeviceMesh, placement: str) -> Any:
     if not isinstance(t, torch.Tensor) or isinstance(t, DTensor) or not t.is_floating_point():
         return t
-    return DTensor.from_local(t, mesh, [parse_placement(placement, t.dim())], run_check=False)
+    return DTensor.from_local(t, mesh, [parsed_placement(placement, t.dim())], run_check=False)
 
 
 def _sent(t: Any, mesh: DeviceMesh, placement: str) -> Any:
     if placement == "R" or not isinstance(t, torch.Tensor):
         return tree_map(_to_local, t)
-    if not isinstance(t, DTensor):
-        t = DTensor.from_local(t, mesh, [Replicate()], run_check=False)
-    want = parse_placement(placement, t.dim())
-    return (t if t.placements[0] == want else t.redistribute(placements=[want])).to_local()
+    return _redistribute(t, placement, mesh, "a pipeline stage's output").to_local()
 
 
 def reduce_partial_grads(params) -> None:
