@@ -1,10 +1,11 @@
 """The dry run (`executor.dry_run`): a plan applied by the executor's own `apply_plan` on fake tensors under a fake
 process group, one micro-batch's forward, backward and optimizer step, in this process (no torchrun).
 
-Every bundled example and zoo model planned under `--force tp=2 / dp=2 / pp=2 / zero=3` (where the planner accepts
-it) passes, or fails with the executor limitation it really has; a plan that crashes after launch (attention with
-module-constant head counts under tp) is caught by `plan check` in one line naming module, placement and op, the
-same crash happens under torchrun, and `plan -o` does not write it; the other after-launch crashes of issue 9
+Every bundled example and zoo model planned under `--force dp=2 / pp=2 / zero=3` (where the planner accepts it)
+passes, or fails with the executor limitation it really has (their tp=2 plans pass it in tests/test_zoo.py, which
+then trains them); a plan that crashes after launch (attention with module-constant head counts under tp) is
+caught by `plan check` in one line naming module, placement and op, the same crash happens under torchrun, and
+`plan -o` does not write it; the other after-launch crashes of issue 9
 (nanoGPT's fused qkv, HF Llama under sp) are caught; the gate falls back to the next candidate; a missing DTensor
 rule is named; no process group or mode is left behind. These models are the current executor's crashes: when
 the executor learns to run one, its test here should switch to another plan that fails.
@@ -38,10 +39,11 @@ MODELS = {
     "nanogpt_fused_qkv": os.path.join(ZOO, "nanogpt_fused_qkv.py"),
     "shared_module": os.path.join(ZOO, "shared_module.py"),  # zero=3 failed: a parameter in two FSDP units
 }
-FORCINGS = {"tp=2": {"tp": 2}, "dp=2": {"dp": 2}, "pp=2": {"pp": 2}, "zero=3": {"dp": 2, "zero": 3}}
-"""`--force` settings on the 2-rank cpu-local cluster (zero=3 pinned to dp=2, where ZeRO shards something)."""
-REFUSED = {("mlp", "tp=2"), ("hf_gpt2", "tp=2")}
-"""The planner may refuse these (no Linear pair; HF Conv1D): nothing to dry-run."""
+FORCINGS = {"dp=2": {"dp": 2}, "pp=2": {"pp": 2}, "zero=3": {"dp": 2, "zero": 3}}
+"""`--force` settings on the 2-rank cpu-local cluster (zero=3 pinned to dp=2, where ZeRO shards something). tp=2:
+tests/test_zoo.py dry-runs every zoo model's tp=2 plan (the same search on the same profile) before training it."""
+REFUSED: set[tuple[str, str]] = set()
+"""(model, forcing) the planner may refuse: nothing to dry-run."""
 EXECUTOR_LIMITS: set[tuple[str, str]] = set()
 """Plans the planner writes but the executor cannot run (none today: models torch.fx cannot trace are pipelined
 from their export). The dry run must say so in one line."""

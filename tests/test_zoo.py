@@ -3,8 +3,8 @@ tp=2 x pp=2 on gloo ranks: fp32, 3 steps, every loss within 1e-5 of one process 
 `reference_losses`; relative above a loss of 1, as in test_tp_function).
 
 Each plan comes from `plan MODEL --force ... --no-check` on a CPU cluster profile of 2 ranks (cpu-local) or 4
-(cpu-local with 4 devices per node). Each mesh is ONE torchrun launch of tests/zoo_worker.py that trains every
-model in turn (a launch per model and mesh would cost CI minutes); a model that fails records its one-line error
+(cpu-local with 4 devices per node). The meshes of one world size share ONE torchrun launch of tests/zoo_worker.py
+that trains every model of each in turn (a launch per model and mesh would cost CI minutes); a model that fails records its one-line error
 there and the others still run. KNOWN_FAILURES lists the combinations that do not run yet, with their cause;
 HAND_LAYOUTS adds a written-in Megatron layout for two models whatever `plan` picks.
 """
@@ -28,7 +28,7 @@ EXAMPLES = os.path.join(ROOT, "examples")
 WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
 STEPS, BATCH, TOL = 3, 4, 1e-5
 LAUNCH_TIMEOUT_S = 900
-"""One mesh's launch (13 models); a healthy one takes well under a minute here."""
+"""One launch (13 models per mesh, two meshes at world 4); a healthy one takes about two minutes here."""
 MAX_LAUNCHES = 3
 """Launches per mesh when one dies (see `_train_all`)."""
 
@@ -99,24 +99,42 @@ def _cluster(folder, world: int) -> str:
     return path
 
 
+_TRACES: dict[str, object] = {}
+"""Model file -> its traced graph: each model is traced by its first mesh's `plan` only (the trace does not depend
+on the mesh; the later meshes' `plan` reuses it, see `_plan`)."""
+
+
 def _plan(model: str, cluster: str, force: str, out: str) -> tuple[int, str]:
     """`plan MODEL --force ... --no-check` in this process: (exit status, its last stderr line). Without the dry run
     `plan -o` runs first: the launch trains the search's first plan on real ranks, a stricter check than the dry run
-    (which would write the next candidate in its place; tests/test_dry_run.py covers that gate)."""
+    (which would write the next candidate in its place; tests/test_dry_run.py covers that gate). `trace_model` is
+    the first call's for a model file (`_TRACES`)."""
+    from unittest import mock
+
+    import planner.trace
     from planner.cli import main as plan_main
+    traced = planner.trace.trace_model
+
+    def trace_once(model_file, *args, **kwargs):
+        if args or kwargs:
+            return traced(model_file, *args, **kwargs)
+        if model_file.path not in _TRACES:
+            _TRACES[model_file.path] = traced(model_file)
+        return _TRACES[model_file.path]
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
+            mock.patch.object(planner.trace, "trace_model", trace_once):
         code = plan_main([model, "--cluster", cluster, "--batch-size", str(BATCH), "--precision", "fp32",
                           "--force", force, "--no-check", "-o", out])
     lines = err.getvalue().strip().splitlines()
     return code, (lines[-1] if lines else "")
 
 
-def _launch(mesh: str, folder) -> dict[str, dict]:
-    """Plan every zoo model for `mesh`, train them all in one torchrun launch; model name -> outcome: {"refused":
-    line} from `plan`, {"losses": [...]} or {"error": line, "where": file:line} from the worker, plus "plan"."""
-    world = math.prod(_axes(mesh).values())
-    cluster = _cluster(str(folder), world)
+def _plan_mesh(mesh: str, folder: str, cluster: str) -> tuple[dict[str, dict], list[dict]]:
+    """Plan every zoo model for `mesh` into `folder`: (model name -> {"refused": line, "code"} or {"plan": path},
+    the worker's jobs: one per plan, plus HAND_LAYOUTS' Megatron copies under tp2). Under tp2 each plan's dry run
+    problems are kept too ("dry_run")."""
+    from executor.dry_run import dry_run
     outcomes, jobs = {}, []
     for name, path in MODELS.items():
         if name.startswith("hf_") and not HAVE_HF:
@@ -131,6 +149,8 @@ def _launch(mesh: str, folder) -> dict[str, dict]:
             outcomes[name] = {"refused": line, "code": code}
             continue
         outcomes[name] = {"plan": plan}
+        if mesh == "tp2":  # the gate `plan -o` runs without --no-check (test_zoo_tp2_plans_pass_the_dry_run)
+            outcomes[name]["dry_run"] = dry_run(plan, path, label=f"{name} {mesh}")
         jobs.append({"name": name, "model": path, "plan": plan})
     if mesh == "tp2":
         for name in HAND_LAYOUTS:
@@ -138,10 +158,31 @@ def _launch(mesh: str, folder) -> dict[str, dict]:
                 hand = _with_megatron_blocks(MODELS[name], outcomes[name]["plan"])
                 outcomes[name + "+megatron"] = {"plan": hand}
                 jobs.append({"name": name + "+megatron", "model": MODELS[name], "plan": hand})
-    for name, result in _train_all(jobs, world, str(folder)).items():
-        outcomes[name].update(result)
-    with open(os.path.join(folder, "outcomes.json"), "w") as f:  # the zoo table's row for this mesh
-        json.dump(outcomes, f, indent=1)
+        plan = os.path.join(folder, "llama+sp.plan.json")  # test_llama_sequence_parallel_norms_...
+        code, line = _plan(MODELS["llama"], cluster, MESHES[mesh] + ",sp=1", plan)
+        outcomes["llama+sp"] = {"plan": plan} if code == 0 else {"refused": line, "code": code}
+        if code == 0:
+            jobs.append({"name": "llama+sp", "model": MODELS["llama"], "plan": plan})
+    return outcomes, jobs
+
+
+def _launch(meshes: list[str], folder) -> dict[str, dict[str, dict]]:
+    """Plan every zoo model for each of `meshes` (one world size), train them all in one torchrun launch; mesh ->
+    model name -> outcome: {"refused": line} from `plan`, {"losses": [...]} or {"error": line, "where": file:line}
+    from the worker, plus "plan"."""
+    world = math.prod(_axes(meshes[0]).values())
+    cluster = _cluster(str(folder), world)
+    outcomes, jobs = {}, []
+    for mesh in meshes:
+        os.makedirs(os.path.join(folder, mesh), exist_ok=True)
+        outcomes[mesh], mesh_jobs = _plan_mesh(mesh, os.path.join(folder, mesh), cluster)
+        jobs += [dict(job, name=f"{mesh}-{job['name']}") for job in mesh_jobs]
+    results = _train_all(jobs, world, str(folder))
+    for mesh in meshes:
+        for name, outcome in outcomes[mesh].items():
+            outcome.update(results.get(f"{mesh}-{name}", {}))
+        with open(os.path.join(folder, mesh, "outcomes.json"), "w") as f:  # the zoo table's row for this mesh
+            json.dump(outcomes[mesh], f, indent=1)
     return outcomes
 
 
@@ -219,12 +260,15 @@ def _died(stderr: str) -> str:
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-    """mesh -> its launch's outcomes, each mesh launched once, when its first test asks."""
+    """mesh -> its outcomes; the meshes of one world size are launched together (a launch's start costs seconds
+    here), when the first test of any of them asks."""
     done = {}
 
     def outcomes(mesh: str) -> dict[str, dict]:
         if mesh not in done:
-            done[mesh] = _launch(mesh, tmp_path_factory.mktemp(mesh))
+            world = math.prod(_axes(mesh).values())
+            together = [m for m in MESHES if math.prod(_axes(m).values()) == world]
+            done.update(_launch(together, tmp_path_factory.mktemp(f"world{world}")))
         return done[mesh]
     return outcomes
 
@@ -343,6 +387,15 @@ def test_zoo_tp_plans_shard_weights(zoo, mesh):
     assert not replicated, f"plans for {mesh} that replicate every weight: {', '.join(replicated)}"
 
 
+def test_zoo_tp2_plans_pass_the_dry_run(zoo):
+    """The dry run `plan -o` gates plans with passes every zoo model's tp=2 plan, which the launch then trains (a
+    dry run refusing a plan that trains would make `plan` write a worse candidate)."""
+    planned = {name: out for name, out in zoo("tp2").items() if name in MODELS and "plan" in out}
+    assert planned and all("dry_run" in out for out in planned.values())
+    failed = {name: out["dry_run"] for name, out in planned.items() if out["dry_run"]}
+    assert not failed, failed
+
+
 @pytest.mark.parametrize("name", HAND_LAYOUTS)
 def test_zoo_hand_megatron_layout_trains_its_own_function(zoo, name):
     """The executor runs a Megatron tp=2 layout of the block Linears with one process's losses (HAND_LAYOUTS)."""
@@ -356,16 +409,15 @@ def test_zoo_hand_megatron_layout_trains_its_own_function(zoo, name):
     assert _close(out["losses"], ref), (out["losses"], ref)
 
 
-def test_llama_sequence_parallel_norms_stay_on_their_shards_and_train(tmp_path):
+def test_llama_sequence_parallel_norms_stay_on_their_shards_and_train(zoo):
     """`plan --force tp=2,sp=1` on the Llama keeps its hand-written RMSNorm (`pow`, `mean`, `rsqrt`, `mul`) on
-    sequence shards, and the executor trains that layout with one process's losses."""
+    sequence shards, and the executor trains that layout with one process's losses (a job of the tp2 launch)."""
     from planner.plan import Plan
-    plan = str(tmp_path / "llama_sp.plan.json")
-    code, line = _plan(MODELS["llama"], "cpu-local", "dp=1,tp=2,pp=1,sp=1", plan)
-    assert code == 0, line
-    loaded = Plan.load(plan)
+    out = zoo("tp2")["llama+sp"]
+    assert "refused" not in out, out["refused"]
+    loaded = Plan.load(out["plan"])
+    assert loaded.sequence_parallel
     means = {name: p for name, p in loaded.ops.items() if name.startswith("mean")}
     assert means and all(p.inputs == ("S(1)",) and p.output == "S(1)" for p in means.values()), means
-    out = _train_all([{"name": "llama_sp", "model": MODELS["llama"], "plan": plan}], 2, str(tmp_path))["llama_sp"]
     assert "error" not in out, f"{out['error']} ({out['where']})"
     assert _close(out["losses"], _reference("llama", 1, loaded.num_microbatches)), out["losses"]
