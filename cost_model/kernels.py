@@ -119,7 +119,16 @@ def gemm_plan(device: DeviceSpec, g: Gemm, precision: str = "bf16") -> tuple[flo
     """(compute seconds, K slices, achieved fraction of peak) of one GEMM by shape: the best of the profile's
     tiles, either orientation, and of the split-K slicings when the tiles do not fill one wave (the compute
     seconds include the slices' fixup); a GEMM with an unaligned dimension at the profile's measured
-    `unaligned_efficiency`, where it has one. No roofline or floor (`gemm_time`)."""
+    `unaligned_efficiency`, where it has one. No roofline or floor (`gemm_time`). Remembered per device (a search
+    prices the same shapes for every candidate)."""
+    known = device.__dict__.setdefault("_shardwise_gemm_plans", {})  # DeviceSpec is frozen: its fields never change
+    key = (g, precision)
+    if key not in known:
+        known[key] = _gemm_plan(device, g, precision)
+    return known[key]
+
+
+def _gemm_plan(device: DeviceSpec, g: Gemm, precision: str) -> tuple[float, int, float]:
     b, m, n, k = g
     flops = 2.0 * b * m * n * k
     if flops <= 0:
