@@ -41,9 +41,15 @@ def boundary_placements(plan: Plan) -> dict[str, str]:
     crosses a pipeline stage boundary as that shard: each tp rank sends its own to the same tp rank of the next
     stage, which reads it with that placement (as Megatron-LM's pipeline sends the sequence-parallel shard). Every
     other value crossing a boundary (a block not listed, any other module, glue between modules) is sent whole."""
-    last: dict[str, str] = {}
-    for placement in plan.ops.values():
-        parts = placement.module.split(".") if placement.module else []
+    leaf: dict[str, tuple[int, str]] = {}  # module -> (position, output) of its own last op
+    for i, placement in enumerate(plan.ops.values()):
+        if placement.module:
+            leaf[placement.module] = (i, placement.output)
+    last: dict[str, tuple[int, str]] = {}  # module -> the same over it and every module inside it
+    for module, (i, out) in leaf.items():
+        parts = module.split(".")
         for k in range(1, len(parts) + 1):
-            last[".".join(parts[:k])] = placement.output
-    return {m: out for m, out in last.items() if out.startswith("S")}
+            prefix = ".".join(parts[:k])
+            if last.get(prefix, (-1, ""))[0] < i:
+                last[prefix] = (i, out)
+    return {m: out for m, (_, out) in last.items() if out.startswith("S")}
