@@ -36,11 +36,15 @@ def parameter_placements(graph: OpGraph, ops: Mapping[str, OpPlacement]) -> dict
 
 
 def boundary_placements(plan: Plan) -> dict[str, str]:
-    """Module path -> its output's placement (its last op's, in the plan's op order, the graph's), for every module
-    whose output is a shard (`S(d)`, e.g. the sequence shard under sequence parallelism). A block listed here
-    crosses a pipeline stage boundary as that shard: each tp rank sends its own to the same tp rank of the next
+    """Under sequence parallelism, module path -> its output's placement (its last placed op's, in the plan's op
+    order, the graph's), for every module whose output is a shard (`S(d)`, e.g. the sequence shard). A block listed
+    here crosses a pipeline stage boundary as that shard: each tp rank sends its own to the same tp rank of the next
     stage, which reads it with that placement (as Megatron-LM's pipeline sends the sequence-parallel shard). Every
-    other value crossing a boundary (a block not listed, any other module, glue between modules) is sent whole."""
+    other value crossing a boundary (a block not listed, any other module, glue between modules) is sent whole.
+    Without sequence parallelism nothing is listed: the residual stream a block returns is replicated there, and
+    its last placed op (the plan lists no replicated op) may be an earlier one, e.g. attention split by heads."""
+    if not plan.sequence_parallel:
+        return {}
     leaf: dict[str, tuple[int, str]] = {}  # module -> (position, output) of its own last op
     for i, placement in enumerate(plan.ops.values()):
         if placement.module:

@@ -16,6 +16,7 @@ from cost_model.layers import LOSS_PARALLEL_ALL_REDUCES, LayerCoster
 from cost_model.model import CostModel, op_precision
 from cost_model.step import GRAD_REDUCE_BYTES, StepPredictor, _with_reduce
 from planner.defaults import default_plan
+from planner.layout import boundary_placements
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.plan import OpPlacement
 from test_memory_activations import cluster, megatron_gpt
@@ -181,6 +182,22 @@ def test_a_sequence_parallel_stage_boundary_sends_each_ranks_shard(gpt):
     assert sender.tp_fwd == pytest.approx(alone.cost(seq.layers[e0 - 1]).tp_fwd)
     assert receiver.tp_bwd == pytest.approx(alone.cost(seq.layers[e0]).tp_bwd)
     assert receiver.act_bytes == pytest.approx(alone.cost(seq.layers[e0]).act_bytes)
+
+
+def test_without_sequence_parallelism_a_block_crosses_whole(gpt):
+    # a block's last placed op (the plan lists no replicated op) need not be its last op: attention split by heads
+    # and the rest replicated leaves the heads' S(1) last, while the block returns a replicated tensor. Without
+    # sequence parallelism no block is sent as a shard (planner.layout.boundary_placements, which the executor
+    # reads too); with it, the blocks' sequence shards are
+    cl = _no_latency(cluster(nodes=1, per_node=4))
+    plain = _plan(gpt, cl, 4, tp=2, pp=2, sp=0, schedule="1f1b")
+    attention = next(op for op in gpt.ops if op.kind == "attention" and op.module_path.startswith("h.0"))
+    heads = OpPlacement(strategy="heads", module=attention.module_path, inputs=("S(1)",) * 3, output="S(1)")
+    ops = {k: v for k, v in plain.ops.items() if not v.module.startswith("h.0")} | {attention.name: heads}
+    assert boundary_placements(dataclasses.replace(plain, ops=ops)) == {}
+    assert boundary_placements(dataclasses.replace(plain, ops=ops, sequence_parallel=True))["h.0"] == "S(1)"
+    seq = _plan(gpt, cl, 4, tp=2, pp=2, sp=1, schedule="1f1b")
+    assert {b: boundary_placements(seq).get(b) for b in ("h.0", "h.1")} == {"h.0": "S(1)", "h.1": "S(1)"}
 
 
 def test_a_sharded_output_that_is_not_a_blocks_crosses_whole(gpt):
