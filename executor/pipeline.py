@@ -255,7 +255,7 @@ def boundary_placements(graphs: list[fx.GraphModule], plan: Plan, block_paths: l
     tuple it returns) as `planner.layout.boundary_placements` says, which the cost model prices; anything else
     "R" (whole). Every rank computes the same lists from the same stage graphs, so sender and receiver agree."""
     is_block = frozenset(block_paths)
-    sharded = {b: p for b, p in block_output_placements(plan).items() if b in is_block}
+    sharded = block_output_placements(plan, is_block)
     out = []
     for g in graphs[:-1]:
         ret = next(n for n in g.graph.nodes if n.op == "output").args[0]
