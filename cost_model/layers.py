@@ -192,8 +192,8 @@ class LayerCoster:
         self.extra_reads = extra_reads(graph)
         self.grads = input_grads(graph)
         self.recomputed = plan.recomputed_blocks(stage_blocks(graph, plan))
-        blocks = {name for names in graph.block_types.values() for name in names}
-        self.sent_sharded = boundary_placements(plan, blocks) if self.tp > 1 and plan.mesh.pp > 1 else {}
+        self.sent_sharded = boundary_placements(plan, {b for names in graph.block_types.values() for b in names}) \
+            if self.tp > 1 and plan.mesh.pp > 1 else {}
         self._cache: dict = {}
 
     def policy(self, layer: Layer) -> str:

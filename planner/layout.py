@@ -35,29 +35,29 @@ def parameter_placements(graph: OpGraph, ops: Mapping[str, OpPlacement]) -> dict
     return {k: v for k, v in out.items() if v != "R"}
 
 
-def boundary_placements(plan: Plan, modules: Collection[str] | None = None) -> dict[str, str]:
-    """Under sequence parallelism, module path -> its output's placement (its last placed op's, in the plan's op
-    order, the graph's), for every module whose output is a shard (`S(d)`, e.g. the sequence shard). A block listed
-    here crosses a pipeline stage boundary as that shard: each tp rank sends its own to the same tp rank of the next
-    stage, which reads it with that placement (as Megatron-LM's pipeline sends the sequence-parallel shard). Every
-    other value crossing a boundary (a block not listed, any other module, glue between modules) is sent whole.
-    Without sequence parallelism nothing is listed: the residual stream a block returns is replicated there, and
-    its last placed op (the plan lists no replicated op) may be an earlier one, e.g. attention split by heads.
-    `modules`: answer for these module paths only (the blocks; a search asks once per candidate)."""
+def boundary_placements(plan: Plan, blocks: Collection[str]) -> dict[str, str]:
+    """Under sequence parallelism, block path (of `blocks`) -> its output's placement (its last placed op's, in the
+    plan's op order, the graph's), for every block whose output is a shard (`S(d)`, e.g. the sequence shard). A
+    block listed here crosses a pipeline stage boundary as that shard: each tp rank sends its own to the same tp
+    rank of the next stage, which reads it with that placement (as Megatron-LM's pipeline sends the
+    sequence-parallel shard). Every other value crossing a boundary (a block not listed, any other module, glue
+    between modules) is sent whole. Without sequence parallelism nothing is listed: the residual stream a block
+    returns is replicated there, and its last placed op (the plan lists no replicated op) may be an earlier one,
+    e.g. attention split by heads."""
     if not plan.sequence_parallel:
         return {}
     leaf: dict[str, tuple[int, str]] = {}  # module -> (position, output) of its own last op
     for i, placement in enumerate(plan.ops.values()):
         if placement.module:
             leaf[placement.module] = (i, placement.output)
-    depths = sorted({m.count(".") + 1 for m in modules}) if modules is not None else None
-    last: dict[str, tuple[int, str]] = {}  # module -> the same over it and every module inside it
+    depths = sorted({b.count(".") + 1 for b in blocks})
+    last: dict[str, tuple[int, str]] = {}  # block -> the same over every module inside it
     for module, (i, out) in leaf.items():
         parts = module.split(".")
-        for k in depths or range(1, len(parts) + 1):
+        for k in depths:
             if k > len(parts):
                 break
-            prefix = ".".join(parts[:k])
-            if (modules is None or prefix in modules) and last.get(prefix, (-1, ""))[0] < i:
-                last[prefix] = (i, out)
-    return {m: out for m, (_, out) in last.items() if out.startswith("S")}
+            block = ".".join(parts[:k])
+            if block in blocks and last.get(block, (-1, ""))[0] < i:
+                last[block] = (i, out)
+    return {b: out for b, (_, out) in last.items() if out.startswith("S")}

@@ -194,10 +194,11 @@ def test_without_sequence_parallelism_a_block_crosses_whole(gpt):
     attention = next(op for op in gpt.ops if op.kind == "attention" and op.module_path.startswith("h.0"))
     heads = OpPlacement(strategy="heads", module=attention.module_path, inputs=("S(1)",) * 3, output="S(1)")
     ops = {k: v for k, v in plain.ops.items() if not v.module.startswith("h.0")} | {attention.name: heads}
-    assert boundary_placements(dataclasses.replace(plain, ops=ops)) == {}
-    assert boundary_placements(dataclasses.replace(plain, ops=ops, sequence_parallel=True))["h.0"] == "S(1)"
+    blocks = {b for names in gpt.block_types.values() for b in names}
+    assert boundary_placements(dataclasses.replace(plain, ops=ops), blocks) == {}
+    assert boundary_placements(dataclasses.replace(plain, ops=ops, sequence_parallel=True), blocks)["h.0"] == "S(1)"
     seq = _plan(gpt, cl, 4, tp=2, pp=2, sp=1, schedule="1f1b")
-    assert {b: boundary_placements(seq).get(b) for b in ("h.0", "h.1")} == {"h.0": "S(1)", "h.1": "S(1)"}
+    assert {b: boundary_placements(seq, blocks).get(b) for b in ("h.0", "h.1")} == {"h.0": "S(1)", "h.1": "S(1)"}
 
 
 def test_a_sharded_output_that_is_not_a_blocks_crosses_whole(gpt):

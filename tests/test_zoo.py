@@ -4,9 +4,9 @@ tp=2 x pp=2 on gloo ranks: fp32, 3 steps, every loss within 1e-5 of one process 
 
 Each plan comes from `plan MODEL --force ... --no-check` on a CPU cluster profile of 2 ranks (cpu-local) or 4
 (cpu-local with 4 devices per node). The meshes of one world size share ONE torchrun launch of tests/zoo_worker.py
-that trains every model of each in turn (a launch per model and mesh would cost CI minutes); a model that fails records its one-line error
-there and the others still run. KNOWN_FAILURES lists the combinations that do not run yet, with their cause;
-HAND_LAYOUTS adds a written-in Megatron layout for two models whatever `plan` picks.
+that trains every model of each in turn (a launch per model and mesh would cost CI minutes); a model that fails
+records its one-line error there and the others still run. KNOWN_FAILURES lists the combinations that do not
+run yet, with their cause; HAND_LAYOUTS adds a written-in Megatron layout for two models whatever `plan` picks.
 """
 import contextlib
 import importlib.util
