@@ -187,7 +187,7 @@ class LayerCoster:
         self.tp = plan.mesh.tp
         self.mbs, self.prec = plan.microbatch_size, plan.precision
         self.on_dtensors = runs_on_dtensors(plan)
-        self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if mixed_precision_parameters(plan)
+        self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if plan.fsdp_mixed_precision
                                       else "fp32")
         self.extra_reads = extra_reads(graph)
         self.grads = input_grads(graph)
@@ -246,7 +246,7 @@ class LayerCoster:
         shared: set[tuple[str, str]] = set()  # (producer, placement) a linear has redistributed in forward
         cast_done: set[str] = set()  # producers whose autocast cast the tp executor shares among their readers
         casts: dict[str, float] = {}  # autocast's 16-bit weight copies, once per parameter (its cache)
-        cast_weights = self.prec != "fp32" and not mixed_precision_parameters(plan)
+        cast_weights = self.prec != "fp32" and not plan.fsdp_mixed_precision
         n_fwd = n_bwd = 0  # blocking tp collectives per pass (each waits for the ranks: `CommModel.sync_wait`)
         for pos, i in enumerate(layer.ops):
             op = g.ops[i]
@@ -411,7 +411,7 @@ class LayerCoster:
         elems = sum(_local_params(op, pl, self.tp).values())
         m, mesh = plan.num_microbatches, plan.mesh
         compute = self.model.compute
-        if mixed_precision_parameters(plan):
+        if plan.fsdp_mixed_precision:
             # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
             if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):
                 return 0.0, 0.0
@@ -426,7 +426,7 @@ class LayerCoster:
         """(forward, backward) host seconds of `_autocast_copies`' casts for one micro-batch: each parameter tensor's
         cast is one op in forward (once per step under pipelining) and one ToCopyBackward node in backward, on
         DTensors where the module's parameters are (`dtensor`)."""
-        if self.prec == "fp32" or op.kind != "linear" or not op.params or mixed_precision_parameters(self.plan):
+        if self.prec == "fp32" or op.kind != "linear" or not op.params or self.plan.fsdp_mixed_precision:
             return 0.0, 0.0
         ov, n, mesh = self.model.cluster.device.op_overhead, len(op.params), self.plan.mesh
         fwd, bwd = (ov.dtensor_forward, ov.dtensor_backward) if dtensor else (ov.forward, ov.backward)
@@ -555,14 +555,6 @@ class LayerCoster:
         """The precision op `name` writes its output in under autocast (`cost_model.dtypes`)."""
         d = self.dtypes.get(name)
         return d.output if d is not None else self.prec
-
-
-def mixed_precision_parameters(plan: Plan) -> bool:
-    """Whether the executor computes with parameters cast to the plan's precision by FSDP2's MixedPrecisionPolicy
-    (executor.parallel: `fully_shard` under ZeRO >= 1, `replicate` for ZeRO-0 with tp or pp, both with dp > 1);
-    otherwise (DDP, no dp) autocast computes with fp32 parameters."""
-    mesh = plan.mesh
-    return plan.precision != "fp32" and mesh.dp > 1 and (plan.zero_stage >= 1 or mesh.tp > 1 or mesh.pp > 1)
 
 
 def stage_blocks(graph: OpGraph, plan: Plan) -> list[list[str]]:

@@ -89,6 +89,9 @@ class DeviceWork:
     ddp: bool
     """Plain DP through torch DDP (its flat gradient buckets); False for FSDP2 `replicate` (per-block
     all-reduce buffers)."""
+    replicate: bool = False
+    """ZeRO-0 through FSDP2's `replicate` (tp or pp: with dp > 1, and at dp = 1 under 16-bit training,
+    `Plan.fsdp_mixed_precision`): 16-bit copies of the whole parameters, and per-unit gradient reduction buffers."""
     logits: float
     """Elements of the loss's input (the logits, this device's share) when the device holds the loss, else 0."""
     grad_recv: tuple = ()
@@ -158,7 +161,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         gathered = psi * unsharded
     elif z == 3:
         gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
-    elif n > 1 and not w.ddp and amp:  # FSDP2's replicate (tp or pp): 16-bit copies of the whole parameters
+    elif w.replicate and amp:  # FSDP2's replicate (tp or pp): 16-bit copies of the whole parameters
         gathered = psi * unsharded
     # autocast's 16-bit weight copies (fp32 parameters): cached until the autocast region ends (the forward and loss;
     # under pipelining the whole schedule step) and saved for backward by each linear outside checkpointed blocks
@@ -211,7 +214,7 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
         # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole
         # gradients (DDP, replicate) or unsharded ones until the last micro-batch
         per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
-        reduces = z >= 1 or (n > 1 and not w.ddp)
+        reduces = z >= 1 or w.replicate
         done: set[str] = set()  # parameters whose gradient a later layer's backward already made
         for i in reversed(range(len(layers))):
             l = layers[i]
@@ -257,6 +260,8 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         zero_stage=plan.zero_stage if sp.dp > 1 else 0, precision=plan.precision, pipelined=sp.pp > 1,
         # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
+        replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
+        or (sp.dp == 1 and plan.fsdp_mixed_precision),
         logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
         grad_recv=tuple(grad_recv), largest_tensor=max(tensors, default=0.0),
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),

@@ -28,6 +28,8 @@ TP and with `torch.distributed.pipelining`, and its knobs express the stages' se
   backward (`PipelineStage.perform_reduce_grad`), so gradients stay unsharded until then.
 
 Plain data parallelism uses DDP when no parameter is a DTensor and there is no pipeline, else FSDP2's `replicate`.
+16-bit training with tp or pp but without dp also runs under `replicate`, over the one-rank dp mesh, so it computes
+with 16-bit weights as every other tp or pp plan does (`Plan.fsdp_mixed_precision`).
 """
 from __future__ import annotations
 
@@ -304,13 +306,8 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
     stream); DDP keeps fp32 parameters under autocast."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import MixedPrecisionPolicy
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):
-        mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
-            MixedPrecisionPolicy()
-        for unit in _units(model, block_paths or []):
-            replicate(unit, mesh=dp_mesh, mp_policy=mp)
-        return replicate(model, mesh=dp_mesh, mp_policy=mp)
+        return apply_replicate(model, dp_mesh, block_paths or [], mp_dtype)
     if any(isinstance(p, FakeTensor) for p in model.parameters()):
         model = replicate(model, mesh=dp_mesh)
         model.stands_for_ddp = True
@@ -319,6 +316,22 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, pipelined: bool = False,
     dev = next(model.parameters()).device
     return DDP(model, process_group=dp_mesh.get_group(),
                device_ids=[dev.index] if dev.type == "cuda" else None)
+
+
+def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, block_paths: list[str],
+                    mp_dtype: torch.dtype | None) -> nn.Module:
+    """FSDP2 `replicate` on each repeated block, then on the whole module, computing with parameters cast to
+    `mp_dtype` once per unshard and reducing gradients in fp32 (`apply_ddp`'s path for tp and pp). Also the runner's
+    wrapper for 16-bit training at dp = 1 with tp or pp (`Plan.fsdp_mixed_precision`): over a one-rank mesh FSDP2
+    copies where it would communicate, and the model computes with 16-bit weights (and a 16-bit residual stream)
+    over fp32 ones, where autocast alone would cast each weight again for every micro-batch."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else \
+        MixedPrecisionPolicy()
+    for unit in _units(model, block_paths):
+        replicate(unit, mesh=dp_mesh, mp_policy=mp)
+    return replicate(model, mesh=dp_mesh, mp_policy=mp)
 
 
 def local_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -245,6 +245,8 @@ class Runner:
         if plan.mesh.dp > 1:
             return parallel.apply_ddp(module, self.mesh["dp"], pipelined=plan.mesh.pp > 1, block_paths=self.block_paths,
                                       mp_dtype=self.amp)
+        if plan.fsdp_mixed_precision:  # dp = 1 with tp or pp: 16-bit compute weights, over a one-rank mesh
+            return parallel.apply_replicate(module, self.mesh["dp"], self.block_paths, self.amp)
         return module
 
     def _recomputed_paths(self, model: nn.Module) -> list[str]:

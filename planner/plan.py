@@ -193,6 +193,17 @@ class Plan:
         """Devices the plan needs."""
         return self.mesh.world_size
 
+    @property
+    def fsdp_mixed_precision(self) -> bool:
+        """Whether the executor computes with 16-bit copies of fp32 parameters through FSDP2's
+        `MixedPrecisionPolicy(param_dtype=...)` (executor.parallel): `fully_shard` under ZeRO >= 1 with dp > 1,
+        `replicate` with tp or pp (at dp = 1 over a one-rank mesh, where FSDP2 copies instead of communicating, as
+        Megatron-LM keeps 16-bit weights beside fp32 main ones). False at fp32, for DDP (dp alone) and on one device,
+        which train under autocast over fp32 parameters (an fp32 residual stream). The cost model and the executor
+        both ask this."""
+        m = self.mesh
+        return self.precision != "fp32" and ((m.dp > 1 and self.zero_stage >= 1) or m.tp > 1 or m.pp > 1)
+
     def recomputed_blocks(self, stage_blocks: Sequence[Sequence[str]]) -> set[str]:
         """The blocks full recomputation re-runs, given each stage's blocks in model order (one list without
         pipelining): the first `recompute_blocks[k]` of stage k, or all of them. The cost model and the executor

@@ -491,6 +491,8 @@ def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
     # reduce every micro-batch (nothing accumulated), as ZeRO-1 does its only one
     assert copies(8, dp=2, zero=3, mbs=1) == (0.0, 0.0) and copies(8, dp=2, zero=2, mbs=1) == (0.0, 0.0)
     assert copies(2, dp=2, zero=1, mbs=1) == (0.0, 0.0)
+    # tp without dp: the same bf16 weights, through replicate over a one-rank mesh (Plan.fsdp_mixed_precision)
+    assert copies(1, tp=2) == (0.0, 0.0)
     # ZeRO-1 over 4 micro-batches: FSDP2 converts the first gradient to fp32 once (6 bytes) and adds each later
     # bf16 one to that sum (read 4 + 2, write 4), per micro-batch on average
     assert copies(8, dp=2, zero=1, mbs=1) == pytest.approx((0.0, mem(6 * elems) / 4 + mem(10 * 3 / 4 * elems)))

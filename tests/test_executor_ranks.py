@@ -67,7 +67,7 @@ def make_plan(spec):
                 virtual_stages=spec.get("vs", 1), recompute=spec.get("rc", "none"),
                 recompute_blocks=tuple(spec.get("rcb", ())),
                 global_batch_size=GLOBAL_BATCH, microbatch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
-                precision="fp32", ops=ops, parameters=layout.get("parameters", {}))
+                precision=spec.get("precision", "fp32"), ops=ops, parameters=layout.get("parameters", {}))
 
 
 def param_error(runner, ref):
@@ -124,6 +124,11 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
         parallel.recompute_call = plain_call
     out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
            "n_losses": len(losses), "start": start, "all_gathers_last_step": gathers[-1]}
+    # the dtype FSDP2 computes with (MixedPrecisionPolicy.param_dtype) where it wraps a part, and the dtypes kept
+    from torch.distributed.fsdp import FSDPModule
+    out["compute_dtypes"] = sorted({str(part._get_fsdp_state()._mp_policy.param_dtype) if isinstance(part, FSDPModule)
+                                    else "unwrapped" for part in runner.parts})
+    out["kept_dtypes"] = sorted({str(p.dtype) for part in runner.parts for p in part.parameters()})
     out["recomputed_sdpa_calls_per_step"] = calls[0] / len(losses)
     if not spec.get("stop"):
         out["param_err"] = param_error(runner, ref_params)

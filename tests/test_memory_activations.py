@@ -162,22 +162,25 @@ def test_korthikanti_sequence_parallel(t):
 @pytest.mark.parametrize("t", [1, 2, 4])
 def test_selective_keeps_what_op_level_sac_caches(t):
     """The executor's selective recomputation is torchtitan's op-level SAC, not Korthikanti's: a block keeps its
-    input (4sh bytes: the residual stream is fp32 under autocast, the embedding table being fp32) and the outputs
-    of its 1st, 3rd and 5th linears (bf16: q and v 2sh each, fc1 8sh), column-sharded over t; with sequence
+    input and the outputs of its 1st, 3rd and 5th linears (bf16: q and v 2sh each, fc1 8sh), column-sharded over
+    t. The input is the residual stream: fp32 on one device (4sh bytes: autocast over an fp32 embedding table),
+    bf16 under tp (2sh: FSDP2's replicate computes with bf16 weights, `Plan.fsdp_mixed_precision`). With sequence
     parallelism the input is sharded too, and the policy also keeps the outputs of the block's reduce-scatters
     (functional reduce_scatter_tensor): the two row-parallel linears' bf16 partial sums (2sh/t each) and, in this
-    first block, the vocabulary-parallel embedding's fp32 one (4sh/t), which it reads directly."""
+    first block, the vocabulary-parallel embedding's (2sh/t), which it reads directly."""
     g = megatron_gpt(s=S, h=H, a=A)
-    assert _layer_act(g, t, False, "selective") == pytest.approx(S * H * (4 + 12 / t))
+    residual = 4 if t == 1 else 2
+    assert _layer_act(g, t, False, "selective") == pytest.approx(S * H * (residual + 12 / t))
     if t > 1:
-        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * (4 + 12 + 4 + 2 * 2) / t)
+        assert _layer_act(g, t, True, "selective") == pytest.approx(S * H * (2 + 12 + 2 + 2 * 2) / t)
 
 
 def test_korthikanti_full_recompute_and_microbatch_scaling():
-    # Korthikanti's 2sbh, at 4 bytes: the block input is the fp32 residual stream under autocast (fp32 parameters)
+    # Korthikanti's 2sbh: the block input, bf16 under tp (FSDP2's bf16 weights); on one device 4 bytes, the fp32
+    # residual stream of autocast over fp32 parameters
     g = megatron_gpt(s=S, h=H, a=A)
     assert _layer_act(g, 1, False, "full") == pytest.approx(4 * S * H)
-    assert _layer_act(g, 2, False, "full", mbs=3) == pytest.approx(3 * 4 * S * H)
+    assert _layer_act(g, 2, False, "full", mbs=3) == pytest.approx(3 * 2 * S * H)
     assert _layer_act(g, 2, False, "none", mbs=4) == pytest.approx(4 * _layer_act(g, 2, False, "none"))
 
 

@@ -77,8 +77,11 @@ def test_autocast_weight_copies_are_kept_outside_checkpointed_blocks_only():
     # dp under pp: FSDP2's replicate computes with its bf16 copies of the parameters (the layers then report no
     # autocast copies), held with the parameters
     bare = [replace(b, cast_weight_bytes=0.0) for b in kept]
-    rep = peak_memory(_work(params=psi, layers=(tuple(bare),), precision="bf16", pipelined=True, dp=2))
+    rep = peak_memory(_work(params=psi, layers=(tuple(bare),), precision="bf16", pipelined=True, dp=2, replicate=True))
     assert rep["parameters"] == psi * (4 + 2) and rep["activations"] == act / 2
+    # pp without dp: the same replicate over a one-rank mesh (Plan.fsdp_mixed_precision)
+    one = peak_memory(_work(params=psi, layers=(tuple(bare),), precision="bf16", pipelined=True, replicate=True))
+    assert one["parameters"] == rep["parameters"]
 
 
 def test_a_tied_weights_second_gradient_is_a_temporary():

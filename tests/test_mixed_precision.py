@@ -3,7 +3,6 @@ ZeRO >= 1, `replicate` for ZeRO-0 with tp or pp), and the cost model prices the 
 import torch
 import torch.nn as nn
 
-from cost_model.layers import mixed_precision_parameters
 from executor import parallel
 from planner.plan import Mesh, Plan
 
@@ -14,11 +13,13 @@ def _plan(dp, tp, pp, zero, precision="bf16"):
 
 
 def test_which_plans_compute_with_bf16_parameters():
-    assert mixed_precision_parameters(_plan(2, 1, 1, 1))  # fully_shard
-    assert mixed_precision_parameters(_plan(2, 2, 1, 0)) and mixed_precision_parameters(_plan(2, 1, 2, 0))
-    assert not mixed_precision_parameters(_plan(2, 1, 1, 0))  # DDP: autocast over fp32 weights
-    assert not mixed_precision_parameters(_plan(1, 2, 1, 0))  # nothing wraps the model
-    assert not mixed_precision_parameters(_plan(2, 1, 2, 0, precision="fp32"))
+    assert _plan(2, 1, 1, 1).fsdp_mixed_precision  # fully_shard
+    assert _plan(2, 2, 1, 0).fsdp_mixed_precision and _plan(2, 1, 2, 0).fsdp_mixed_precision  # replicate
+    assert _plan(1, 2, 1, 0).fsdp_mixed_precision and _plan(1, 1, 2, 0).fsdp_mixed_precision  # one-rank replicate
+    assert not _plan(2, 1, 1, 0).fsdp_mixed_precision  # DDP: autocast over fp32 weights
+    assert not _plan(1, 1, 1, 0).fsdp_mixed_precision  # one device: nothing wraps the model
+    assert not _plan(2, 1, 2, 0, precision="fp32").fsdp_mixed_precision
+    assert not _plan(1, 2, 1, 0, precision="fp32").fsdp_mixed_precision
 
 
 def test_replicate_computes_with_bf16_weights_and_keeps_fp32_ones(one_rank_mesh):
