@@ -169,7 +169,8 @@ def _prefixes(path: str) -> tuple[str, ...]:
     return tuple(".".join(parts[:k]) for k in range(1, len(parts) + 1))
 
 
-def _local_params(op, placement, tp: int) -> dict[str, float]:
+def local_params(op, placement, tp: int) -> dict[str, float]:
+    """Elements of each of the op's parameters on one tp rank under `placement` (None: replicated)."""
     out = {}
     pls = list(placement.params) if placement is not None else []
     for j, p in enumerate(op.params):
@@ -260,7 +261,7 @@ class LayerCoster:
             kf, kb, hf, hb = m.op_parts(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, dtensor=dt,
                                         dtypes=casting, grads=self.grads[op.name])
             cf, cb = self._autocast_copies(op, pl)
-            pf, pb = self._autocast_copy_dispatch(op, dt)
+            pf, pb = self._autocast_copy_dispatch(op)
             af, ah = self._gradient_sums(op, pl)
             kf, kb, hf, hb = kf + cf, kb + cb + af, hf + pf, hb + ah + pb
             fwd, bwd, host_f, host_b = fwd + kf, bwd + kb, host_f + hf, host_b + hb
@@ -305,7 +306,7 @@ class LayerCoster:
             # a checkpointed SDPA call keeps its inputs and output, not the kernel's internals
             act += m.op_memory(op, pl, tp, self.mbs, self.prec, traced_batch_size=traced, input_sources=tuple(sources),
                                keep_shards=keep, dtypes=self.dtypes.get(op.name), inputs_only=True)[1] if core else a
-            local = _local_params(op, pl, tp)
+            local = local_params(op, pl, tp)
             params.update(local)
             if cast_weights and op.kind == "linear":
                 casts.update(local)
@@ -408,29 +409,27 @@ class LayerCoster:
         if self.prec == "fp32" or op.kind != "linear" or not op.params:
             return 0.0, 0.0
         plan = self.plan
-        elems = sum(_local_params(op, pl, self.tp).values())
+        elems = sum(local_params(op, pl, self.tp).values())
         m, mesh = plan.num_microbatches, plan.mesh
         compute = self.model.compute
         if plan.fsdp_mixed_precision:
             # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
             if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):
                 return 0.0, 0.0
-            widen = compute.cast_time(elems * 6.0, True, self.prec)
-            return 0.0, widen / m + compute.memory_time(elems * 10.0 * (m - 1) / m)
+            return 0.0, self.model.grad_accumulation_time(op, pl, self.tp, self.prec, m)
         # autograd converts the 16-bit weight gradient up to fp32 (widening), then accumulates it
         cast = 6.0 / (m if mesh.pp > 1 else 1)
         return compute.memory_time(elems * cast), \
             compute.cast_time(elems * 6.0, True, self.prec) + compute.memory_time(elems * 12.0 * (m - 1) / m)
 
-    def _autocast_copy_dispatch(self, op, dtensor: bool = False) -> tuple[float, float]:
+    def _autocast_copy_dispatch(self, op) -> tuple[float, float]:
         """(forward, backward) host seconds of `_autocast_copies`' casts for one micro-batch: each parameter tensor's
-        cast is one op in forward (once per step under pipelining) and one ToCopyBackward node in backward, on
-        DTensors where the module's parameters are (`dtensor`)."""
+        cast is one op in forward (once per step under pipelining) and one ToCopyBackward node in backward, on plain
+        tensors (under tp FSDP2 computes with 16-bit weights: no casts)."""
         if self.prec == "fp32" or op.kind != "linear" or not op.params or self.plan.fsdp_mixed_precision:
             return 0.0, 0.0
         ov, n, mesh = self.model.cluster.device.op_overhead, len(op.params), self.plan.mesh
-        fwd, bwd = (ov.dtensor_forward, ov.dtensor_backward) if dtensor else (ov.forward, ov.backward)
-        return n * fwd / (self.plan.num_microbatches if mesh.pp > 1 else 1), n * bwd
+        return n * ov.forward / (self.plan.num_microbatches if mesh.pp > 1 else 1), n * ov.backward
 
     def _shared_casts(self, op, pl, done: set[str]):
         """`op`'s autocast dtypes, without the casts the tp executor already made for an earlier reader of the same

@@ -11,9 +11,12 @@ The graph's per-op figures are for `graph.batch_size` samples at the traced dtyp
 """
 from __future__ import annotations
 
+import math
+
 from hardware_profiles.schema import Cluster
 from cost_model.communication import CommModel, Group
 from cost_model.compute import ComputeModel
+from cost_model.layers import local_params
 from cost_model.dtypes import autocast_dtypes
 from cost_model.backward import input_grads, recompute_stop
 from cost_model.ops import sequence_shard
@@ -21,7 +24,7 @@ from cost_model.prediction import Prediction
 from cost_model.work import attention_dropout, kernel_elems, op_work, split_inputs, splits_work, tensor_bytes
 from planner.graph import OpGraph, OpNode, TensorMeta
 from planner.autocast import AUTOCAST_FP32_KINDS
-from planner.plan import OpPlacement, Plan
+from planner.plan import OpPlacement, Plan, fsdp_mixed_precision
 
 
 def op_precision(kind: str, precision: str) -> str:
@@ -63,7 +66,8 @@ class CostModel:
         `dtensor` says whether the op runs on DTensors (see `op_work`). Norms, softmax and losses are
         priced in fp32 under a bf16/fp16 plan (`op_precision`: autocast runs them in fp32). With the op's `graph`
         it is priced as the step prediction prices it: autocast's per-tensor dtypes and casts (parameters held in
-        fp32, as DDP and plain autocast hold them) and only the input gradients the graph needs
+        fp32, as DDP and plain autocast hold them; at tp > 1 in 16 bits, as FSDP2 computes with them,
+        `planner.plan.fsdp_mixed_precision`) and only the input gradients the graph needs
         (`cost_model.backward.input_grads`)."""
         kernel_f, kernel_b, host_f, host_b = self.op_parts(op, placement, tp, microbatch_size, precision,
                                                            traced_batch_size=traced_batch_size, dtensor=dtensor,
@@ -96,11 +100,25 @@ class CostModel:
         `cost_model.dtypes.OpDtypes` (each tensor's precision under autocast, and its casts); `grads`: which of
         its inputs need a gradient (`cost_model.backward.input_grads`); both come from `graph` when it is given."""
         if graph is not None:
-            dtypes = autocast_dtypes(graph, precision, "fp32").get(op.name)
+            held = precision if fsdp_mixed_precision(precision, 1, tp, 1, 0) else "fp32"
+            dtypes = autocast_dtypes(graph, precision, held).get(op.name)
             grads = input_grads(graph).get(op.name)
         precision = op_precision(op.kind, precision)
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes, grads)
         return self.compute.op_parts(op.kind, work, precision)
+
+    def grad_accumulation_time(self, op: OpNode, placement: OpPlacement | None, tp: int, precision: str,
+                               microbatches: float = math.inf) -> float:
+        """Backward seconds per micro-batch of FSDP2 keeping a linear's 16-bit weight gradient as an fp32 sum over
+        `microbatches` (FSDPParam.to_accumulated_grad_if_needed): the first converted (6 bytes per element, the
+        widening cast), each later one added to the sum (read 4 + 2, write 4); inf, the many-micro-batch limit (the
+        placement ILP, which prices a layout for any micro-batch count). 0 at fp32 and for other ops."""
+        if precision == "fp32" or op.kind != "linear" or not op.params:
+            return 0.0
+        elems = sum(local_params(op, placement, tp).values())
+        added = self.compute.memory_time(elems * 10.0 * (1.0 if math.isinf(microbatches) else
+                                                        (microbatches - 1) / microbatches))
+        return self.compute.cast_time(elems * 6.0, True, precision) / microbatches + added
 
     def reshard_wait(self, tp: int) -> float:
         """Seconds each blocking tp collective waits for its ranks to line up, for a re-sharding priced on its own

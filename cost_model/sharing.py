@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cost_model.layers import TENSOR_KINDS, LayerCost, _local_params
+from cost_model.layers import TENSOR_KINDS, LayerCost, local_params
 from planner.graph import OpGraph
 from planner.plan import Plan
 
@@ -37,7 +37,7 @@ def own_params(graph: OpGraph, plan: Plan, layers, costs: list[LayerCost]) -> li
         for i, j in zip(layer.ops, src.ops):
             op, twin = graph.ops[i], graph.ops[j]
             rename.update((b.name, a.name) for a, b in zip(op.params, twin.params))
-            params.update(_local_params(op, plan.ops.get(op.name), plan.mesh.tp))
+            params.update(local_params(op, plan.ops.get(op.name), plan.mesh.tp))
         tensors: dict[str, str] = {}
         for name, kind in cost.tensors.items():
             real = rename.get(name, name)

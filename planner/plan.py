@@ -202,7 +202,7 @@ class Plan:
         which train under autocast over fp32 parameters (an fp32 residual stream). The cost model and the executor
         both ask this."""
         m = self.mesh
-        return self.precision != "fp32" and ((m.dp > 1 and self.zero_stage >= 1) or m.tp > 1 or m.pp > 1)
+        return fsdp_mixed_precision(self.precision, m.dp, m.tp, m.pp, self.zero_stage)
 
     def recomputed_blocks(self, stage_blocks: Sequence[Sequence[str]]) -> set[str]:
         """The blocks full recomputation re-runs, given each stage's blocks in model order (one list without
@@ -407,6 +407,12 @@ def _check_file_plan(plan: Plan, where: str) -> None:
     if not isinstance(per_device, (list, tuple)) or any(_bad_number(x) for x in per_device):
         raise PlanError(f"{where}: predicted.memory_per_device_bytes: expected a list of finite numbers >= 0, got "
                         f"{_show(per_device)}; drop `predicted` or re-plan with `plan ... -o`")
+
+
+def fsdp_mixed_precision(precision: str, dp: int, tp: int, pp: int, zero_stage: int) -> bool:
+    """`Plan.fsdp_mixed_precision` for a plan with this precision, mesh and ZeRO stage (also for a cost asked
+    without a whole plan: any 16-bit plan with tp > 1 computes with 16-bit weights)."""
+    return precision != "fp32" and ((dp > 1 and zero_stage >= 1) or tp > 1 or pp > 1)
 
 
 def cluster_record(cluster) -> dict[str, Any]:

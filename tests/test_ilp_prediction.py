@@ -36,10 +36,12 @@ def _llama(dim, heads, kv, ffn, seq):
 @pytest.mark.parametrize("name, tp, sp", [("gpt", 8, False), ("llama", 4, True)])
 def test_ilp_first_answer_is_the_predicted_fastest(name, tp, sp):
     """GPT h=4096 at tp=8 on dgx-h100 is host-bound per layer (DTensor dispatch over small GEMMs): the ILP once
-    summed per-op max(kernel, host) and priced a replicated op's dispatch as plain even in a module on DTensors,
-    and kept Megatron's rowwise attention projection, which the step prediction puts about 3 % behind a
-    replicated one. Llama 8B-shaped at tp=4 with sequence parallelism: the ILP once paid q, k and v's gather
-    three times and no input-gradient reduction, and ranked second the layout the prediction ranks first."""
+    summed per-op max(kernel, host) and priced a replicated op's dispatch as plain even in a module on DTensors;
+    with 16-bit weights (FSDP2 at any tp) it left out their fp32 gradient sum over micro-batches, 8x a sharded
+    weight's for a replicated one, and kept a replicated attention projection that the step prediction puts 5 %
+    behind Megatron's rowwise one. Llama 8B-shaped at tp=4 with sequence parallelism: the ILP once paid q, k and
+    v's gather three times and no input-gradient reduction, and ranked second the layout the prediction ranks
+    first."""
     mf = _gpt(4096, 32, 2048) if name == "gpt" else _llama(4096, 32, 8, 14336, 4096)
     graph = trace_model(mf, batch_size=1, progress=False)
     cluster = load_cluster("dgx-h100", nodes=1)

@@ -125,6 +125,10 @@ class FakeCostModel:
         """`op_time` as kernels, with no host dispatch (`compute.combine` adds them)."""
         return (*self.op_time(op, placement, tp, microbatch_size, precision), 0.0, 0.0)
 
+    def grad_accumulation_time(self, op, placement, tp, precision, microbatches=float("inf")):
+        """No gradient-accumulation cost in the table."""
+        return 0.0
+
     async_host = False
     local_call_host = (0.0, 0.0)
 

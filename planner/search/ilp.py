@@ -240,10 +240,14 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
         compute.append(np.zeros(len(strats)))
         own = [np.asarray(cost_model.op_parts(op, _arg(p), *args, graph=graph, dtensor=p.strategy != "replicate"),
                           dtype=float) for p in strats]
-        parts.append(np.array(own))
         on_dtensors.append(np.array([
             np.asarray(cost_model.op_parts(op, None, *args, graph=graph, dtensor=True), dtype=float) - t
             if p.strategy == "replicate" else np.zeros(4) for p, t in zip(strats, own)]))
+        # and FSDP2's fp32 sum of a linear's 16-bit weight gradient over micro-batches (any 16-bit tp plan), at
+        # its many-micro-batch limit: a replicated weight's costs tp times a sharded one's
+        parts.append(np.array([t + np.array([0.0, cost_model.grad_accumulation_time(op, _arg(p), ctx.tp,
+                                                                                     ctx.precision), 0.0, 0.0])
+                               for p, t in zip(strats, own)]))
         mem = [cost_model.op_memory(op, _arg(p), *args) for p in strats]
         memory.append(np.array([ctx.alpha * pb + ctx.beta * ab for pb, ab in mem], dtype=float))
     reshard_cache: dict[tuple[Any, str, str], float] = {}
