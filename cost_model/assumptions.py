@@ -59,8 +59,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         "communication: ring alpha-beta formulas (NCCL ring latency model); across nodes one ring whose members "
         "share their node's NICs; measured curves in the profile take precedence",
         "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; under "
-        f"{plan.precision} autocast each tensor in the dtype autocast gives it (norms, softmax, losses, pow/rsqrt in "
-        "fp32; linears, matmuls, SDPA in the autocast dtype after a cast of each fp32 input; the rest in the widest "
+        f"{plan.precision} autocast each tensor in the dtype autocast gives it ("
+        + ("losses in fp32 (CPU autocast's list)" if cl.cpu_ranks else "norms, softmax, losses, pow/rsqrt in fp32")
+        + "; linears, matmuls, SDPA in the autocast dtype after a cast of each fp32 input; the rest in the widest "
         "input dtype: fp32 parameters give an fp32 residual stream)"
         + ("; a cross-entropy over a column-parallel head runs vocabulary-parallel (no logits all-gather)"
            if sp.tp > 1 else ""),

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_model.work import floating, split_inputs
-from planner.autocast import AUTOCAST_FP32_CALLEES, AUTOCAST_FP32_KINDS, AUTOCAST_LOWER_KINDS
+from planner.autocast import AUTOCAST_LOWER_KINDS, fp32_lists
 from planner.graph import OpGraph, OpNode
 from planner.shard_flow import callee
 
@@ -38,25 +38,27 @@ class OpDtypes:
     casts: tuple[int, ...] = ()
 
 
-def runs_in_fp32(op: OpNode) -> bool:
-    """Whether autocast runs `op` in fp32 whatever its inputs."""
-    return op.kind in AUTOCAST_FP32_KINDS or callee(op.target) in AUTOCAST_FP32_CALLEES
+def runs_in_fp32(op: OpNode, cpu: bool = False) -> bool:
+    """Whether autocast runs `op` in fp32 whatever its inputs (`cpu`: CPU autocast's list, on CPU ranks)."""
+    kinds, callees = fp32_lists(cpu)
+    return op.kind in kinds or callee(op.target) in callees
 
 
-def autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> dict[str, OpDtypes]:
+def autocast_dtypes(graph: OpGraph, precision: str, param_precision: str, cpu: bool = False) -> dict[str, OpDtypes]:
     """Per op name, its tensors' precisions under autocast at `precision` with parameters held at
-    `param_precision` (see the module docstring); empty at fp32, where every tensor is fp32. Kept on the graph like
-    its cached properties: the search prices many plans of one graph."""
+    `param_precision` (see the module docstring; `cpu`: under CPU autocast, whose fp32 list holds only the losses
+    and `prod`); empty at fp32, where every tensor is fp32. Kept on the graph like its cached properties: the
+    search prices many plans of one graph."""
     if precision not in ("bf16", "fp16"):
         return {}
-    key = f"_shardwise_autocast_{precision}_{param_precision}"
+    key = f"_shardwise_autocast_{precision}_{param_precision}{'_cpu' if cpu else ''}"
     out = graph.__dict__.get(key)
     if out is None:
-        out = graph.__dict__[key] = _autocast_dtypes(graph, precision, param_precision)
+        out = graph.__dict__[key] = _autocast_dtypes(graph, precision, param_precision, cpu)
     return out
 
 
-def _autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> dict[str, OpDtypes]:
+def _autocast_dtypes(graph: OpGraph, precision: str, param_precision: str, cpu: bool) -> dict[str, OpDtypes]:
     out: dict[str, OpDtypes] = {}
     produced: dict[str, str] = {}
     for op in graph.ops:
@@ -72,7 +74,7 @@ def _autocast_dtypes(graph: OpGraph, precision: str, param_precision: str) -> di
             reads = tuple(precision if i in floats else have[i] for i in range(len(have)))
             casts = tuple(i for i in acts if i in floats and have[i] != precision)
             d = OpDtypes(reads, precision, casts)
-        elif runs_in_fp32(op):
+        elif runs_in_fp32(op, cpu):
             reads = tuple("fp32" if i in floats else have[i] for i in range(len(have)))
             casts = tuple(i for i in acts if i in floats and have[i] != "fp32")
             d = OpDtypes(reads, "fp32", casts)

@@ -30,7 +30,8 @@ kernels until its host work (re-dispatch plus checkpointing's hooks) outgrows th
 
 Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
 per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
-none under FSDP2, which gathers parameters already in the compute dtype), and its weight gradient is cast back to
+none under FSDP2, which gathers parameters already in the compute dtype: ZeRO >= 1 and every tp or pp plan,
+`Plan.fsdp_mixed_precision`), and its weight gradient is cast back to
 fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 12 for every micro-batch after the
 first: read both, write the sum). Under FSDP2 / `replicate` the 16-bit parameter gets a 16-bit gradient (no cast);
 where micro-batches accumulate it unsharded (ZeRO-0/1, pipelining) FSDP2 converts the first to fp32
@@ -189,7 +190,7 @@ class LayerCoster:
         self.mbs, self.prec = plan.microbatch_size, plan.precision
         self.on_dtensors = runs_on_dtensors(plan)
         self.dtypes = autocast_dtypes(graph, plan.precision, plan.precision if plan.fsdp_mixed_precision
-                                      else "fp32")
+                                      else "fp32", model.cluster.cpu_ranks)
         self.extra_reads = extra_reads(graph)
         self.grads = input_grads(graph)
         self.recomputed = plan.recomputed_blocks(stage_blocks(graph, plan))

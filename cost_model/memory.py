@@ -136,8 +136,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
     (reshard_after_forward=False), ZeRO-3 the root module's (not resharded after forward: executor.parallel.apply_fsdp) and a
-    block being computed plus the next one's all-gather output; ZeRO-0 through FSDP2's `replicate` (dp with tp or
-    pp) its 16-bit copies of all parameters. Without FSDP2, autocast keeps a bf16 copy of the
+    block being computed plus the next one's all-gather output; ZeRO-0 through FSDP2's `replicate` (tp or pp, with
+    dp or over a one-rank mesh) its 16-bit copies of all parameters. Without FSDP2 (DDP, one device), autocast keeps a bf16 copy of the
     linears' weights per forward (counted with the activations): cached while the forward runs, saved for backward
     outside checkpointed blocks, made again by a checkpointed block's re-run, all kept under pipelining (one
     autocast region for the schedule step). So under recomputation the forward's end is a phase of its own.
@@ -169,7 +169,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     all_casts = sum(l.cast_weight_bytes for l in every)
     cast_weights = all_casts if w.pipelined else sum(l.cast_weight_bytes for l in every if not l.checkpointed)
     buffers = psi * FP32 if w.ddp and n > 1 and z == 0 else 0.0
-    # gradients accumulated over micro-batches: whole fp32 (DDP, no dp), unsharded until the last micro-batch
+    # gradients accumulated over micro-batches: whole fp32 (DDP, ZeRO-0), unsharded until the last micro-batch
     # (ZeRO-1, or any FSDP2 stage under pipelining: its reduction waits for the stage's last backward; FSDP2
     # accumulates them in the fp32 reduce dtype, FSDPParam.to_accumulated_grad_if_needed), or shards
     if z == 0 or z == 1 or w.pipelined:

@@ -23,13 +23,14 @@ from cost_model.ops import sequence_shard
 from cost_model.prediction import Prediction
 from cost_model.work import attention_dropout, kernel_elems, op_work, split_inputs, splits_work, tensor_bytes
 from planner.graph import OpGraph, OpNode, TensorMeta
-from planner.autocast import AUTOCAST_FP32_KINDS
+from planner.autocast import fp32_lists
 from planner.plan import OpPlacement, Plan, fsdp_mixed_precision
 
 
-def op_precision(kind: str, precision: str) -> str:
-    """The dtype an op of `kind` computes in under the executor's autocast at `precision`."""
-    return "fp32" if precision in ("bf16", "fp16") and kind in AUTOCAST_FP32_KINDS else precision
+def op_precision(kind: str, precision: str, cpu: bool = False) -> str:
+    """The dtype an op of `kind` computes in under the executor's autocast at `precision` (`cpu`: CPU autocast's
+    fp32 list)."""
+    return "fp32" if precision in ("bf16", "fp16") and kind in fp32_lists(cpu)[0] else precision
 
 
 def _kind(pl: str) -> str:
@@ -101,9 +102,9 @@ class CostModel:
         its inputs need a gradient (`cost_model.backward.input_grads`); both come from `graph` when it is given."""
         if graph is not None:
             held = precision if fsdp_mixed_precision(precision, 1, tp, 1, 0) else "fp32"
-            dtypes = autocast_dtypes(graph, precision, held).get(op.name)
+            dtypes = autocast_dtypes(graph, precision, held, self.cluster.cpu_ranks).get(op.name)
             grads = input_grads(graph).get(op.name)
-        precision = op_precision(op.kind, precision)
+        precision = op_precision(op.kind, precision, self.cluster.cpu_ranks)
         work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes, grads)
         return self.compute.op_parts(op.kind, work, precision)
 
@@ -201,7 +202,8 @@ class CostModel:
         metas = [op.input_meta[i] for i in acts]
         split = splits_work(placement)
         scale = microbatch_size / traced_batch_size
-        saved_at = op_precision(op.kind, precision)  # autocast runs norms, softmax and losses (and saves) in fp32
+        # autocast runs norms, softmax and losses (and saves) in fp32; on CPU ranks only the losses
+        saved_at = op_precision(op.kind, precision, self.cluster.cpu_ranks)
         total = 0.0
         for t in op.saved:
             k = next((k for k, m in enumerate(metas) if m.shape == t.shape), None)

@@ -436,6 +436,12 @@ class Cluster:
         """Total devices."""
         return self.nodes * self.devices_per_node
 
+    @property
+    def cpu_ranks(self) -> bool:
+        """Whether the ranks are CPU processes: gloo over loopback, the link kind `plan profile` writes for CPU
+        ranks (torch.autocast("cpu") follows other op lists than CUDA's)."""
+        return self.intra_node.kind == "loopback"
+
     def with_nodes(self, nodes: int) -> "Cluster":
         """The same cluster with a different node count."""
         if nodes < 1:

@@ -218,3 +218,21 @@ def test_widening_casts_run_at_the_measured_conversion_rate(llama):
     up = autocast_dtypes(llama, "bf16", "bf16")  # FSDP2's bf16 parameters: the norm's pow casts its input up
     pow_ = _first(llama, "aten.pow.Tensor_Scalar")
     assert op_work(pow_, None, 1, 1.0, "bf16", dtypes=up[pow_.name]).cast_widens == (True,)
+
+
+def test_cpu_autocast_keeps_norms_and_pow_in_the_input_dtype(llama):
+    """torch.autocast("cpu") has no norm, softmax or pow on its fp32 list (losses and prod only): with bf16
+    parameters (FSDP2 on CPU ranks) a hand-written RMSNorm runs in bf16 there, where CUDA's autocast runs it in
+    fp32; the loss is fp32 on both."""
+    import torch
+    from cost_model.model import op_precision
+    gpu, cpu = autocast_dtypes(llama, "bf16", "bf16"), autocast_dtypes(llama, "bf16", "bf16", cpu=True)
+    pow_ = _first(llama, "aten.pow.Tensor_Scalar")
+    loss = next(op for op in llama.ops if op.kind == "loss")
+    assert gpu[pow_.name].output == "fp32" and cpu[pow_.name].output == "bf16"
+    assert gpu[loss.name].output == cpu[loss.name].output == "fp32"
+    assert op_precision("norm", "bf16", cpu=True) == "bf16" and op_precision("loss", "bf16", cpu=True) == "fp32"
+    x = torch.randn(4, 8, dtype=torch.bfloat16)  # what the lists stand for, on this torch
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert x.pow(2).dtype == torch.nn.functional.layer_norm(x, (8,)).dtype == torch.bfloat16
+        assert torch.nn.functional.cross_entropy(x, torch.zeros(4, dtype=torch.long)).dtype == torch.float32
