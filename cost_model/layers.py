@@ -29,16 +29,16 @@ backward's before they are combined (`ComputeModel.combine`): on GPUs the host r
 kernels until its host work (re-dispatch plus checkpointing's hooks) outgrows them.
 
 Autocast copies: under bf16/fp16 autocast a linear's fp32 weight is cast to the compute dtype in forward (6 bytes
-per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule;
-none under FSDP2, which gathers parameters already in the compute dtype: ZeRO >= 1 and every tp or pp plan,
-`Plan.fsdp_mixed_precision`), and its weight gradient is cast back to
-fp32 and accumulated over micro-batches in backward (6 bytes per element, plus 12 for every micro-batch after the
-first: read both, write the sum). Under FSDP2 / `replicate` the 16-bit parameter gets a 16-bit gradient (no cast);
-where micro-batches accumulate it unsharded (ZeRO-0/1, pipelining) FSDP2 converts the first to fp32
-(`to_accumulated_grad_if_needed`, 6 bytes) and adds each later one to that sum (read 4 + 2, write 4); ZeRO-2/3
-reduce every micro-batch and keep none. Priced as memory-bound kernels on the compute stream, one per parameter
-tensor, each also one more dispatched op in forward and one more autograd node (ToCopyBackward) in backward, as an
-activation's cast is (`ComputeModel.op_parts`).
+per element; once per micro-batch, once per step under pipelining where one autocast region spans the schedule; none
+under FSDP2, which gathers parameters already in the compute dtype: ZeRO >= 1 and every tp or pp plan,
+`Plan.fsdp_mixed_precision`), and its weight gradient is cast back to fp32 and accumulated over micro-batches in
+backward (6 bytes per element, plus 12 for every micro-batch after the first: read both, write the sum; at fp32 that
+sum alone). Under FSDP2 / `replicate` the 16-bit parameter gets a 16-bit gradient (no cast); where micro-batches
+accumulate it unsharded (ZeRO-0/1, pipelining) FSDP2 converts the first to fp32 (`to_accumulated_grad_if_needed`, 6
+bytes) and adds each later one to that sum (read 4 + 2, write 4); ZeRO-2/3 reduce every micro-batch and keep none.
+Priced as memory-bound kernels on the compute stream, one per parameter tensor, each also one more dispatched op in
+forward and one more autograd node (ToCopyBackward) in backward, as an activation's cast is
+(`ComputeModel.op_parts`).
 
 Host dispatch: with tp > 1 an op runs on DTensors (and pays the profile's DTensor figures) unless its module is one
 the plan leaves wholly replicated (`runs_on_dtensors`, as executor.tp decides which subtrees run on plain tensors);
@@ -406,13 +406,19 @@ class LayerCoster:
 
     def _autocast_copies(self, op, pl) -> tuple[float, float]:
         """(forward, backward) seconds of autocast's weight cast and the weight gradient's cast and accumulation
-        for one micro-batch of a linear (see the module docstring); 0 at fp32 or for other ops."""
-        if self.prec == "fp32" or op.kind != "linear" or not op.params:
+        for one micro-batch of a linear (see the module docstring); at fp32 the accumulation alone; 0 for other
+        ops."""
+        if op.kind != "linear" or not op.params:
             return 0.0, 0.0
         plan = self.plan
         elems = sum(local_params(op, pl, self.tp).values())
         m, mesh = plan.num_microbatches, plan.mesh
         compute = self.model.compute
+        if self.prec == "fp32":
+            # autograd adds each later micro-batch's fp32 gradient to the sum (AccumulateGrad: read both, write one,
+            # 12 bytes per element) wherever micro-batches accumulate it whole: all but ZeRO-2/3 outside pipelining
+            each = mesh.dp > 1 and plan.zero_stage >= 2 and mesh.pp == 1
+            return (0.0, 0.0) if m == 1 or each else (0.0, compute.memory_time(elems * 12.0 * (m - 1) / m))
         if plan.fsdp_mixed_precision:
             # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
             if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):

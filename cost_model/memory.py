@@ -135,12 +135,13 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
 
     Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
-    (reshard_after_forward=False), ZeRO-3 the root module's (not resharded after forward: executor.parallel.apply_fsdp) and a
-    block being computed plus the next one's all-gather output; ZeRO-0 through FSDP2's `replicate` (tp or pp, with
-    dp or over a one-rank mesh) its 16-bit copies of all parameters. Without FSDP2 (DDP, one device), autocast keeps a bf16 copy of the
-    linears' weights per forward (counted with the activations): cached while the forward runs, saved for backward
-    outside checkpointed blocks, made again by a checkpointed block's re-run, all kept under pipelining (one
-    autocast region for the schedule step). So under recomputation the forward's end is a phase of its own.
+    (reshard_after_forward=False), ZeRO-3 the root module's (not resharded after forward:
+    executor.parallel.apply_fsdp) and a block being computed plus the next one's all-gather output; ZeRO-0 through
+    FSDP2's `replicate` (tp or pp, with dp or over a one-rank mesh) its 16-bit copies of all parameters. Without FSDP2
+    (DDP, one device), autocast keeps a bf16 copy of the linears' weights per forward (counted with the activations):
+    cached while the forward runs, saved for backward outside checkpointed blocks, made again by a checkpointed
+    block's re-run, all kept under pipelining (one autocast region for the schedule step). So under recomputation the
+    forward's end is a phase of its own.
     """
     n = max(1, w.dp)
     z = w.zero_stage if n > 1 else 0

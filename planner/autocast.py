@@ -1,6 +1,7 @@
 """Which ops torch.autocast runs in its lower precision and which in fp32 (torch.amp docs, "Autocast Op Reference",
-CUDA op lists; CPU autocast's shorter fp32 list on CPU ranks), by the graph's op kinds: the one list the cost model (cost_model.dtypes) and the executor
-(executor.tp, which casts a linear's fp32 input before moving it) both read. Imports nothing heavy."""
+CUDA op lists; CPU autocast's shorter fp32 list on CPU ranks), by the graph's op kinds: the one list the cost model
+(cost_model.dtypes) and the executor (executor.tp, which casts a linear's fp32 input before moving it) both read.
+Imports nothing heavy."""
 
 AUTOCAST_LOWER_KINDS = frozenset({"linear", "matmul", "conv", "attention"})
 """Kinds on the lower-precision list (linear, matmul, mm, bmm, baddbmm, addmm, conv*, scaled_dot_product_attention):

@@ -496,7 +496,9 @@ def test_autocast_casts_fp32_weights_and_accumulates_fp32_gradients(gpt):
     # ZeRO-1 over 4 micro-batches: FSDP2 converts the first gradient to fp32 once (6 bytes) and adds each later
     # bf16 one to that sum (read 4 + 2, write 4), per micro-batch on average
     assert copies(8, dp=2, zero=1, mbs=1) == pytest.approx((0.0, mem(6 * elems) / 4 + mem(10 * 3 / 4 * elems)))
-    assert copies(4, precision="fp32") == (0.0, 0.0)
+    # fp32: no casts, but autograd still sums each later micro-batch's gradient into the first (12 bytes)
+    assert copies(4, precision="fp32") == pytest.approx((0.0, mem(12 * 3 / 4 * elems)))
+    assert copies(1, precision="fp32") == (0.0, 0.0) and copies(8, precision="fp32", dp=2, zero=2, mbs=1) == (0.0, 0.0)
     assert copies(1, precision="bf16")[0] > 0 and LayerCoster(cm, gpt, _plan(gpt, cl, 1), cm.tp_group(1)) \
         ._autocast_copies(gpt.module_op("h.0.ln_1"), None) == (0.0, 0.0)
 
