@@ -415,10 +415,11 @@ class LayerCoster:
         m, mesh = plan.num_microbatches, plan.mesh
         compute = self.model.compute
         if self.prec == "fp32":
-            # autograd adds each later micro-batch's fp32 gradient to the sum (AccumulateGrad: read both, write one,
-            # 12 bytes per element) wherever micro-batches accumulate it whole: all but ZeRO-2/3 outside pipelining
+            # autograd adds each later micro-batch's fp32 gradient to the sum wherever micro-batches accumulate it
+            # whole: all but ZeRO-2/3 outside pipelining
             each = mesh.dp > 1 and plan.zero_stage >= 2 and mesh.pp == 1
-            return (0.0, 0.0) if m == 1 or each else (0.0, compute.memory_time(elems * 12.0 * (m - 1) / m))
+            summed = 0.0 if m == 1 or each else self.model.grad_accumulation_time(op, pl, self.tp, "fp32", m)
+            return 0.0, summed
         if plan.fsdp_mixed_precision:
             # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
             if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):

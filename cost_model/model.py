@@ -110,16 +110,19 @@ class CostModel:
 
     def grad_accumulation_time(self, op: OpNode, placement: OpPlacement | None, tp: int, precision: str,
                                microbatches: float = math.inf) -> float:
-        """Backward seconds per micro-batch of FSDP2 keeping a linear's 16-bit weight gradient as an fp32 sum over
-        `microbatches` (FSDPParam.to_accumulated_grad_if_needed): the first converted (6 bytes per element, the
-        widening cast), each later one added to the sum (read 4 + 2, write 4); inf, the many-micro-batch limit (the
-        placement ILP, which prices a layout for any micro-batch count). 0 at fp32 and for other ops."""
-        if precision == "fp32" or op.kind != "linear" or not op.params:
+        """Backward seconds per micro-batch of keeping a linear's weight gradient as an fp32 sum over
+        `microbatches`: under FSDP2 at 16 bits (FSDPParam.to_accumulated_grad_if_needed) the first converted (6
+        bytes per element, the widening cast) and each later one added to the sum (read 4 + 2, write 4); at fp32
+        autograd's AccumulateGrad adds each later one (read both, write one: 12 bytes). inf: the many-micro-batch
+        limit (the placement ILP, which prices a layout for any micro-batch count). 0 for other ops."""
+        if op.kind != "linear" or not op.params:
             return 0.0
         elems = sum(local_params(op, placement, tp).values())
-        added = self.compute.memory_time(elems * 10.0 * (1.0 if math.isinf(microbatches) else
-                                                        (microbatches - 1) / microbatches))
-        return self.compute.cast_time(elems * 6.0, True, precision) / microbatches + added
+        later = 1.0 if math.isinf(microbatches) else (microbatches - 1) / microbatches
+        if precision == "fp32":
+            return self.compute.memory_time(elems * 12.0 * later)
+        return self.compute.cast_time(elems * 6.0, True, precision) / microbatches + \
+            self.compute.memory_time(elems * 10.0 * later)
 
     def reshard_wait(self, tp: int) -> float:
         """Seconds each blocking tp collective waits for its ranks to line up, for a re-sharding priced on its own

@@ -243,8 +243,8 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
         on_dtensors.append(np.array([
             np.asarray(cost_model.op_parts(op, None, *args, graph=graph, dtensor=True), dtype=float) - t
             if p.strategy == "replicate" else np.zeros(4) for p, t in zip(strats, own)]))
-        # and FSDP2's fp32 sum of a linear's 16-bit weight gradient over micro-batches (any 16-bit tp plan), at
-        # its many-micro-batch limit: a replicated weight's costs tp times a sharded one's
+        # and the fp32 sum of a linear's weight gradient over micro-batches (FSDP2's at 16 bits, autograd's at
+        # fp32), at its many-micro-batch limit: a replicated weight's costs tp times a sharded one's
         parts.append(np.array([t + np.array([0.0, cost_model.grad_accumulation_time(op, _arg(p), ctx.tp,
                                                                                      ctx.precision), 0.0, 0.0])
                                for p, t in zip(strats, own)]))
