@@ -243,11 +243,13 @@ def build_problem(ops: Sequence[OpNode], candidates: Mapping[str, list[OpPlaceme
         on_dtensors.append(np.array([
             np.asarray(cost_model.op_parts(op, None, *args, graph=graph, dtensor=True), dtype=float) - t
             if p.strategy == "replicate" else np.zeros(4) for p, t in zip(strats, own)]))
-        # and the fp32 sum of a linear's weight gradient over micro-batches (FSDP2's at 16 bits, autograd's at
-        # fp32), at its many-micro-batch limit: a replicated weight's costs tp times a sharded one's
-        parts.append(np.array([t + np.array([0.0, cost_model.grad_accumulation_time(op, _arg(p), ctx.tp,
-                                                                                     ctx.precision), 0.0, 0.0])
-                               for p, t in zip(strats, own)]))
+        # and FSDP2's fp32 sum of a linear's 16-bit weight gradient over micro-batches (any 16-bit tp plan), at its
+        # many-micro-batch limit: a replicated weight's costs tp times a sharded one's. The ILP prices a layout for
+        # any micro-batch count, and one micro-batch makes no sum; not at fp32 (autograd's sum), the precision of
+        # CPU ranks, whose plans mostly run one micro-batch, where 16-bit plans at scale run many
+        summed = [cost_model.grad_accumulation_time(op, _arg(p), ctx.tp, ctx.precision) if ctx.precision != "fp32"
+                  else 0.0 for p in strats]
+        parts.append(np.array([t + np.array([0.0, a, 0.0, 0.0]) for t, a in zip(own, summed)]))
         mem = [cost_model.op_memory(op, _arg(p), *args) for p in strats]
         memory.append(np.array([ctx.alpha * pb + ctx.beta * ab for pb, ab in mem], dtype=float))
     reshard_cache: dict[tuple[Any, str, str], float] = {}
