@@ -418,17 +418,16 @@ class LayerCoster:
             # autograd adds each later micro-batch's fp32 gradient to the sum wherever micro-batches accumulate it
             # whole: all but ZeRO-2/3 outside pipelining
             each = mesh.dp > 1 and plan.zero_stage >= 2 and mesh.pp == 1
-            summed = 0.0 if m == 1 or each else self.model.grad_accumulation_time(op, pl, self.tp, "fp32", m)
-            return 0.0, summed
+            return 0.0, 0.0 if each else self.model.grad_accumulation_time(op, pl, self.tp, "fp32", m)
         if plan.fsdp_mixed_precision:
             # FSDP2 keeps the gradient 16-bit unless micro-batches accumulate it unsharded (then fp32, see above)
             if mesh.pp == 1 and (plan.zero_stage >= 2 or m == 1):
                 return 0.0, 0.0
             return 0.0, self.model.grad_accumulation_time(op, pl, self.tp, self.prec, m)
-        # autograd converts the 16-bit weight gradient up to fp32 (widening), then accumulates it
+        # autograd converts the 16-bit weight gradient up to fp32 (widening), then accumulates it as at fp32
         cast = 6.0 / (m if mesh.pp > 1 else 1)
-        return compute.memory_time(elems * cast), \
-            compute.cast_time(elems * 6.0, True, self.prec) + compute.memory_time(elems * 12.0 * (m - 1) / m)
+        return compute.memory_time(elems * cast), compute.cast_time(elems * 6.0, True, self.prec) + \
+            self.model.grad_accumulation_time(op, pl, self.tp, "fp32", m)
 
     def _autocast_copy_dispatch(self, op) -> tuple[float, float]:
         """(forward, backward) host seconds of `_autocast_copies`' casts for one micro-batch: each parameter tensor's

@@ -269,7 +269,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
         # devices)
-        fused=cl.intra_node.kind != "loopback")
+        fused=not cl.cpu_ranks)
     out = peak_memory(work)
     out["headroom"] = cl.device.memory_bytes - cl.device.usable_memory_bytes
     return out

@@ -61,7 +61,7 @@ def _parser():
 def check_inputs(plan_path: str, model_path: str, cluster_spec: str | None = None):
     """Load and cross-check plan and model file before anything is launched; returns the Plan. `cluster_spec`
     (--cluster) names the profile the plan was made for when the plan's own cluster name is no preset."""
-    from executor.runner import check_plan_matches_model, check_runnable, check_tp_plan
+    from executor.plan_checks import check_plan_matches_model, check_runnable, check_tp_plan
     from planner.model_file import build, load_model_file
     from planner.plan import Plan
     plan = Plan.load(plan_path)

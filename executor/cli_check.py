@@ -27,7 +27,7 @@ def _parser():
 def main(argv: Sequence[str] | None = None) -> int:
     """`plan check`; returns the exit status (bad input raises PlanError / ModelError for the CLI to print)."""
     from executor.dry_run import dry_run
-    from executor.runner import check_plan_matches_model
+    from executor.plan_checks import check_plan_matches_model
     from planner.model_file import build, load_model_file
     from planner.plan import Plan
     args = _parser().parse_args(list(argv or []))

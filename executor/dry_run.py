@@ -104,7 +104,7 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     """
     import torch.distributed as dist
 
-    from executor.runner import load_plan
+    from executor.plan_checks import load_plan
     label = label or ("the plan" if isinstance(plan, Plan) else os.path.basename(str(plan)))
     plan = load_plan(plan)
     mf = load_model_file(model) if isinstance(model, str) else model

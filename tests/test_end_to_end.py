@@ -61,7 +61,7 @@ def test_plans_are_what_the_executor_applies(runs):
     """The written plans say where each sharded parameter lives and the executor takes them as written; the forced
     tp + sp plan shards some block Linear (the ILP picks which: on this CPU cluster most stay replicated) and
     sequence parallelism shards the norms."""
-    from executor.runner import check_tp_plan
+    from executor.plan_checks import check_tp_plan
     from planner.model_file import build, load_model_file
     from planner.plan import Plan
     model = build(load_model_file(str(runs["model"])), "meta")
