@@ -407,8 +407,10 @@ def read_calibration_file(path: str | os.PathLike) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ExecutorError(f"--calibrate {path}: not a calibration file ({type(e).__name__}); give a new file "
                             "name or one an earlier `plan measure --calibrate` wrote") from None
-    if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
-        raise ExecutorError(f"--calibrate {path}: not a calibration file (a JSON object with an entries list); "
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list) or \
+            set(data) - {"entries", "cluster", "step_time_scale"}:  # another JSON file: never rewritten
+        raise ExecutorError(f"--calibrate {path}: not a calibration file (a JSON object with an entries list, and "
+                            "only cluster and step_time_scale beside it); "
                             "give a new file name or one an earlier `plan measure --calibrate` wrote")
     for i, entry in enumerate(data.get("entries", [])):  # write_calibration reads these after the run
         why = _entry_problem(entry)

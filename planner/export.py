@@ -413,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output(args.output, "-o", inputs=[args.plan, args.model])
     plan = Plan.load(args.plan)
     facts, path = None, plan.model.get("path")
+    if args.output is not None and not args.model:  # the model file the plan names is read too
+        check_output(args.output, "-o", inputs=[path])
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the export alone: what the model file prints goes aside
         if args.model:
             facts = model_facts(args.model)
@@ -421,6 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 facts = model_facts(path)
             except ModelError as e:  # the plan's own reference: export without it, and say so
                 print(f"note: the plan's model file was not read ({e}); pass --model to use it", file=sys.stderr)
+        elif path:
+            print(f"note: the plan's model file {path} does not exist, so the export has no sequence length, "
+                  "block class or Linears from it; pass --model MODEL.py", file=sys.stderr)
     out = export(plan, args.to, facts)
     if args.output:
         write_atomic(args.output, out.text)  # PlanError (one line) when the path cannot be written

@@ -128,6 +128,20 @@ def test_export_never_writes_over_its_plan(mlp_plan, capsys):
     assert "would destroy it" in _one_line(capsys) and mlp_plan.read_text() == before
 
 
+def test_export_never_writes_over_the_model_file_its_plan_names(tmp_path, capsys):
+    # without --model, export reads the plan's model file (its sequence length) and then wrote -o over it
+    model, plan = tmp_path / "model.py", tmp_path / "plan.json"
+    model.write_text(open(MLP).read())
+    assert main([str(model)] + PLAN[1:] + ["--force", "pp=1", "--no-check", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    for target in ("megatron", "deepspeed"):
+        assert main(["export", str(plan), "--to", target, "-o", str(model)]) == 2
+        assert "would destroy it" in _one_line(capsys) and model.read_text() == open(MLP).read()
+    model.unlink()  # a model file that is gone: said, not silently left out
+    assert main(["export", str(plan), "--to", "deepspeed", "-o", str(tmp_path / "ds.json")]) == 0
+    assert f"note: the plan's model file {model} does not exist" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags,match", [
     (["--steps", "2", "--warmup", "2"], "must be more than --warmup"),
     (["--threads", "0"], "--threads must be >= 1"),
@@ -178,6 +192,10 @@ def test_measure_checks_its_outputs_before_launching(mlp_plan, tmp_path, capsys)
     notjson.write_text("[1, 2]")
     assert main(["measure", str(mlp_plan), MLP, "--calibrate", str(notjson)]) == 2
     assert "not a calibration file" in _one_line(capsys) and notjson.read_text() == "[1, 2]"
+    for other in ({"cluster": "cpu-local"}, json.loads(mlp_plan.read_text())):  # other JSON objects: never rewritten
+        notjson.write_text(json.dumps(other))
+        assert main(["measure", str(mlp_plan), MLP, "--calibrate", str(notjson)]) == 2
+        assert "not a calibration file" in _one_line(capsys) and json.loads(notjson.read_text()) == other
     assert main(["measure", str(mlp_plan), MLP, "-o", str(tmp_path)]) == 2
     assert "it is a directory" in _one_line(capsys)
     before = mlp_plan.read_text()
