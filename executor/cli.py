@@ -267,6 +267,9 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
                                 "aot_eager or eager (all: torch._dynamo.list_backends(exclude_tags=()))")
     if not check_outputs(args):
         return 2
+    if args.cluster:  # read only for --trace and for GPU plans: a bad one is said whatever the flags
+        from hardware_profiles.load import load_cluster
+        load_cluster(args.cluster)
     plan = check_inputs(args.plan, args.model, args.cluster)
     predicted = None
     if args.trace and predicted_timeline is not None:

@@ -328,10 +328,10 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.json:
         from planner.report import format_json
-        print(format_json(result, explain=args.explain))
+        print(format_json(result, explain=args.explain, top=args.top))
     else:
         from planner.report import format_result
-        print(format_result(result, explain=args.explain))
+        print(format_result(result, explain=args.explain, top=args.top))
     for line in said:
         print(line, file=sys.stderr if args.json else sys.stdout)  # with --json, stdout is the JSON alone
     return 0
@@ -355,9 +355,9 @@ def _search_and_write(args: Any, cluster: Any, forced: dict, scale: float | None
     from cost_model.model import CostModel
     from planner.search import search
 
-    cost_model = CostModel(cluster)
+    cost_model = CostModel(cluster)  # --explain compares with the runner-up, kept whatever --top shows
     result = search(graph, cluster, cost_model, batch_size=args.batch_size, precision=precision,
-                    forced=forced, top_k=args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
+                    forced=forced, top_k=max(args.top, 2) if args.explain else args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path, ignore_memory=args.ignore_memory)
     if args.ignore_memory:
         result.notes.append(memory_ignored_note(result.best_prediction, cluster))

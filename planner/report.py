@@ -151,14 +151,15 @@ def format_result(result: Any, explain: bool = False, top: int | None = None) ->
             counts[p.strategy] = counts.get(p.strategy, 0) + 1
         lines.append("  per-op placements: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     lines += format_prediction(pred, None)
-    if len(result.candidates) > 1:
-        lines.append(f"top {len(result.candidates[:top] if top else result.candidates)} candidates:")
+    shown = result.candidates[:top] if top else result.candidates
+    if len(shown) > 1:
+        lines.append(f"top {len(shown)} candidates:")
         lines += ["  " + row for row in format_top(result.candidates, top)]
     if explain:
         if len(result.candidates) > 1:
             lines += _explain(best, pred, *result.candidates[1])
         else:
-            lines.append("why this plan: no runner-up (the forced keys leave a single candidate)")
+            lines.append(NO_RUNNER_UP)
     stats = getattr(result, "stats", None) or {}
     if stats:
         lines.append(f"search: {stats.get('groups_evaluated', 0)} of {stats.get('groups', 0)} candidate groups "
@@ -172,6 +173,7 @@ def format_result(result: Any, explain: bool = False, top: int | None = None) ->
 
 
 _explain = explain
+NO_RUNNER_UP = "why this plan: no runner-up (no other candidate fits; with --force, the forced keys leave one)"
 
 
 def report_dict(result: Any, explain: bool = False, top: int | None = None) -> dict[str, Any]:
@@ -196,7 +198,7 @@ def report_dict(result: Any, explain: bool = False, top: int | None = None) -> d
            "assumptions": list(pred.assumptions)}
     if explain:
         out["explain"] = (_explain(best, pred, *result.candidates[1]) if len(result.candidates) > 1 else
-                          ["why this plan: no runner-up (the forced keys leave a single candidate)"])
+                          [NO_RUNNER_UP])
     return out
 
 

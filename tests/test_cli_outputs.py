@@ -196,6 +196,8 @@ def test_measure_checks_its_outputs_before_launching(mlp_plan, tmp_path, capsys)
         notjson.write_text(json.dumps(other))
         assert main(["measure", str(mlp_plan), MLP, "--calibrate", str(notjson)]) == 2
         assert "not a calibration file" in _one_line(capsys) and json.loads(notjson.read_text()) == other
+    assert main(["measure", str(mlp_plan), MLP, "--cluster", "nosuch"]) == 2  # was ignored without --trace
+    assert "--cluster: no preset or file named 'nosuch'" in _one_line(capsys)
     assert main(["measure", str(mlp_plan), MLP, "-o", str(tmp_path)]) == 2
     assert "it is a directory" in _one_line(capsys)
     before = mlp_plan.read_text()

@@ -134,3 +134,13 @@ def test_force_recompute_blocks_counts_real_blocks(tmp_path, capsys):
                "dp=4,tp=1,pp=2,mbs=2,schedule=1f1b,recompute_blocks=3", "-o", str(out), "--no-check"])
     assert rc == 0 and Plan.load(out).recompute_blocks == (2, 2)
     assert "full[2/2]" in capsys.readouterr().out
+
+
+def test_a_forced_sp_the_model_cannot_use_is_an_error_not_dropped(tmp_path, capsys):
+    # an MLP has no sequence dim: the plan came out sp=0 (exit 0) with a note that said sp=1 was forced
+    mlp, out = os.path.join(ROOT, "examples", "mlp.py"), tmp_path / "plan.json"
+    assert main([mlp, "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32", "--force", "sp=1",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "sp=1 is forced, but no op of this model can run on sequence shards" in err and "drop sp=1" in err
+    assert not out.exists()

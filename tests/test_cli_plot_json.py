@@ -173,3 +173,13 @@ def test_progress_not_shown_for_a_short_search():
         bar(1, 2, 0.5)
         time.sleep(0.05)
     assert not bar.started and buf.getvalue() == ""
+
+
+def test_explain_compares_with_the_runner_up_whatever_top_shows(capsys):
+    # --top 1 kept one candidate, and --explain then said the forced keys left a single one (none were forced)
+    assert main(PLAN_ARGS + ["--top", "1", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "why this plan: the runner-up" in out and "candidates:" not in out
+    assert main(PLAN_ARGS + ["--top", "1", "--explain", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["candidates"]) == 1 and doc["explain"][0].startswith("why this plan: the runner-up")

@@ -401,6 +401,13 @@ class OuterSearch:
             self._note(("problem", tp), f"tp={tp}: the placement ILP's layout cannot be a plan ({problems[0]}; "
                                         f"{at}); skipped")
             return None
+        if sp and self.forced.get("sp") and not res.sequence_parallel:  # a forced key is never dropped
+            self._note(("no-sequence", tp), f"tp={tp}: sp=1 is forced, but no op of this model can run on sequence "
+                                            "shards (sequence parallelism splits the norms, dropouts and residual "
+                                            "adds between tp regions on dim 1, the sequence of a (batch, sequence, "
+                                            "features) activation; drop sp=1; "
+                                            f"{at}); skipped")
+            return None
         return res
 
     def _note(self, key: tuple, text: str) -> None:
