@@ -273,6 +273,10 @@ def _attention(d: Any, where: str) -> AttentionModel:
         name, f, b = chosen[0]
         extra = tables(ks)
     else:
+        if m and "kernel" in d and not set(_ATTN_EFFS) & set(d):  # a name alone prices nothing but `unfused`
+            raise ProfileError(f"{where}.kernel: {d['kernel']!r} comes without its forward_efficiency and "
+                               f"backward_efficiency; give them beside it, or use kernel: {UNFUSED_ATTENTION} "
+                               "(separate GEMMs and softmax)")
         d = _keys(d, where, _ATTN_EFFS, (*shared, "kernel", *_ATTN_TABLES))
         (f, b), name, table = _attention_effs(d, where), str(d.get("kernel", "")), ()
         extra = {"head_dims": tuple(_head_dims(name, d, where)), "seq_lens": tuple(_seq_lens(name, d, where))}

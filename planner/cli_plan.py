@@ -312,10 +312,13 @@ def main(argv: Sequence[str]) -> int:
     precision = args.precision or (default_precision(cluster.device) if cluster else "bf16")
     precision_note = ""
     if cluster and args.precision is None and precision != "bf16":
-        why = ("its measured nn.Linear forward + backward is slower at bf16 than at fp32"
+        why = ("measured nn.Linear forward + backward is slower at bf16 than at fp32"
                if cluster.device.rates("bf16") is not None else "bf16 peak is below its fp32 peak"
-               if cluster.device.peak_flops.get("bf16") else "bf16 peak is not given")
+               if cluster.device.peak_flops.get("bf16") else "peak_flops has no bf16 entry")
         precision_note = f"note: --precision not given; using {precision}: on {cluster.device.name} the profile's {why}"
+    elif cluster and precision != "fp32" and not {"bf16", "fp16"} & set(cluster.device.peak_flops):
+        precision_note = (f"note: the profile's peak_flops has no bf16 or fp16 entry, so {precision} matmuls are "
+                          "priced at its fp32 peak; add the 16-bit peak (datasheet) or re-measure with `plan profile`")
     if cluster and precision != "fp32" and cluster.intra_node.kind == "loopback" and \
             cluster.device.rates(precision) is None:  # CPU ranks: fp32's curves say little about bf16's rates
         precision_note = "\n".join(filter(None, (precision_note, unmeasured_precision_note(cluster, precision))))

@@ -74,3 +74,21 @@ def test_bf16_on_a_cpu_profile_without_bf16_rates_says_so_in_one_line(tmp_path, 
     assert plan_main([*args[:1], "--cluster", _cpu_profile(tmp_path, False), *args[1:4], "fp32",
                       *args[5:]]) == 0
     assert "measured no" not in capsys.readouterr().err
+
+
+def test_a_16_bit_precision_on_a_profile_without_its_peak_says_so(tmp_path, capsys):
+    # --precision bf16 on a profile with only an fp32 peak priced bf16 at the fp32 peak silently
+    import yaml
+    from hardware_profiles.load import PRESET_DIR
+    d = yaml.safe_load(open(PRESET_DIR / "dgx-a100-80gb.yaml"))
+    d["device"]["peak_flops"] = {"fp32": d["device"]["peak_flops"]["fp32"]}
+    prof = tmp_path / "fp32_peak.yaml"
+    prof.write_text(yaml.safe_dump(d))
+    args = [GPT, "--cluster", str(prof), "--batch-size", "8", "--force", "dp=8,mbs=1"]
+    assert plan_main(args + ["--precision", "bf16"]) == 0
+    assert "note: the profile's peak_flops has no bf16 or fp16 entry, so bf16 matmuls are priced at its fp32 " \
+           "peak" in capsys.readouterr().err
+    assert plan_main(args) == 0  # no --precision: fp32, said once, in words
+    err = capsys.readouterr().err
+    assert "using fp32: on NVIDIA A100-SXM4-80GB the profile's peak_flops has no bf16 entry" in err
+    assert "no bf16 or fp16 entry" not in err

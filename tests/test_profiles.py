@@ -124,6 +124,9 @@ def test_duplicate_key_names_the_file_key_and_line(tmp_path, capsys):
     ("latency: 3.4e-06", "latency: 3.4", "links.intra_node.latency: 3.4 s is implausibly large"),
     ("kind: nvswitch", "kind: nvlink5", "links.intra_node.kind"),
     ("group_size: 8", "group_size: 0", "collectives[0].group_size: must be > 0"),
+    ("attention: {forward_efficiency: 0.73, backward_efficiency: 0.63, block: 128, kernel: flash2}",
+     "attention: {kernel: flash9}",  # said 'attention.forward_efficiency: missing key'
+     "device.attention.kernel: 'flash9' comes without its forward_efficiency and backward_efficiency"),
 ])
 def test_bad_field_names_its_path(tmp_path, old, new, expected):
     assert expected in _error(_write_variant(tmp_path, old, new))
