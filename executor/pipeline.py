@@ -56,15 +56,15 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
                             "repeated blocks (a ModuleList of layers) nor two top-level modules with parameters; "
                             "use pp = 1")
     stages: tuple[StageSpec, ...] = plan.stages
-    if stages and all(s.modules for s in stages):
-        return check_stage_modules(model, [list(s.modules) for s in stages])
     layers = layer_modules(model)
     if stages:
         if layers and layers[-1][0] in block_paths:
             layers.append([])  # `OpGraph.layers()` ends with the loss (root ops after the last block): no module
-        if stages[-1].end_layer > len(layers):
+        if stages[-1].end_layer > len(layers):  # the ranges price the plan even where the modules cut it
             raise ExecutorError(f"plan stages end at layer {stages[-1].end_layer} but the model has {len(layers)} "
                                 "layers (blocks and the modules between them); re-plan for this model")
+        if all(s.modules for s in stages):
+            return check_stage_modules(model, [list(s.modules) for s in stages])
         return [[m for layer in layers[s.start_layer:s.end_layer] for m in layer] for s in stages]
     if len(block_paths) < n:
         raise ExecutorError(f"{n} pipeline stages need >= {n} blocks; the model has {len(block_paths)}")

@@ -32,6 +32,17 @@ def check_plan_matches_model(plan: Plan, model: nn.Module) -> None:
     if want_n and int(want_n) != have_n:
         raise ExecutorError(f"plan was made for a model with {int(want_n):,} parameters, this one has {have_n:,}; "
                             "re-plan for this model")
+    check_stages_match_model(plan, model)
+
+
+def check_stages_match_model(plan: Plan, model: nn.Module) -> None:
+    """The plan's stages name modules this model has (whatever pp: a plan without its fingerprint is still caught
+    naming another model's modules), and with pipelining end within its layers (`executor.pipeline.stage_modules`)."""
+    from executor.pipeline import check_stage_modules, stage_modules
+    if any(s.modules for s in plan.stages):
+        check_stage_modules(model, [list(s.modules) for s in plan.stages])
+    if plan.mesh.pp > 1 and plan.stages:
+        stage_modules(model, plan)
 
 
 def plan_graph(plan: Plan) -> str:

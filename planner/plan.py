@@ -187,6 +187,13 @@ class Plan:
         if self.stages and len(self.stages) != m.pp * self.virtual_stages:
             raise PlanError(f"plan: {len(self.stages)} stages given, mesh.pp x virtual_stages needs "
                             f"{m.pp * self.virtual_stages}")
+        end = 0  # the stages cut the layers in order: each starts where the one before ends, from layer 0
+        for i, st in enumerate(self.stages):
+            if st.start_layer != end or st.end_layer <= st.start_layer:
+                raise PlanError(f"plan: stages[{i}] covers layers [{st.start_layer}, {st.end_layer}), but the stages "
+                                f"must cut the layers in order from 0 without gaps or overlaps (it should start at "
+                                f"{end} and end after it); plan again or correct the stage")
+            end = st.end_layer
 
     @property
     def world_size(self) -> int:

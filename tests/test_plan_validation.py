@@ -77,6 +77,12 @@ BROKEN = [
     (lambda d: d["predicted"].update(memory_breakdown=[1, 2]),
      r"predicted\.memory_breakdown: expected an object of numbers, got \[1, 2\]"),
     (lambda d: d["predicted"].update(tflops_per_device="x"), r'predicted\.tflops_per_device: .* got "x"'),
+    # plan check passed these (the executor cuts by the modules; the ranges price the plan)
+    (lambda d: d["stages"][1].update(start_layer=2),
+     r"stages\[1\] covers layers \[2, 6\), but the stages must cut the layers in order from 0 without gaps or "
+     r"overlaps \(it should start at 3"),
+    (lambda d: d["stages"][1].update(start_layer=4), r"stages\[1\] covers layers \[4, 6\)"),
+    (lambda d: d["stages"][0].update(start_layer=1), r"stages\[0\] covers layers \[1, 3\)"),
 ]
 
 
@@ -84,7 +90,8 @@ BROKEN = [
     "no-stages", "stages-empty", "module-in-two-stages", "module-in-two-stages-2",
     "stage0-no-modules", "stage1-no-modules", "mesh-vs-devices", "mesh-vs-nodes", "param-sharded-at-tp1",
     "negative-step-time", "string-step-time", "infinite-memory", "nan-memory", "deep-prediction", "stage-rank",
-    "string-breakdown", "nan-memory-breakdown", "list-memory-breakdown", "string-tflops"])
+    "string-breakdown", "nan-memory-breakdown", "list-memory-breakdown", "string-tflops", "stage-overlap",
+    "stage-gap", "stage-from-1"])
 def test_a_broken_plan_file_is_refused_at_load(tmp_path, edit, message):
     data = _good()
     edit(data)
@@ -183,6 +190,23 @@ def test_plan_check_refuses_a_plan_made_for_another_model(tmp_path, capsys, mlp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "plan was made for another model" in err and "re-plan" in err, err
     assert main(["check", str(path), MLP]) == 0, capsys.readouterr().err
+
+
+def test_plan_check_refuses_stages_the_model_does_not_have(tmp_path, capsys, mlp_model):
+    """Before: `ok` (a plan's module lists were read only when the executor cut a pipeline)."""
+    from planner.cli import main
+    path = tmp_path / "mlp.json"
+    beyond = _good(mlp_model)
+    beyond["stages"][1]["end_layer"] = 9
+    alien = _good()  # no fingerprint: a pp=1 plan naming another model's modules
+    alien.update(mesh={"dp": 2, "tp": 1, "pp": 1}, schedule="1f1b", microbatch_size=4,
+                 stages=[{"start_layer": 0, "end_layer": 3, "modules": ["wte", "h", "lm_head"]}])
+    for plan, words in ((beyond, "plan stages end at layer 9 but the model has 6 layers"),
+                        (alien, "stage 0 of the plan lists module 'wte', which this model does not have")):
+        path.write_text(json.dumps(plan))
+        assert main(["check", str(path), MLP]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
 
 
 def test_plan_check_reports_a_model_file_error_as_plan_model_does(tmp_path, capsys, mlp_model):
