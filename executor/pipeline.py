@@ -270,18 +270,23 @@ def _block_called(v: object) -> str | None:
     return v.target if isinstance(v, fx.Node) and v.op == "call_module" else None
 
 
-def tied_pairs(model: nn.Module, modules: list[list[str]]) -> list[tuple[str, list[int]]]:
-    """Parameters shared by modules in different stages: (canonical name, the stages holding a copy)."""
+def tied_pairs(model: nn.Module, modules: list[list[str]],
+               graphs: list[fx.GraphModule] = ()) -> list[tuple[str, list[int]]]:
+    """Parameters held by more than one stage: (canonical name, the stages holding a copy). A stage holds a
+    parameter through a module it lists (a tied embedding and LM head), or through a stage graph's own read of it
+    (`F.linear(x, self.wte.weight)` in the root's forward: a `get_attr` in the last stage's graph)."""
     owner = {m: i for i, mods in enumerate(modules) for m in mods}
-    out = []
     by_id: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
-    for names in by_id.values():
-        stages = sorted({_owner_stage(n, owner) for n in names} - {None})
-        if len(stages) > 1:
-            out.append((names[0], stages))
-    return out
+    canonical = {n: names[0] for names in by_id.values() for n in names}
+    held: dict[str, set[int]] = {names[0]: {_owner_stage(n, owner) for n in names} - {None}
+                                 for names in by_id.values()}
+    for k, g in enumerate(graphs):  # stage graphs name parameters as the model does
+        for n, _ in g.named_parameters(remove_duplicate=False):
+            if n in canonical:
+                held[canonical[n]].add(k)
+    return [(name, sorted(stages)) for name, stages in held.items() if len(stages) > 1]
 
 
 def _owner_stage(param_name: str, owner: dict[str, int]) -> int | None:

@@ -225,7 +225,7 @@ class Runner:
                       for i in range(len(graphs)) if i % plan.mesh.pp == self.mesh["pp"].get_local_rank()]
             why = None if all(placed) else graph_ops.PIPELINED
         self._note(why)
-        pairs = pipeline.tied_pairs(model, mods)  # before sharding replaces (and unties) parameters
+        pairs = pipeline.tied_pairs(model, mods, graphs)  # before sharding replaces (and unties) parameters
         pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]
         self.stage_ids = mine
