@@ -16,6 +16,7 @@ equal — Megatron-LM's treatment of shared embeddings.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 
 import torch
@@ -315,6 +316,13 @@ def tied_groups_for_rank(mesh, pp_ranks_of_stages: list[list[int]]) -> list[dist
                     keep = g
         mine.append(keep)
     return mine
+
+
+NO_OUTPUTS = {"return_outputs": False} if "return_outputs" in inspect.signature(
+    torch.distributed.pipelining.schedules.PipelineScheduleSingle.step).parameters else {}
+"""`schedule.step` keeps no outputs (where torch has the flag): it otherwise holds the last stage's output of every
+micro-batch (the logits) until the step ends, to concatenate them on dim 0 (a 0-dim output, an auxiliary loss,
+cannot be), and nothing reads them: the losses come from the loss function."""
 
 
 def make_schedule(plan: Plan, stages: list, loss_fn):

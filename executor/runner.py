@@ -135,6 +135,7 @@ class Runner:
         self.memory = StepMemory()  # peak memory by category, from torch's MemTracker
         self.step_count = 0
         self.amp = DTYPES[plan.precision]
+        self._target_chunks = None  # a pipelined step's targets when they are not one tensor (`_stage_loss`)
         if m.pp > 1:
             self._build_pipeline(model)
         else:
@@ -244,7 +245,7 @@ class Runner:
                                                      group=self.mesh["pp"].get_group()))
             annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
         self.stages = stages
-        self.schedule = pipeline.make_schedule(plan, stages, self._loss)
+        self.schedule = pipeline.make_schedule(plan, stages, self._stage_loss)
         # tied weights whose copies sit on different pp ranks: one group per weight
         groups = pipeline.tied_groups_for_rank(self.mesh, [sorted({s % pp for s in st}) for _, st in pairs])
         self.tied, self.tied_groups = [], []
@@ -253,6 +254,14 @@ class Runner:
                     if self.canonical.get(n) == name]
             self.tied.append(held[0] if held else None)
             self.tied_groups.append(g if held and len({s % pp for s in st}) > 1 else None)
+
+    def _stage_loss(self, out, target):
+        """The last pipeline stage's loss of one micro-batch: targets that are not one tensor (a dict, a tuple)
+        travel through the schedule as their micro-batch index (`_forward_backward`), which torch splits as a
+        tensor."""
+        if self._target_chunks is not None:
+            target = self._target_chunks[int(target[0])]
+        return self._loss(out, target)
 
     def _loss(self, out, target):
         """The loss of one micro-batch. Under tp the model's outputs are DTensors: logits sharded over the
@@ -361,9 +370,14 @@ class Runner:
         plan = self.plan
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
+            mb, n = plan.microbatch_size, plan.num_microbatches
+            self._target_chunks = None if isinstance(targets, torch.Tensor) else \
+                [_slice(targets, k * mb, mb) for k in range(n)]
+            index = torch.arange(n, device=self.device) if self._target_chunks is not None else targets
             with self._tp_context(), self._autocast():
                 first = 0 in self.stage_ids
-                self.schedule.step(*(self.stage_args(inputs) if first else ()), target=targets, losses=losses)
+                self.schedule.step(*(self.stage_args(inputs) if first else ()), target=index, losses=losses,
+                                   **pipeline.NO_OUTPUTS)
             if losses:  # each divided by the micro-batch count (pipeline.make_schedule): their sum is the mean
                 return torch.stack([l.detach().float() for l in losses]).sum()
             return torch.zeros((), device=self.device)

@@ -28,7 +28,7 @@ EXAMPLES = os.path.join(ROOT, "examples")
 WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
 STEPS, BATCH, TOL = 3, 4, 1e-5
 LAUNCH_TIMEOUT_S = 900
-"""One launch (13 models per mesh, two meshes at world 4); a healthy one takes about two minutes here."""
+"""One launch (14 models per mesh, two meshes at world 4); a healthy one takes about two minutes here."""
 MAX_LAUNCHES = 3
 """Launches per mesh when one dies (see `_train_all`)."""
 
@@ -46,6 +46,7 @@ MODELS = {
     "hf_llama": os.path.join(EXAMPLES, "hf_llama.py"),  # transformers: RoPE module, dict inputs, ModelOutput
     "resnet": os.path.join(EXAMPLES, "resnet.py"),  # convolutions, BatchNorm
     "mlp": os.path.join(EXAMPLES, "mlp.py"),  # nn.Sequential of Linears
+    "aux_loss": os.path.join(ZOO, "aux_loss.py"),  # 0-dim aux loss through the blocks, dict outputs and targets
 }
 """The zoo: model name -> model file, each unmodified (examples/gpt2_xl.py and gpt3_175b.py are gpt.py's code at
 sizes a CPU cannot train)."""
