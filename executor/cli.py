@@ -12,6 +12,7 @@ exits 1.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -128,8 +129,9 @@ TIMED_OUT = 124
 
 def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int, threads: int,
            result: str, timeout: float | None = None, trace: str | None = None,
-           compile: str | None = None) -> tuple[int, str]:
-    """Run executor.worker on `world` ranks under torchrun; returns (exit status, captured stderr)."""
+           compile: str | None = None, debug: bool = False) -> tuple[int, str]:
+    """Run executor.worker on `world` ranks under torchrun; returns (exit status, captured stderr). `debug`: each
+    failing rank prints its traceback too."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "executor.worker", os.path.abspath(plan_path), os.path.abspath(model_path),
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--result", result]
@@ -137,6 +139,8 @@ def launch(plan_path: str, model_path: str, world: int, steps: int, warmup: int,
     cmd += ["--compile", compile] if compile else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCHELASTIC_ERROR_FILE="")
     env.pop("TORCHELASTIC_ERROR_FILE")
+    if debug:
+        env["SHARDWISE_DEBUG"] = "1"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.realpath(root) != os.path.realpath(os.getcwd()):  # (from a checkout's own folder, the cwd is us)
         env["PYTHONSAFEPATH"] = "1"  # `-m` puts the cwd first on sys.path: an executor.py there would stand in
@@ -286,7 +290,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         result = os.path.join(tmp, "measured.json")
         t0 = time.perf_counter()
         rc, err = launch(args.plan, args.model, plan.world_size, args.steps, args.warmup, args.threads, result,
-                         args.timeout, args.trace, args.compile)
+                         args.timeout, args.trace, args.compile, debug=args.debug)
         if not os.path.exists(result):
             elapsed = time.perf_counter() - t0
             why = (f"it ran past --timeout {args.timeout:g} s and was stopped; raise --timeout or lower --steps"
@@ -294,7 +298,8 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
             print(f"plan measure: the job failed after {elapsed:.1f} s: {why}", file=sys.stderr)
             if args.debug:
                 print(err, file=sys.stderr)
-            return 1
+            from executor.worker import MODEL_CODE
+            return 2 if MODEL_CODE in why else 1  # the model file's own code raised: bad input
         with open(result) as f:
             measured = json.load(f)
         if rc != 0:  # rank 0 writes the result only after every rank's measurement arrived: the run is complete
@@ -305,6 +310,12 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
     if args.trace:
         measured.setdefault("notes", []).append("--trace: the steps after warm-up ran under torch.profiler, which "
                                                 "adds time to each step")
+    bad = next((k for k, loss in enumerate(measured.get("losses", []), 1)
+                if not isinstance(loss, (int, float)) or not math.isfinite(loss)), None)
+    if bad is not None:  # timed all the same, but the model computes nan/inf: its kernels may not be the usual ones
+        measured.setdefault("notes", []).append(
+            f"the loss is {measured['losses'][bad - 1]} from step {bad}: the model computes a non-finite loss "
+            "(check the model file's inputs, initialisation and loss), so these times are of a run that trains nothing")
     out = compare(plan, measured)
     if args.output:  # the results first: a failure formatting the report (or drawing) must not lose the run
         write_atomic(args.output, json.dumps(out, indent=1) + "\n")

@@ -107,6 +107,34 @@ def _write_trace(args: argparse.Namespace, runner, prof, pg_names: dict[str, str
     write_atomic(os.path.join(args.trace, f"measured_rank{rank}.json"), json.dumps(doc) + "\n")
 
 
+MODEL_CODE = " [raised in the model's code: "
+"""Marks a rank's error line whose exception came out of the model file's own code (`plan measure` then exits 2:
+bad input, as a model file that fails to load)."""
+
+
+def model_file_frame(e: BaseException, model_path: str) -> str:
+    """` [raised in the model file MODEL.py line N, in FUNC: ...]` when the innermost frame of `e`'s traceback in a
+    file of the model file's folder is the model's code (its loss_fn, forward or sample_batch), else ""."""
+    folder = os.path.dirname(os.path.abspath(model_path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours = tuple(os.path.join(root, pkg) + os.sep for pkg in ("executor", "planner", "cost_model", "hardware_profiles"))
+    tb = traceback.extract_tb(e.__traceback__)
+    default = os.path.join(root, "planner", "model_file.py")  # the default loss reads the model's own outputs
+    mine = [i for i, f in enumerate(tb) if os.path.dirname(os.path.abspath(f.filename)) == folder
+            or (os.path.abspath(f.filename) == default and f.name == "default_loss")]
+    if not mine:
+        return ""
+    below = [os.path.abspath(f.filename) for f in tb[mine[-1] + 1:]]
+    if any(b.startswith(ours) or f"{os.sep}torch{os.sep}distributed{os.sep}" in b for b in below):
+        return ""  # raised under DTensor, FSDP or the executor: the plan's doing, not the model's
+    f = tb[mine[-1]]
+    where = "the default loss (cross-entropy or MSE of the model's outputs against sample_batch's targets)" \
+        if f.name == "default_loss" and os.path.abspath(f.filename) == default \
+        else f"{os.path.basename(f.filename)} line {f.lineno}, in {f.name}"
+    return (f"{MODEL_CODE}{where}: the dry run checks shapes on fake tensors, not values such as class ids; fix "
+            "the model file]")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of one rank."""
     p = argparse.ArgumentParser(prog="executor.worker")
@@ -124,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as e:  # one line, then die at once so torchrun tears the job down
         rank = os.environ.get("RANK", "?")
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"shardwise rank {rank}: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+        # one write: the ranks share stderr, and print's separate newline let two ranks' lines run together
+        sys.stderr.write(f"shardwise rank {rank}: {type(e).__name__}: {msg}{model_file_frame(e, args.model)}\n")
+        sys.stderr.flush()
         if os.environ.get("SHARDWISE_DEBUG"):
             traceback.print_exc()
         sys.stderr.flush()

@@ -72,7 +72,7 @@ def _a_plan(tmp_path):
 def _fake_launch(write: bool, rc: int):
     import json
 
-    def launch(plan_path, model_path, world, steps, warmup, threads, result, timeout=None, trace=None, compile=None):
+    def launch(plan_path, model_path, world, steps, warmup, threads, result, timeout=None, trace=None, compile=None, debug=False):
         if write:
             with open(result, "w") as f:
                 json.dump({"step_time_s": 0.01, "peak_memory_bytes": 1, "memory_bytes": {"peak": 1},
@@ -159,3 +159,57 @@ def test_an_executor_py_in_the_cwd_does_not_stand_in_for_shardwise(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert plan_main(["measure", str(plan), mlp, "--steps", "2", "--warmup", "1"]) == 0, capsys.readouterr().err
+
+
+def test_an_error_in_the_model_files_own_code_is_named_and_exits_2(tmp_path, monkeypatch, capsys):
+    """Class ids beyond the logits raised in the loss after launch: exit 1 with no word of the model file (the dry
+    run runs on fake tensors, which hold no values)."""
+    import importlib.util
+
+    import torch
+
+    import executor.cli as cli
+    from executor.worker import MODEL_CODE, model_file_frame
+    from planner.model_file import default_loss
+    path = tmp_path / "bad_loss.py"
+    path.write_text("import torch.nn.functional as F\n\ndef loss_fn(out, y):\n    return F.cross_entropy(out, y)\n\n\n"
+                    "def through_shardwise():\n    from planner.plan import Plan\n    Plan.load('/nonexistent.json')\n")
+    spec = importlib.util.spec_from_file_location("bad_loss", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    logits, ids = torch.zeros(2, 4), torch.tensor([1, 9])
+    for fn, where in ((mod.loss_fn, "bad_loss.py line 4, in loss_fn"), (default_loss, "the default loss")):
+        with pytest.raises(IndexError) as e:
+            fn(logits, ids)
+        said = model_file_frame(e.value, str(path))
+        assert said.startswith(MODEL_CODE + where) and "fix the model file" in said
+    with pytest.raises(Exception) as e:  # raised below shardwise's own code (the plan's doing): not the model's
+        mod.through_shardwise()
+    assert model_file_frame(e.value, str(path)) == ""
+
+    gpt, plan = _a_plan(tmp_path)
+    capsys.readouterr()
+    line = f"shardwise rank 1: IndexError: Target 9 is out of bounds.{said}\n"
+    monkeypatch.setattr(cli, "launch", lambda *a, **k: (1, line))
+    assert cli.main([str(plan), gpt, "--steps", "2", "--warmup", "1"]) == 2
+    assert "Target 9 is out of bounds. [raised in the model's code: the default loss" in capsys.readouterr().err
+
+
+def test_a_non_finite_loss_is_said(tmp_path, monkeypatch, capsys):
+    """The report and measured.json said nothing of a model whose loss was nan at every step."""
+    import json
+
+    import executor.cli as cli
+    gpt, plan = _a_plan(tmp_path)
+    capsys.readouterr()
+
+    def launch(plan_path, model_path, world, steps, warmup, threads, result, *a, **k):
+        with open(result, "w") as f:
+            json.dump({"step_time_s": 0.01, "peak_memory_bytes": 1, "memory_bytes": {"peak": 1},
+                       "losses": [2.0, float("nan"), float("nan")], "step_times_s": [0.01] * 3, "notes": []}, f)
+        return 0, ""
+    monkeypatch.setattr(cli, "launch", launch)
+    out = tmp_path / "m.json"
+    assert cli.main([str(plan), gpt, "--steps", "3", "--warmup", "1", "-o", str(out)]) == 0
+    assert "note: the loss is nan from step 2: the model computes a non-finite loss" in capsys.readouterr().out
+    assert any("non-finite loss" in n for n in json.loads(out.read_text())["measured"]["notes"])
