@@ -25,7 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, shorten
 from executor.parallel import blocks
 from planner.blocks import layer_modules
 from planner.layout import boundary_placements as block_output_placements
@@ -158,8 +158,7 @@ def flat_inputs(inputs: object) -> tuple:
 
 def _said(e: BaseException) -> str:
     """`Type: first line of the message` (shortened), for one-line errors."""
-    lines = str(e).splitlines()
-    return f"{type(e).__name__}: {lines[0][:120] if lines else ''}"
+    return f"{type(e).__name__}: {shorten(str(e), 120)}"
 
 
 def export_call(example: object) -> tuple[tuple, dict]:

@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from executor import graph_ops, parallel, pipeline, tp
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, shorten
 from executor.measure import StepMemory
 from executor.measure import PassClock, SavedActivations, Timings, format_report, measurement
 from executor.plan_checks import (check_example, check_plan_matches_model, check_runnable, check_tp_plan,
@@ -283,7 +283,7 @@ class Runner:
                 return loss.full_tensor() if isinstance(loss, DTensor) else loss
             except Exception as e:  # a loss that does not run on DTensor logits: gather them from now on
                 self.gather_logits = True
-                said = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                said = shorten(str(e), 200)
                 self._note(f"the loss function does not run on vocabulary-sharded logits ({type(e).__name__}"
                            f"{': ' + said if said else ''}), so the logits are gathered over tp: an all-gather "
                            "per micro-batch and the whole logits in memory, which the plan's prediction (a "

@@ -15,6 +15,7 @@ import argparse
 import difflib
 import os
 import sys
+import warnings
 from typing import NoReturn, Sequence
 
 SUBCOMMANDS = ("profile", "measure", "schema", "export", "check")
@@ -56,6 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     errors = _user_errors()
+    with warnings.catch_warnings(record=True) as caught:  # a model file's warnings: shown unless an error follows
+        status = _main(argv, debug, errors)
+    if status != 2 or debug:  # after a one-line error they would make it several lines
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return status
+
+
+def _main(argv: list[str], debug: bool, errors: tuple) -> int:
     try:
         if argv and argv[0] == "profile":
             from hardware_profiles.probe import main as run

@@ -357,3 +357,17 @@ def test_a_json_file_that_is_no_calibration_file_says_so(tmp_path, capsys):
     other.write_text('{"a": 1}')
     assert main(PLAN + ["--calibration", str(other)]) == 2
     assert "not a calibration file" in _one_line(capsys)
+
+
+def test_a_model_files_warning_before_an_error_leaves_one_line(tmp_path, capsys):
+    # mse_loss's broadcasting UserWarning (two lines: the warning and its source line) came before the error line
+    bad = tmp_path / "warns.py"
+    bad.write_text("import warnings\nimport torch\n\ndef build_model():\n    return torch.nn.Linear(4, 4)\n\n"
+                   "def sample_batch(b):\n    warnings.warn('shapes differ')\n    return torch.randn(b, 4), torch.randn(b, 3)\n")
+    assert main([str(bad)] + PLAN[1:]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("plan: error: ") and "shapes differ" not in err
+    ok = tmp_path / "warns_ok.py"  # without an error the warning is shown
+    ok.write_text(bad.read_text().replace("torch.randn(b, 3)", "torch.randn(b, 4)"))
+    with pytest.warns(UserWarning, match="shapes differ"):
+        assert main([str(ok)] + PLAN[1:] + ["--no-check"]) == 0

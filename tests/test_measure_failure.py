@@ -213,3 +213,10 @@ def test_a_non_finite_loss_is_said(tmp_path, monkeypatch, capsys):
     assert cli.main([str(plan), gpt, "--steps", "3", "--warmup", "1", "-o", str(out)]) == 0
     assert "note: the loss is nan from step 2: the model computes a non-finite loss" in capsys.readouterr().out
     assert any("non-finite loss" in n for n in json.loads(out.read_text())["measured"]["notes"])
+
+
+def test_a_quoted_message_is_cut_at_a_word():
+    # the loss-parallel fallback note quoted 200 characters of torch's message: "... Please use the ), so the ..."
+    from executor.errors import shorten
+    said = shorten("DTensor does not support this op. Please use the full_tensor() method " + "x" * 200, 60)
+    assert said == "DTensor does not support this op. Please use the ..." and shorten("short\nmore", 60) == "short"
