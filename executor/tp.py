@@ -555,9 +555,13 @@ def _sent(t: Any, mesh: DeviceMesh, placement: str) -> Any:
 def reduce_partial_grads(params) -> None:
     """Sum partial gradients once before the optimizer: a replicated parameter read by sharded activations (a
     sequence-parallel norm's weight) gets a Partial gradient, which every optimizer op would otherwise all-reduce
-    again (AdamW: three times)."""
+    again (AdamW: three times); a plain parameter's DTensor gradient becomes the plain whole one."""
     for p in params:
         g = p.grad
         if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements) \
                 and any(pl.is_partial() for pl in g.placements):
             p.grad = g.redistribute(p.device_mesh, p.placements)
+        elif isinstance(g, DTensor) and not isinstance(p, DTensor):
+            # a plain (replicated) parameter that DTensor code read as well, as a tied head written
+            # F.linear(x, self.wte.weight) in the root's forward: its gradient arrives as a DTensor
+            p.grad = g.full_tensor()
