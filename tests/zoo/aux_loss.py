@@ -1,7 +1,10 @@
 """A language model with an auxiliary loss, as mixture-of-experts code carries its balancing term: each block
 returns (x, aux) with aux a 0-dim tensor, the model returns a dict of logits and aux, and the targets are a dict
 (labels and a per-token weight) read by the file's own `loss_fn`. Under pipelining the aux crosses stage boundaries
-beside x, and the schedule must neither concatenate the 0-dim outputs nor split the dict targets as a tensor."""
+beside x, and the schedule must neither concatenate the 0-dim outputs nor split the dict targets as a tensor. The
+head is the root's own `F.linear(x, self.tok.weight)`: no module owns it, so the last stage's graph reads the
+embedding weight itself (tied across stages), and under tp DTensor code reads a plain parameter (its gradient
+arrives as a DTensor)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -27,13 +30,12 @@ class Model(nn.Module):
         self.tok = nn.Embedding(VOCAB, HIDDEN)
         self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
         self.ln_f = nn.LayerNorm(HIDDEN)
-        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
 
     def forward(self, idx):
         x, aux = self.tok(idx), torch.zeros((), device=idx.device)
         for block in self.blocks:
             x, aux = block(x, aux)
-        return {"logits": self.head(self.ln_f(x)), "aux": aux}
+        return {"logits": F.linear(self.ln_f(x), self.tok.weight), "aux": aux}
 
 
 def build_model():
