@@ -26,8 +26,9 @@ OPTIMIZER_SPANS = ("Optimizer.step#", "Optimizer.zero_grad#")
 """Prefixes of the spans torch.optim.Optimizer records around `step` and `zero_grad`."""
 GROUP_SPAN = "shardwise group"
 """Prefix of the marker span that names a process group's threads."""
-MARKS_PER_GROUP = 4
-"""Marker all-reduces per group: issued together, so each of a gloo group's worker threads (2 by default) runs one."""
+MARKS_PER_GROUP = 8
+"""Marker all-reduces per group: issued together, so each of a gloo group's worker threads (2 by default) runs one
+(4 once went all to one thread in a CI run of the suite, its two workers and the job's two ranks on 2 cores)."""
 MARK_ELEMS = 2**18
 """Elements of each marker all-reduce: 1 MiB of fp32, about 1-3 ms on gloo between local ranks, so that a worker
 thread busy with one leaves the next to another thread, which has long woken up by then (tiny ones were once all
