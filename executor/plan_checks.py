@@ -39,10 +39,10 @@ def check_stages_match_model(plan: Plan, model: nn.Module) -> None:
     """The plan's stages name modules this model has (whatever pp: a plan without its fingerprint is still caught
     naming another model's modules), and with pipelining end within its layers (`executor.pipeline.stage_modules`)."""
     from executor.pipeline import check_stage_modules, stage_modules
-    if any(s.modules for s in plan.stages):
-        check_stage_modules(model, [list(s.modules) for s in plan.stages])
     if plan.mesh.pp > 1 and plan.stages:
-        stage_modules(model, plan)
+        stage_modules(model, plan)  # checks the modules too, where listed
+    elif any(s.modules for s in plan.stages):
+        check_stage_modules(model, [list(s.modules) for s in plan.stages])
 
 
 def plan_graph(plan: Plan) -> str:

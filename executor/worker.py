@@ -113,24 +113,24 @@ bad input, as a model file that fails to load)."""
 
 
 def model_file_frame(e: BaseException, model_path: str) -> str:
-    """` [raised in the model file MODEL.py line N, in FUNC: ...]` when the innermost frame of `e`'s traceback in a
-    file of the model file's folder is the model's code (its loss_fn, forward or sample_batch), else ""."""
+    """`MODEL_CODE` + where (` [raised in the model's code: MODEL.py line N, in FUNC: ...]`) when the innermost
+    frame of `e`'s traceback in the model file's folder (or in the default loss) has nothing of DTensor, FSDP or
+    shardwise below it, else ""."""
     folder = os.path.dirname(os.path.abspath(model_path))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ours = tuple(os.path.join(root, pkg) + os.sep for pkg in ("executor", "planner", "cost_model", "hardware_profiles"))
-    tb = traceback.extract_tb(e.__traceback__)
     default = os.path.join(root, "planner", "model_file.py")  # the default loss reads the model's own outputs
-    mine = [i for i, f in enumerate(tb) if os.path.dirname(os.path.abspath(f.filename)) == folder
-            or (os.path.abspath(f.filename) == default and f.name == "default_loss")]
+    tb = traceback.extract_tb(e.__traceback__)
+    files = [os.path.abspath(f.filename) for f in tb]
+    is_default = [p == default and f.name == "default_loss" for p, f in zip(files, tb)]
+    mine = [i for i, p in enumerate(files) if os.path.dirname(p) == folder or is_default[i]]
     if not mine:
         return ""
-    below = [os.path.abspath(f.filename) for f in tb[mine[-1] + 1:]]
-    if any(b.startswith(ours) or f"{os.sep}torch{os.sep}distributed{os.sep}" in b for b in below):
+    if any(p.startswith(ours) or f"{os.sep}torch{os.sep}distributed{os.sep}" in p for p in files[mine[-1] + 1:]):
         return ""  # raised under DTensor, FSDP or the executor: the plan's doing, not the model's
     f = tb[mine[-1]]
     where = "the default loss (cross-entropy or MSE of the model's outputs against sample_batch's targets)" \
-        if f.name == "default_loss" and os.path.abspath(f.filename) == default \
-        else f"{os.path.basename(f.filename)} line {f.lineno}, in {f.name}"
+        if is_default[mine[-1]] else f"{os.path.basename(f.filename)} line {f.lineno}, in {f.name}"
     return (f"{MODEL_CODE}{where}: the dry run checks shapes on fake tensors, not values such as class ids; fix "
             "the model file]")
 

@@ -358,9 +358,10 @@ def _search_and_write(args: Any, cluster: Any, forced: dict, scale: float | None
     from cost_model.model import CostModel
     from planner.search import search
 
-    cost_model = CostModel(cluster)  # --explain compares with the runner-up, kept whatever --top shows
+    cost_model = CostModel(cluster)
+    kept = max(args.top, 2) if args.explain else args.top  # --explain compares with the runner-up, whatever --top
     result = search(graph, cluster, cost_model, batch_size=args.batch_size, precision=precision,
-                    forced=forced, top_k=max(args.top, 2) if args.explain else args.top, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
+                    forced=forced, top_k=kept, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
                     model_path=model_file.path, ignore_memory=args.ignore_memory)
     if args.ignore_memory:
         result.notes.append(memory_ignored_note(result.best_prediction, cluster))
