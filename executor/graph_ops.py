@@ -31,7 +31,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from executor import tp
 from executor.errors import ExecutorError
@@ -172,8 +172,15 @@ def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mes
         try:
             out = list(values)
             k = 0
+            on_dtensors = any(isinstance(v, DTensor) for v in values)
             for j, from_op in moves:
                 value = values[j]
+                if not from_op and on_dtensors and _plain_parameter(value):
+                    # a plain parameter (of a replicated module) read by DTensor code, as a tied head written
+                    # F.linear(x, self.wte.weight) in the root's forward: entered as Replicate, so that its
+                    # gradient comes back plain and whole (implicit replication would hand it a DTensor
+                    # gradient, which FSDP2's reduce-scatter during backward cannot take)
+                    out[j] = DTensor.from_local(value, mesh, [Replicate()], run_check=False)
                 if not from_op or not isinstance(value, torch.Tensor):
                     continue
                 if placement is None:
@@ -196,6 +203,11 @@ def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mes
             raise
     place.__name__ = f"place_{node.name}"
     return place
+
+
+def _plain_parameter(value: Any) -> bool:
+    """Whether `value` is a parameter left a plain tensor (not a DTensor) that needs a gradient."""
+    return isinstance(value, nn.Parameter) and not isinstance(value, DTensor) and value.requires_grad
 
 
 def _output_checker(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mesh: DeviceMesh,

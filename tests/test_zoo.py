@@ -59,11 +59,7 @@ a rank's two stages in the schedule's own order."""
 REFUSAL_ALLOWED: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why issue 9 allows `plan` to refuse it before launch (one line, exit 2). None: the issue asks for
 every zoo model under every mesh."""
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("aux_loss", "dp2xtp2"): "FSDP2 reduces the embedding's gradient, a DTensor from the root's tp code, during "
-                                   "backward (fsdp.chunk_cat has no DTensor rule); without --no-check `plan`'s dry "
-                                   "run refuses every such candidate, one line",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 """(model, mesh) -> why it fails today: strict expected failures, so a fix makes its entry fail (XPASS) until it is
 deleted here."""
 PER_CHUNK = {
