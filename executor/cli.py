@@ -200,18 +200,12 @@ def check_outputs(args) -> bool:
         if not have_matplotlib():
             print(f"plan measure: --plot: {HINT}", file=sys.stderr)
             return False
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(folder):
-            raise ExecutorError(f"--plot {args.plot}: the folder {folder} does not exist; create it or pick another")
     if args.trace:
         if args.calibrate:
             raise ExecutorError("--calibrate with --trace would record step times slowed by the profiler; run "
                                 "them separately")
         if os.path.exists(args.trace) and not os.path.isdir(args.trace):
             raise ExecutorError(f"--trace {args.trace} is a file; give a folder (it is created if missing)")
-        parent = os.path.dirname(os.path.abspath(args.trace))
-        if not os.path.isdir(parent):
-            raise ExecutorError(f"--trace {args.trace}: the folder {parent} does not exist; create it or pick another")
     return True
 
 

@@ -49,10 +49,12 @@ def output_mode(target: str | os.PathLike) -> int:
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
-    """Yield a temp file name in the folder of `path`'s real file (a symlink's target, so the link survives); when
-    the block ends without error it gets `output_mode` and is renamed over that file, else it is removed. OSError
-    (making the temp file, renaming) propagates."""
+    """Yield a temp file name in the folder of `path`'s real file (a symlink's target, so the link survives), which
+    is made if missing (every command's outputs alike: `-o results/plan.json` makes results/); when the block ends
+    without error it gets `output_mode` and is renamed over that file, else it is removed. OSError (making the
+    folder or the temp file, renaming) propagates."""
     target = os.path.realpath(os.fspath(path))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=os.path.dirname(target))
     os.close(fd)
     try:

@@ -127,9 +127,6 @@ def save_cluster(cluster: Cluster, path: str | os.PathLike[str], header: str = "
     """Write `cluster` as YAML to `path` atomically (temporary file in the same folder, then rename); a symlink's
     target is written, so the link survives."""
     target = Path(os.path.realpath(path))
-    folder = target.parent
-    if not folder.is_dir():
-        raise ProfileError(f"-o {path}: the folder {folder} does not exist; create it or pick another path")
     text = dump_cluster(cluster, header)
     try:
         with atomic_output(target, suffix=".tmp") as tmp, open(tmp, "w", encoding="utf-8") as f:

@@ -425,9 +425,6 @@ def main(argv: Sequence[str] | None = None,
     why = unwritable_output(args.output)  # as given: Path drops a trailing separator
     if why:
         raise ProfileError(f"-o {args.output}: {why}; give a file path in a folder you can write to")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise ProfileError(f"-o {args.output}: the folder {out.parent} does not exist; create it or pick "
-                           "another path")
     for given in [args.links_from, *(args.model or [])]:  # writing an input would destroy it
         if given and out.exists() and os.path.exists(given) and os.path.samefile(given, out):
             raise ProfileError(f"-o {args.output} is also this command's input {given}; pick another file")

@@ -478,7 +478,6 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     why = unwritable_output(path)
     if why is None:
         try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
             with atomic_output(target) as tmp, open(tmp, "w") as f:
                 f.write(text)
             return

@@ -179,7 +179,6 @@ def _as_point(plan: Any, pred: Any) -> Any:
 def _save(fig: Any, path: str | os.PathLike) -> None:
     """savefig via `atomic_output` (a failed write leaves the old file; a symlink's target is written)."""
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
     ext = os.path.splitext(path)[1].lower()
     with atomic_output(path, suffix=ext) as tmp:
         fig.savefig(tmp, format=ext[1:] if ext in FORMATS else "png")

@@ -262,6 +262,26 @@ def test_outputs_get_the_usual_mode_and_keep_a_replaced_files(writer, tmp_path):
 
 
 @pytest.mark.parametrize("writer", ["write_atomic", "search_plot", "measure_plot", "save_cluster"])
+def test_every_writer_makes_a_missing_folder(writer, tmp_path):
+    """One rule for every output (plan -o, --timeline, --plot, plan profile -o, plan measure --plot): plan profile
+    -o and plan measure --plot refused a missing folder while the others made it."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "new" / "deeper" / "out.png"
+    _writers()[writer](path)
+    assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["out.png"]
+
+
+def test_measure_takes_a_plot_in_a_missing_folder(mlp_plan, tmp_path):
+    import argparse
+
+    from executor.cli import check_outputs
+    pytest.importorskip("matplotlib")
+    args = argparse.Namespace(plan=str(mlp_plan), model=MLP, cluster=None, output=None, calibrate=None,
+                              plot=str(tmp_path / "new" / "bars.png"), trace=None)
+    assert check_outputs(args) is True
+
+
+@pytest.mark.parametrize("writer", ["write_atomic", "search_plot", "measure_plot", "save_cluster"])
 def test_outputs_write_through_a_symlink(writer, tmp_path):
     pytest.importorskip("matplotlib")
     elsewhere = tmp_path / "elsewhere"

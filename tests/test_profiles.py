@@ -150,15 +150,25 @@ def test_empty_file(tmp_path):
     assert "empty" in _error(str(path))
 
 
-def test_save_into_missing_folder():
-    with pytest.raises(ProfileError, match="does not exist"):
-        save_cluster(load_cluster("cpu-local"), "/nonexistent/dir/x.yaml")
+def test_save_into_missing_folder_makes_it(tmp_path):
+    """As every command's outputs (`plan -o`, `--timeline`, `plan measure --plot`): the missing folders are made."""
+    path = tmp_path / "new" / "dir" / "x.yaml"
+    save_cluster(load_cluster("cpu-local"), str(path))
+    assert load_cluster(str(path)).name == load_cluster("cpu-local").name
 
 
-def test_cli_profile_bad_output_and_flag(capsys):
-    assert plan_main(["profile", "-o", "/nonexistent/dir/x.yaml"]) == 2
+def test_save_under_a_file_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ProfileError, match="cannot write"):
+        save_cluster(load_cluster("cpu-local"), str(tmp_path / "afile" / "x.yaml"))
+
+
+def test_cli_profile_bad_output_and_flag(capsys, tmp_path):
+    (tmp_path / "afile").write_text("")
+    bad = str(tmp_path / "afile" / "x.yaml")
+    assert plan_main(["profile", "-o", bad]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "/nonexistent/dir" in err and "Traceback" not in err
+    assert err.count("\n") == 1 and "afile is a file, not a folder" in err and "Traceback" not in err
     with pytest.raises(SystemExit) as e:
         plan_main(["profile", "--nproc", "x"])
     assert e.value.code == 2
