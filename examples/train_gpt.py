@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt import CONFIG, build_model  # noqa: E402
 
 from executor import apply_plan  # noqa: E402
+from executor.errors import ExecutorError  # noqa: E402
+from planner.errors import PlanError  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 
 
@@ -54,4 +56,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ExecutorError, PlanError) as e:  # a plan that cannot run here (world size, model): one line per rank
+        print(f"train_gpt.py rank {os.environ.get('RANK', '0')}: error: {e}", file=sys.stderr)
+        sys.exit(2)

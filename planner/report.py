@@ -2,6 +2,8 @@
 assumptions behind the numbers."""
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 from planner.plan import recompute_counts
@@ -134,12 +136,24 @@ def explain(best, pred, other, other_pred) -> list[str]:
     return lines
 
 
+def _shown_path(path: str | None) -> str:
+    """A model path as the user most likely gave it: relative to the working folder when under it (plan.json keeps
+    the absolute one, which `plan measure` reads from anywhere)."""
+    if not path:
+        return "?"
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if rel.startswith(os.pardir) else rel
+
+
 def format_result(result: Any, explain: bool = False, top: int | None = None) -> str:
     """The report `plan` prints: the chosen plan, its prediction, the `--top K` table of candidates (and, with
     `explain`, why the winner beats the runner-up), search statistics, notes and assumptions."""
     best, pred = result.best, result.best_prediction
     cl = getattr(best, "cluster", {}) or {}
-    lines = [f"plan for {best.model.get('path') or '?'} on {cl.get('name', '?')} "
+    lines = [f"plan for {_shown_path(best.model.get('path'))} on {cl.get('name', '?')} "
              f"({cl.get('nodes', '?')} node(s) x {cl.get('devices_per_node', '?')} devices), "
              f"global batch {best.global_batch_size}",
              "  " + format_plan(best)]

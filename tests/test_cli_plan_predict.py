@@ -144,3 +144,15 @@ def test_a_forced_sp_the_model_cannot_use_is_an_error_not_dropped(tmp_path, caps
     err = capsys.readouterr().err
     assert "sp=1 is forced, but no op of this model can run on sequence shards" in err and "drop sp=1" in err
     assert not out.exists()
+
+
+def test_the_report_names_the_model_as_given_and_the_plan_keeps_its_absolute_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "plan.json"
+    args = ["--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32", "--no-check", "-o", str(out)]
+    assert main([os.path.join("examples", "mlp.py"), *args]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("plan for examples/mlp.py on cpu-local")
+    assert Plan.load(out).model["path"] == os.path.join(ROOT, "examples", "mlp.py")
+    monkeypatch.chdir(tmp_path)  # outside the working folder: the whole path
+    assert main([os.path.join(ROOT, "examples", "mlp.py"), *args]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"plan for {ROOT}/examples/mlp.py on")
