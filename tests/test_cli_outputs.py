@@ -391,3 +391,13 @@ def test_a_model_files_warning_before_an_error_leaves_one_line(tmp_path, capsys)
     ok.write_text(bad.read_text().replace("torch.randn(b, 3)", "torch.randn(b, 4)"))
     with pytest.warns(UserWarning, match="shapes differ"):
         assert main([str(ok)] + PLAN[1:] + ["--no-check"]) == 0
+
+
+def test_a_batch_no_dp_divides_is_named_as_the_cause(capsys):
+    """Batch 7 on 8 devices leaves dp=1 meshes only (their tp skipped on the tiny GPT): the error said 'with the
+    forced keys {} ... relax --force' though nothing was forced, and never named the batch."""
+    gpt = os.path.join(ROOT, "examples", "gpt.py")
+    assert main([gpt, "--cluster", "dgx-a100-80gb", "--batch-size", "7"]) == 2
+    line = _one_line(capsys)
+    assert "--batch-size 7 divides over no dp > 1 of the 8 devices" in line and "2 or 4 or 8" in line
+    assert "forced" not in line and "--force" not in line

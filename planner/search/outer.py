@@ -506,8 +506,16 @@ class OuterSearch:
         usable = self.cluster.device.usable_memory_bytes
         if self._leanest is None:
             why = self._skipped[0] if self._skipped else ""
-            return "no candidate plan could be built for this model and cluster with the forced keys " \
-                   f"{self.forced}{' (' + why + ')' if why else ''}; relax --force"
+            world = self.cluster.world_size
+            dps = [d for d in range(2, world + 1) if world % d == 0]
+            batch = "" if "dp" in self.forced or any(self.batch % d == 0 for d in dps) else \
+                (f"--batch-size {self.batch} divides over no dp > 1 of the {world} devices, so only dp=1 meshes were "
+                 f"tried: a batch divisible by {' or '.join(map(str, dps[:3]))} allows data parallelism")
+            forced = f" with the forced keys {', '.join(f'{k}={v}' for k, v in self.forced.items())}" \
+                if self.forced else ""
+            fixes = "; ".join(filter(None, [batch, "relax --force" if self.forced else ""]))
+            return f"no candidate plan could be built for this model and cluster{forced}" \
+                   f"{' (' + why + ')' if why else ''}{'; ' + fixes if fixes else ''}"
         need, plan = self._leanest
         what = (f"dp={plan.mesh.dp} tp={plan.mesh.tp} pp={plan.mesh.pp} ZeRO-{plan.zero_stage} "
                 f"recompute={plan.recompute} mbs={plan.microbatch_size}")
