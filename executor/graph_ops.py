@@ -167,9 +167,15 @@ def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mes
             moves.append((j, w_in.op in _CALLS))
     first = node.all_input_nodes.index(node.args[0]) \
         if _is_reshape(node) and node.args and isinstance(node.args[0], torch.fx.Node) else None
+    unchecked = [placement is not None and bool(placement.params)]
 
     def place(*values):
         try:
+            if unchecked[0]:
+                unchecked[0] = False
+                tp.check_param_placements([values[j] for j, from_op in moves if not from_op
+                                           and isinstance(values[j], nn.Parameter)], placement, whole.name,
+                                          placement.module)
             out = list(values)
             k = 0
             on_dtensors = any(isinstance(v, DTensor) for v in values)

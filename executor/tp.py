@@ -469,8 +469,12 @@ def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceM
     """Hooks that give the module call the plan's input placements, assert that DTensor propagated the plan's
     output placement (`check_output`), and hand the output on as the plan says."""
     lower = module_kind(mod) in AUTOCAST_LOWER_KINDS
+    unchecked = [True]
 
     def pre(module, args):
+        if unchecked[0]:
+            check_param_placements(list(module.parameters()), placement, op, path)
+            unchecked[0] = False
         out, k = [], 0
         for a in args:
             if isinstance(a, torch.Tensor) and k < len(placement.inputs):
@@ -486,6 +490,24 @@ def _place_call(mod: nn.Module, path: str, placement: OpPlacement, mesh: DeviceM
         return output
     mod.register_forward_pre_hook(pre)
     mod.register_forward_hook(post)
+
+
+def check_param_placements(params: list, placement: OpPlacement, op: str, path: str) -> None:
+    """ExecutorError where a parameter an op reads (`params`, in `OpNode.params` order: the order the op reads
+    them) lives elsewhere than the op's `params` say: parameters get the plan's `parameters` placements, which
+    `plan` writes from the ops'; a hand-edited plan can contradict itself, and DTensor would then move the weight
+    on every call, a cost the prediction does not have. Parameters of a 2-D (FSDP2) mesh are not compared."""
+    from planner.dtensor_rules import placement_text
+    if len(params) != len(placement.params):
+        return
+    for k, (p, planned) in enumerate(zip(params, placement.params)):
+        if not isinstance(p, DTensor) or p.device_mesh.ndim != 1:
+            continue
+        have = p.placements[0]
+        if have != parsed_placement(planned, p.dim()):
+            raise ExecutorError(f"op {op} (module {path}): its parameter {k} is placed {placement_text(have) or have} "
+                                f"(the plan's `parameters`), but the op's `params` say {planned}: the plan "
+                                "contradicts itself; re-plan (plan writes both from one placement)")
 
 
 def check_output(t: torch.Tensor, planned: str, op: str, path: str) -> None:

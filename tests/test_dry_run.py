@@ -821,3 +821,21 @@ def test_a_module_called_twice_runs_its_later_calls_as_placed(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "later call of module layer1.0.relu" in err[0], err
     assert "op relu__1 runs" in err[0] and "place them alike" in err[0] and "report it" not in err[0]
+
+
+def test_a_plan_whose_parameters_contradict_its_ops_is_refused(cpu2):
+    """`parameters` says c_fc.weight S(1) while its op's `params` say S(0) (a hand edit): it ran, DTensor moving the
+    weight on every call (an all-to-all the prediction does not have), and `plan check` said ok."""
+    from dataclasses import replace
+
+    from executor.dry_run import dry_run
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    mf = load_model_file(MODELS["gpt"])
+    plan = _best(trace_model(mf, progress=False), mf, *cpu2, {"tp": 2})
+    assert plan.parameters["h.0.mlp.c_fc.weight"] == "S(0)"
+    bad = replace(plan, parameters={**plan.parameters, "h.0.mlp.c_fc.weight": "S(1)"})
+    problems = dry_run(bad, mf)
+    assert len(problems) == 1 and "parameter 0 is placed S(1) (the plan's `parameters`), but the op's `params` say " \
+        "S(0): the plan contradicts itself" in problems[0], problems
+    assert dry_run(plan, mf) == []
