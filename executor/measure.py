@@ -97,6 +97,28 @@ _TRACKER_CATEGORIES = {"Parameter": "parameters", "Gradient": "gradients", "Opts
 with the temporaries (the model's buffers/temporaries)."""
 
 
+class _NoHook:
+    """A hook handle with nothing to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
+def _memory_tracker():
+    """torch's MemTracker, except that a frozen parameter (requires_grad=False) gets no gradient hook: MemTracker
+    registers one on every parameter of each module it enters, which raises for a frozen one ("cannot register a
+    hook on a tensor that doesn't require gradient"), so any model with frozen weights crashed on its 2nd step."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class Tracker(MemTracker):
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
+            for p in module.parameters():
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())  # cleared on exit, as its own
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+    return Tracker()
+
+
 class StepMemory:
     """Peak memory of one training step by category, from torch's MemTracker (see the module docstring).
 
@@ -130,9 +152,8 @@ class StepMemory:
     def tracked_step(self, runner: "Runner", inputs, targets) -> float:
         """One `runner.step` under MemTracker, marked in the runner's timings as tracked (left out of medians).
         `result` becomes this step's peak (the CUDA allocator's on GPU) and the categories at that peak."""
-        from torch.distributed._tools.mem_tracker import MemTracker
         if self._tracker is None:
-            self._tracker = MemTracker()
+            self._tracker = _memory_tracker()
             self._tracker.track_external(*runner.parts, runner.optimizer)
         mt = self._tracker
         roots = {id(p) for p in runner.parts}
@@ -265,6 +286,11 @@ def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
     t = runner.timings
     kept = t.kept(t.step, warmup)
     mem = runner.memory_bytes()
+    notes = list(getattr(runner, "notes", []))
+    if t.step and not [i for i in range(warmup, len(t.step)) if i not in t.tracked]:
+        notes.append(f"all {len(t.step)} step(s) so far are warm-up ({min(warmup, len(t.step))}) or memory-tracked "
+                     f"steps ({len(t.tracked)}), which the step time leaves out: it is their median; run at least "
+                     f"{max(warmup, 3) + 1} steps for a measured step time")
     return {
         "step_time_s": _median(kept),
         "step_times_s": list(t.step),
@@ -276,7 +302,7 @@ def measurement(runner: "Runner", warmup: int) -> dict[str, Any]:
         "peak_memory_bytes": mem["peak"],
         "memory_bytes": mem,
         "memory_steps": list(t.tracked),
-        "notes": list(getattr(runner, "notes", [])),
+        "notes": notes,
     }
 
 

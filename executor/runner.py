@@ -31,8 +31,10 @@ from executor.trace import annotate_stage, pass_name, record
 from planner.model_file import default_loss
 from planner.plan import Plan
 
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-"""Builds the optimizer over the parameters one rank holds after sharding."""
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+"""Builds the optimizer over the parameters one rank holds after sharding: `factory(params)`, or, when it takes
+two arguments, `factory(params, names)` with each parameter's name in the model (for groups by name, as a
+weight-decay exclusion)."""
 PG_TIMEOUT_S = float(os.environ.get("SHARDWISE_PG_TIMEOUT_S", "120"))
 """Process-group timeout: a collective waiting longer than this on a dead peer fails instead of hanging."""
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -124,6 +126,7 @@ class Runner:
             with torch.no_grad():
                 for t in list(model.parameters()) + list(model.buffers()):
                     dist.broadcast(t.data, src=0)
+            _sync_random_state(device)
         self.block_paths = [p for p, _ in parallel.blocks(model)]
         self.recomputed_paths = self._recomputed_paths(model)
         self.canonical = _canonical_names(model)
@@ -142,8 +145,12 @@ class Runner:
             self.parts = [self._parallelize(model)]
             self.schedule = None
             self.tied, self.tied_groups = [], []
-        params = [p for part in self.parts for p in part.parameters()]
-        self.optimizer = optimizer(params)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        named = [(self.canonical.get(n, n), p) for part in self.parts
+                 for n, p in (part.module if isinstance(part, DDP) else part).named_parameters()]
+        params = [p for _, p in named]
+        self.optimizer = optimizer(params, [n for n, _ in named]) if _takes_names(optimizer) else optimizer(params)
+        _check_optimizer(self.optimizer, params)
 
     # ---- construction ------------------------------------------------------------------------------------------
     def _parallelize(self, module: nn.Module) -> nn.Module:
@@ -264,6 +271,15 @@ class Runner:
         return self._loss(out, target)
 
     def _loss(self, out, target):
+        """The loss of one micro-batch (`_loss_value`), which must be one number."""
+        loss = self._loss_value(out, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ExecutorError(f"the loss function returned {what}; it must return one scalar tensor (the loss "
+                                "to minimise: return other metrics another way, e.g. store them on an object)")
+        return loss
+
+    def _loss_value(self, out, target):
         """The loss of one micro-batch. Under tp the model's outputs are DTensors: logits sharded over the
         vocabulary (a colwise LM head) go to the loss as they are when the targets are class indices (cross-entropy
         then runs vocabulary-parallel under `loss_parallel`, no logits all-gather); every other output, or logits a
@@ -321,7 +337,15 @@ class Runner:
 
     def step(self, inputs, targets) -> float:
         """One optimizer step: forward and backward over the plan's micro-batches, then the optimizer. Returns the
-        mean loss over the global batch (the same on every rank)."""
+        mean of the micro-batches' losses over the global batch (the same on every rank). A step that raises leaves
+        no gradient behind: the next step starts from none, as if this one had not run."""
+        try:
+            return self._step(inputs, targets)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+
+    def _step(self, inputs, targets) -> float:
         if self.memory.wants_step():  # the 2nd and 3rd (executor.measure.StepMemory)
             return self.memory.tracked_step(self, inputs, targets)
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
@@ -457,6 +481,47 @@ class Runner:
         """Load a checkpoint written by `save` under any plan."""
         from executor.checkpoint import load
         load(self, folder)
+
+
+def _sync_random_state(device: torch.device) -> None:
+    """Every rank continues from rank 0's random state (torch's CPU generator and, on CUDA, the device's), as if
+    each had been seeded alike: ranks of one tp group must draw the same dropout masks over the tensors they
+    hold whole, which per-rank seeds broke silently (their replicated weights drifted apart)."""
+    state = torch.get_rng_state()
+    on = device if device.type == "cuda" else torch.device("cpu")
+    t = state.to(on)
+    dist.broadcast(t, src=0)
+    torch.set_rng_state(t.cpu())
+    if device.type == "cuda":
+        cuda = torch.cuda.get_rng_state(device).to(device)
+        dist.broadcast(cuda, src=0)
+        torch.cuda.set_rng_state(cuda.cpu(), device)
+
+
+def _takes_names(factory: Callable) -> bool:
+    """Whether an optimizer factory takes (params, names): two or more positional parameters without defaults."""
+    import inspect
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in sig.parameters.values() if p.kind in kinds and p.default is p.empty) >= 2
+
+
+def _check_optimizer(optimizer: Any, params: list) -> None:
+    """ExecutorError unless the factory's optimizer holds only parameters it was given: one built from the model's
+    own parameters (`model.named_parameters()` read inside the factory) holds the unsharded originals, which
+    sharding replaced, and trains nothing, silently."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ExecutorError(f"the optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    given = {id(p) for p in params}
+    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in given)
+    if foreign:
+        raise ExecutorError(f"the optimizer holds {foreign} tensor(s) that are not the parameters its factory was given "
+                            "(sharding replaces the model's parameters, so the model's own no longer train): build it "
+                            "from the factory's argument; for groups by name take two, "
+                            "optimizer=lambda params, names: ..., names[i] being params[i]'s name in the model")
 
 
 def _logits(out):

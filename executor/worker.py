@@ -56,7 +56,8 @@ def _run(args: argparse.Namespace) -> None:
         losses.append(loss)
         if rank == 0:
             t = runner.timings.step[-1]
-            tag = " (warm-up)" if i < args.warmup else ""
+            tag = " (warm-up)" if i < args.warmup else \
+                " (memory tracked)" if len(runner.timings.step) - 1 in runner.timings.tracked else ""
             print(f"step {i + 1}/{args.steps}  loss {loss:.4f}  {t * 1e3:.1f} ms{tag}", flush=True)
     if prof is not None:
         prof.stop()
@@ -67,7 +68,8 @@ def _run(args: argparse.Namespace) -> None:
                                       "peak_memory_bytes": measured["peak_memory_bytes"],
                                       "memory_bytes": measured["memory_bytes"]})
     if rank == 0:
-        measured["step_time_s"] = max(r["step_time_s"] for r in per_rank)
+        measured["step_time_s"] = max(r["step_time_s"] for r in per_rank)  # the slowest rank's median
+        measured["step_time_s_per_rank"] = [r["step_time_s"] for r in per_rank]
         measured["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in per_rank)
         measured["memory_bytes"] = max((r["memory_bytes"] for r in per_rank), key=lambda m: m["peak"])
         measured["peak_memory_bytes_per_rank"] = [r["peak_memory_bytes"] for r in per_rank]

@@ -2,6 +2,7 @@
 checkpoints moving between plans, a crashing rank, and `plan measure`. Process launches are few and each runs many
 checks (a 2-rank job costs 5-7 s to start here)."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -35,6 +36,8 @@ SPECS_2 = [
     {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
     {"name": "tp_bf16", "tp": 2, "precision": "bf16"},
     {"name": "pp_bf16", "pp": 2, "nmb": 2, "precision": "bf16"},
+    {"name": "user_tp", "tp": 2, "nmb": 2, "user": True},
+    {"name": "user_pp", "pp": 2, "nmb": 2, "user": True},
 ]
 SPECS_4 = [
     {"name": "dp_tp", "dp": 2, "tp": 2},
@@ -106,7 +109,23 @@ BF16_TOL = 0.05
 4.2 after three steps."""
 
 
-@pytest.mark.parametrize("name", [s["name"] for s in SPECS_2 + SPECS_4 if s.get("precision", "fp32") == "fp32"])
+@pytest.mark.parametrize("name", ["user_tp", "user_pp"])
+def test_a_training_script_of_ones_own(results, name):
+    """executor.apply_plan as a user's script drives it (tests/test_executor_ranks.py `user_script`)."""
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    assert "the optimizer holds" in r["foreign_refused"] and "optimizer=lambda params, names" in r["foreign_refused"]
+    assert r["names"] == r["model_names"] and r["aligned"]  # names in the model, over the ranks
+    assert r["rng_same"]  # ranks seeded apart continue from rank 0's random state
+    assert r["frozen_steps"] == 3  # MemTracker hooked every parameter: a frozen one crashed the 2nd step
+    assert r["loss_err"] <= TOL, r
+    if name == "user_tp":
+        assert "the loss function returned tuple; it must return one scalar tensor" in r["tuple_refused"]
+        assert r["grads_left"] == 0  # a step that raised after a micro-batch's backward kept its gradients
+
+
+@pytest.mark.parametrize("name", [s["name"] for s in SPECS_2 + SPECS_4
+                                  if s.get("precision", "fp32") == "fp32" and not s.get("user")])
 def test_matches_single_process(results, name):
     r = results[name]
     assert "error" not in r, r.get("error")
@@ -267,7 +286,10 @@ def test_plan_measure_end_to_end_and_calibration(tmp_path):
     proc = _plan_cli(plan, model, "--steps", 4, "--warmup", 1, "-o", out, "--calibrate", cal)
     assert proc.returncode == 0, proc.stderr
     assert "predicted" in proc.stdout and "measured" in proc.stdout
+    tags = [line.split("ms", 1)[1].strip() for line in proc.stdout.splitlines() if re.match(r"step \d+/", line)]
+    assert tags == ["(warm-up)", "(memory tracked)", "(memory tracked)", ""], proc.stdout
     d = json.loads(out.read_text())
+    assert d["measured"]["step_time_s"] == max(d["measured"]["step_time_s_per_rank"])  # the slowest rank's
     assert d["predicted"]["step_time_s"] == 0.01
     assert len(d["measured"]["step_times_s"]) == 4 and d["measured"]["step_time_s"] > 0
     assert d["measured"]["peak_memory_bytes"] > 0

@@ -82,10 +82,84 @@ def param_error(runner, ref):
     return err
 
 
+def user_script(spec, ref_losses):
+    """What a training script of one's own does with a Runner (spec "user"): an optimizer factory reading the model's
+    own parameters (refused), one taking names, a loss returning a tuple (refused), a step that raises part-way (no
+    gradient left behind: the next steps train the reference's losses), a frozen parameter through the
+    memory-tracked steps, and ranks seeded apart (their random state is rank 0's after apply_plan)."""
+    import torch.distributed as dist
+
+    from executor import apply_plan
+    from executor.errors import ExecutorError
+    plan = make_plan(spec)
+    data = batches()
+    micro_batch = data[0][0][:plan.microbatch_size]
+    out = {}
+    model = build()
+    try:
+        apply_plan(model, plan, optimizer=lambda params: optimizer(model.parameters()), loss_fn=loss_fn,
+                   example_inputs=micro_batch)
+        out["foreign_refused"] = ""
+    except ExecutorError as e:
+        out["foreign_refused"] = str(e)
+    seen = {}
+
+    def named(params, names):
+        seen["names"] = sorted(names)
+        seen["aligned"] = all(isinstance(p, torch.nn.Parameter) for p in params) and len(params) == len(names)
+        return optimizer(params)
+    frozen = build()
+    frozen.ln_f.weight.requires_grad_(False)
+    runner = apply_plan(frozen, plan, optimizer=lambda params: optimizer([p for p in params if p.requires_grad]),
+                        loss_fn=loss_fn, example_inputs=micro_batch)
+    out["frozen_steps"] = len([runner.step(x, y) for x, y in data])  # the 2nd and 3rd under MemTracker
+    torch.manual_seed(100 + dist.get_rank())  # seeded apart
+    runner = apply_plan(build(), plan, optimizer=named, loss_fn=loss_fn, example_inputs=micro_batch)
+    state = torch.get_rng_state().double().sum().reshape(1)
+    states = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(states, state)
+    out["rng_same"] = len({s.item() for s in states}) == 1
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, seen["names"])
+    out["names"] = sorted({n for names in every for n in names})
+    out["model_names"] = sorted(n for n, _ in build().named_parameters())
+    out["aligned"] = seen["aligned"]
+    real = runner.loss_fn
+    if plan.mesh.pp > 1:  # a loss that raises on the last stage leaves the first waiting: no step after it
+        losses = [runner.step(x, y) for x, y in data]
+        out["loss_err"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
+        return out
+    runner.loss_fn = lambda o, t: (real(o, t), {"acc": 0.0})
+    try:
+        runner.step(*data[0])
+        out["tuple_refused"] = ""
+    except ExecutorError as e:
+        out["tuple_refused"] = str(e)
+    runner.loss_fn = real
+    calls = [0]
+
+    def fails_on_the_second(mod, args):  # the second micro-batch's forward raises after the first's backward
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("a bad batch")
+    hook = runner.parts[0].register_forward_pre_hook(fails_on_the_second)
+    try:
+        runner.step(*data[0])
+    except RuntimeError:
+        pass
+    hook.remove()
+    out["grads_left"] = sum(p.grad is not None for part in runner.parts for p in part.parameters())
+    losses = [runner.step(x, y) for x, y in data]  # the 2nd and 3rd steps run under MemTracker
+    out["loss_err"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    return out
+
+
 def run_spec(spec, ref_losses, ref_params, ckpt):
     from torch.distributed.tensor import DTensor
 
     from executor import apply_plan
+    if spec.get("user"):
+        return user_script(spec, ref_losses)
     plan = make_plan(spec)
     data = batches()
     micro_batch = data[0][0][:plan.microbatch_size]  # tp exports the model with it

@@ -27,3 +27,21 @@ def test_measure_report_is_a_plain_rich_table():
     assert rows["parameters"] == ["-", "1.00 MiB", "-"] and rows["activations"] == ["-", "0.50 MiB", "-"]
     assert rows["step time spread"] == ["2.00 ms"]
     assert lines[-1] == "note: tp layout derived"
+
+
+def test_a_report_of_warm_up_and_memory_steps_only_says_so():
+    """runner.report() after 1 or 3 steps gave the warm-up (or memory-tracked) steps' median as the step time with
+    no word (Timings.kept falls back to every step)."""
+    from types import SimpleNamespace
+
+    from executor.measure import Timings, measurement
+    t = Timings()
+    for _ in range(3):
+        t.add(0.1, 0.08, 0.02)
+    t.tracked = [1, 2]
+    runner = SimpleNamespace(timings=t, notes=[], memory_bytes=lambda: {"peak": None})
+    notes = measurement(runner, warmup=1)["notes"]
+    assert len(notes) == 1 and "all 3 step(s) so far are warm-up (1) or memory-tracked steps (2)" in notes[0] \
+        and "run at least 4 steps" in notes[0]
+    t.add(0.1, 0.08, 0.02)
+    assert measurement(runner, warmup=1)["notes"] == []
