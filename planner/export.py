@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from typing import Sequence
@@ -86,8 +87,22 @@ def export(plan: Plan, target: str, facts: ModelFacts | None = None) -> Export:
     if facts is not None and plan.model.get("fingerprint") and plan.model["fingerprint"] != facts.fingerprint:
         raise PlanError(f"{facts.path} is not the model this plan was made for (parameter names/shapes differ); "
                         "pass the right file with --model")
-    return {"torchtitan": to_torchtitan, "megatron": to_megatron, "deepspeed": to_deepspeed,
-            "accelerate": to_accelerate}[target](plan, facts)
+    exporters = {"torchtitan": to_torchtitan, "megatron": to_megatron, "deepspeed": to_deepspeed,
+                 "accelerate": to_accelerate}
+    try:
+        return exporters[target](plan, facts)
+    except PlanError as e:
+        # a refusal's "or export to X" names only the other targets that take this very plan
+        others = []
+        for name, other in exporters.items():
+            if name != target:
+                try:
+                    other(plan, facts)
+                    others.append(name)
+                except PlanError:
+                    pass
+        said = re.sub(r" or export to [a-z/]+", f" or export to {'/'.join(others)}" if others else "", str(e))
+        raise PlanError(said) from None
 
 
 # ---- the plan in one line (every header) -----------------------------------------------------------------------

@@ -283,6 +283,20 @@ def test_refusals(target, p, match):
         export(p, target, FACTS)
 
 
+def test_a_refusal_suggests_only_the_targets_that_take_the_plan():
+    """A pp plan of a model without a token embedding: DeepSpeed and Accelerate said 'export to megatron/torchtitan',
+    which refuse it too (no embedding); a selective plan: DeepSpeed's refusal names only the targets that take it."""
+    mlp = model_facts(os.path.join(ROOT, "examples", "mlp.py"))
+    piped = plan(dp=4, pp=2, stages=stages([2, 2]))
+    for target in ("deepspeed", "accelerate"):
+        with pytest.raises(PlanError) as e:
+            export(piped, target, mlp)
+        assert " or export to" not in str(e.value) and "re-plan with --force" in str(e.value)
+    with pytest.raises(PlanError) as e:
+        export(plan(recompute="selective"), "deepspeed", FACTS)
+    assert str(e.value).endswith("or export to torchtitan"), str(e.value)
+
+
 @pytest.mark.parametrize("target", ["megatron", "torchtitan"])
 def test_tp_layout_other_than_megatrons_is_refused(target):
     with pytest.raises(PlanError, match=r"h\.0\.mlp\.c_fc .*replicated"):
