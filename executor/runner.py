@@ -349,6 +349,8 @@ class Runner:
         if self.memory.wants_step():  # the 2nd and 3rd (executor.measure.StepMemory)
             return self.memory.tracked_step(self, inputs, targets)
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
+        if not self.timings.step:
+            self._check_same_batch(inputs, targets)
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
         clock = PassClock(self.device) if self.schedule is None else None
@@ -365,6 +367,29 @@ class Runner:
         self.timings.add(_now(self.device) - t0, t1 - t0, t2 - t1, clock.totals() if clock else None)
         self.step_count += 1
         return loss
+
+    def _check_same_batch(self, inputs, targets) -> None:
+        """On the first step: ExecutorError unless the ranks of each tp and pp group got the same replica's batch
+        (a DistributedSampler over every rank gives each its own, and tp or pipeline ranks would then train one
+        batch's activations against another's, silently). One small all-gather per group, once."""
+        from torch._subclasses.fake_tensor import is_fake
+        from torch.utils._pytree import tree_leaves
+        leaves = [t for t in tree_leaves((inputs, targets)) if isinstance(t, torch.Tensor)]
+        if not leaves or any(is_fake(t) for t in leaves):  # the dry run's fake tensors hold no values
+            return
+        mine = torch.tensor([sum(float(t.double().sum()) + float((t.double() ** 2).sum()) for t in leaves)],
+                            dtype=torch.float64, device=self.device)
+        for axis in ("tp", "pp"):
+            n = getattr(self.plan.mesh, axis)
+            if n < 2:
+                continue
+            got = [torch.zeros_like(mine) for _ in range(n)]
+            dist.all_gather(got, mine, group=self.mesh[axis].get_group())
+            if len({float(g) for g in got}) > 1:
+                raise ExecutorError(f"the ranks of one {axis} group got different batches in step(): every rank "
+                                    "passes the same global batch (or its dp replica's share), e.g. drawn from one "
+                                    "seeded generator; a DistributedSampler over all ranks gives each rank its own "
+                                    "(give it num_replicas=dp and rank=the dp rank, runner.mesh['dp'].get_local_rank())")
 
     def stage_args(self, inputs) -> tuple:
         """A batch as the first pipeline stage takes it (flattened for an exported model): tensors only, which is

@@ -113,6 +113,13 @@ def user_script(spec, ref_losses):
     runner = apply_plan(frozen, plan, optimizer=lambda params: optimizer([p for p in params if p.requires_grad]),
                         loss_fn=loss_fn, example_inputs=micro_batch)
     out["frozen_steps"] = len([runner.step(x, y) for x, y in data])  # the 2nd and 3rd under MemTracker
+    apart = apply_plan(build(), plan, optimizer=optimizer, loss_fn=loss_fn, example_inputs=micro_batch)
+    x, y = data[dist.get_rank() % len(data)]  # each rank its own batch (a DistributedSampler over every rank)
+    try:
+        apart.step(x, y)
+        out["apart_refused"] = ""
+    except ExecutorError as e:
+        out["apart_refused"] = str(e)
     torch.manual_seed(100 + dist.get_rank())  # seeded apart
     runner = apply_plan(build(), plan, optimizer=named, loss_fn=loss_fn, example_inputs=micro_batch)
     state = torch.get_rng_state().double().sum().reshape(1)
