@@ -351,6 +351,7 @@ class Runner:
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
         if not self.timings.step:
             self._check_same_batch(inputs, targets)
+            self._check_example(inputs)
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
         clock = PassClock(self.device) if self.schedule is None else None
@@ -367,6 +368,24 @@ class Runner:
         self.timings.add(_now(self.device) - t0, t1 - t0, t2 - t1, clock.totals() if clock else None)
         self.step_count += 1
         return loss
+
+    def _check_example(self, inputs) -> None:
+        """On the first step, where the model runs as the graph exported with `example_inputs`: ExecutorError unless
+        a micro-batch has the example's shapes and dtypes (export fixes them: another sequence length failed deep
+        in torch with a guard error per rank)."""
+        if not self.export_graph or self.example_inputs is None:
+            return
+        from torch.utils._pytree import tree_leaves
+
+        def meta(x):
+            return [(tuple(t.shape), t.dtype) for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+        got, want = meta(_slice(inputs, 0, self.plan.microbatch_size)), meta(self.example_inputs)
+        if got != want:
+            def say(m):
+                return ", ".join(f"{list(s)} {str(d).removeprefix('torch.')}" for s, d in m)
+            raise ExecutorError(f"step()'s micro-batch inputs are {say(got)} but example_inputs was {say(want)}: the "
+                                "model runs as the graph exported with example_inputs, which keeps its shapes and "
+                                "dtypes; pass example_inputs shaped as one micro-batch of the batches you train on")
 
     def _check_same_batch(self, inputs, targets) -> None:
         """On the first step: ExecutorError unless the ranks of each tp and pp group got the same replica's batch

@@ -117,6 +117,8 @@ def test_a_training_script_of_ones_own(results, name):
     assert "the optimizer holds" in r["foreign_refused"] and "optimizer=lambda params, names" in r["foreign_refused"]
     assert r["names"] == r["model_names"] and r["aligned"]  # names in the model, over the ranks
     assert r["rng_same"]  # ranks seeded apart continue from rank 0's random state
+    assert "step()'s micro-batch inputs are [4, 16] int64 but example_inputs was [4, 8] int64" in r["short_refused"], \
+        r["short_refused"]
     axis = name.split("_")[1]
     assert f"the ranks of one {axis} group got different batches" in r["apart_refused"], r["apart_refused"]
     assert r["frozen_steps"] == 3  # MemTracker hooked every parameter: a frozen one crashed the 2nd step

@@ -113,6 +113,12 @@ def user_script(spec, ref_losses):
     runner = apply_plan(frozen, plan, optimizer=lambda params: optimizer([p for p in params if p.requires_grad]),
                         loss_fn=loss_fn, example_inputs=micro_batch)
     out["frozen_steps"] = len([runner.step(x, y) for x, y in data])  # the 2nd and 3rd under MemTracker
+    short = apply_plan(build(), plan, optimizer=optimizer, loss_fn=loss_fn, example_inputs=micro_batch[:, :8])
+    try:
+        short.step(*data[0])
+        out["short_refused"] = ""
+    except ExecutorError as e:
+        out["short_refused"] = str(e)
     apart = apply_plan(build(), plan, optimizer=optimizer, loss_fn=loss_fn, example_inputs=micro_batch)
     x, y = data[dist.get_rank() % len(data)]  # each rank its own batch (a DistributedSampler over every rank)
     try:
