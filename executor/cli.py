@@ -179,13 +179,12 @@ MAX_DRAWN_RANKS = 8
 """compare.png draws every measured rank up to this many, else one rank per pipeline stage."""
 
 
-def check_outputs(args) -> bool:
-    """Output checks before anything runs (-o, --calibrate, --plot, --trace); False (after printing the hint) when
-    --plot lacks matplotlib."""
+def check_outputs(args) -> None:
+    """Output checks before anything runs (-o, --calibrate, --plot and matplotlib for it, --trace)."""
     from executor.measure import read_calibration_file
-    from executor.plots import HINT, have_matplotlib
+    from executor.plots import have_matplotlib
     from planner.plan import check_output
-    from planner.search_plot import FORMATS
+    from planner.search_plot import FORMATS, HINT
     outputs = [(flag, path) for flag, path in (("-o", args.output), ("--calibrate", args.calibrate),
                                                ("--plot", args.plot)) if path is not None]
     for flag, path in outputs:  # before the run: a path that cannot be written must not cost it
@@ -196,10 +195,8 @@ def check_outputs(args) -> bool:
         read_calibration_file(args.calibrate)
     if args.plot and os.path.splitext(args.plot)[1].lower() not in FORMATS:
         raise ExecutorError(f"--plot {args.plot}: give a {', '.join(FORMATS[:-1])} or {FORMATS[-1]} file name")
-    if args.plot:
-        if not have_matplotlib():
-            print(f"plan measure: --plot: {HINT}", file=sys.stderr)
-            return False
+    if args.plot and not have_matplotlib():
+        raise ExecutorError(HINT)
     if args.trace:
         if args.calibrate:
             raise ExecutorError("--calibrate with --trace would record step times slowed by the profiler; run "
@@ -263,8 +260,7 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
         if args.compile not in known:
             raise ExecutorError(f"--compile {args.compile}: not a torch.compile backend; use inductor (the default), "
                                 "aot_eager or eager (all: torch._dynamo.list_backends(exclude_tags=()))")
-    if not check_outputs(args):
-        return 2
+    check_outputs(args)
     if args.cluster:  # read only for --trace and for GPU plans: a bad one is said whatever the flags
         from hardware_profiles.load import load_cluster
         load_cluster(args.cluster)

@@ -195,6 +195,7 @@ def test_plot_without_matplotlib_is_a_hint_and_exit_2(model, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert rc == 2 and not png.exists()
     assert err.count("\n") == 1 and "pip install 'shardwise[plot]'" in err
+    assert err.startswith("plan: error: --plot needs matplotlib"), err  # as plan's own --plot says it
 
 
 def test_bad_trace_arguments_are_one_line_exit_2(model, tmp_path, capsys):
