@@ -203,7 +203,6 @@ def check_outputs(args) -> None:
                                 "them separately")
         if os.path.exists(args.trace) and not os.path.isdir(args.trace):
             raise ExecutorError(f"--trace {args.trace} is a file; give a folder (it is created if missing)")
-    return True
 
 
 def write_traces(args, plan, predicted: dict | None) -> dict:

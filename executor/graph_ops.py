@@ -168,6 +168,7 @@ def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mes
     first = node.all_input_nodes.index(node.args[0]) \
         if _is_reshape(node) and node.args and isinstance(node.args[0], torch.fx.Node) else None
     unchecked = [placement is not None and bool(placement.params)]
+    reads_params = any(not from_op for _, from_op in moves)  # parameters (get_attr), not other ops' outputs
 
     def place(*values):
         try:
@@ -178,7 +179,7 @@ def _input_placer(node: torch.fx.Node, whole: torch.fx.Node, placement: Any, mes
                                           placement.module)
             out = list(values)
             k = 0
-            on_dtensors = any(isinstance(v, DTensor) for v in values)
+            on_dtensors = reads_params and any(isinstance(v, DTensor) for v in values)
             for j, from_op in moves:
                 value = values[j]
                 if not from_op and on_dtensors and _plain_parameter(value):

@@ -11,7 +11,6 @@ from executor.errors import ExecutorError
 from executor.trace import MEASURED_PID, TRACKS
 from hardware_profiles.files import atomic_output
 
-"""The one line printed when a picture is asked for without matplotlib."""
 COLORS = {"compute": "#4C72B0", "tp comm": "#DD8452", "dp comm": "#55A868", "pp comm": "#C44E52",
           "bubble": "#BBBBBB", "optimizer": "#8172B3", "exposed comm": "#DD8452"}
 """One color per track / category (seaborn's 'deep' palette)."""

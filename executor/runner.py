@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from executor import graph_ops, parallel, pipeline, tp
 from executor.errors import ExecutorError, shorten
+from executor.input_checks import check_example_shapes, check_optimizer, check_same_batch, takes_names
 from executor.measure import StepMemory
 from executor.measure import PassClock, SavedActivations, Timings, format_report, measurement
 from executor.plan_checks import (check_example, check_plan_matches_model, check_runnable, check_tp_plan,
@@ -149,8 +150,8 @@ class Runner:
         named = [(self.canonical.get(n, n), p) for part in self.parts
                  for n, p in (part.module if isinstance(part, DDP) else part).named_parameters()]
         params = [p for _, p in named]
-        self.optimizer = optimizer(params, [n for n, _ in named]) if _takes_names(optimizer) else optimizer(params)
-        _check_optimizer(self.optimizer, params)
+        self.optimizer = optimizer(params, [n for n, _ in named]) if takes_names(optimizer) else optimizer(params)
+        check_optimizer(self.optimizer, params)
 
     # ---- construction ------------------------------------------------------------------------------------------
     def _parallelize(self, module: nn.Module) -> nn.Module:
@@ -350,8 +351,9 @@ class Runner:
             return self.memory.tracked_step(self, inputs, targets)
         inputs, targets = _to(self.local_batch(inputs, targets), self.device)
         if not self.timings.step:
-            self._check_same_batch(inputs, targets)
-            self._check_example(inputs)
+            check_same_batch(self, inputs, targets)
+            if self.export_graph and self.example_inputs is not None:
+                check_example_shapes(_slice(inputs, 0, self.plan.microbatch_size), self.example_inputs)
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
         clock = PassClock(self.device) if self.schedule is None else None
@@ -368,47 +370,6 @@ class Runner:
         self.timings.add(_now(self.device) - t0, t1 - t0, t2 - t1, clock.totals() if clock else None)
         self.step_count += 1
         return loss
-
-    def _check_example(self, inputs) -> None:
-        """On the first step, where the model runs as the graph exported with `example_inputs`: ExecutorError unless
-        a micro-batch has the example's shapes and dtypes (export fixes them: another sequence length failed deep
-        in torch with a guard error per rank)."""
-        if not self.export_graph or self.example_inputs is None:
-            return
-        from torch.utils._pytree import tree_leaves
-
-        def meta(x):
-            return [(tuple(t.shape), t.dtype) for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
-        got, want = meta(_slice(inputs, 0, self.plan.microbatch_size)), meta(self.example_inputs)
-        if got != want:
-            def say(m):
-                return ", ".join(f"{list(s)} {str(d).removeprefix('torch.')}" for s, d in m)
-            raise ExecutorError(f"step()'s micro-batch inputs are {say(got)} but example_inputs was {say(want)}: the "
-                                "model runs as the graph exported with example_inputs, which keeps its shapes and "
-                                "dtypes; pass example_inputs shaped as one micro-batch of the batches you train on")
-
-    def _check_same_batch(self, inputs, targets) -> None:
-        """On the first step: ExecutorError unless the ranks of each tp and pp group got the same replica's batch
-        (a DistributedSampler over every rank gives each its own, and tp or pipeline ranks would then train one
-        batch's activations against another's, silently). One small all-gather per group, once."""
-        from torch._subclasses.fake_tensor import is_fake
-        from torch.utils._pytree import tree_leaves
-        leaves = [t for t in tree_leaves((inputs, targets)) if isinstance(t, torch.Tensor)]
-        if not leaves or any(is_fake(t) for t in leaves):  # the dry run's fake tensors hold no values
-            return
-        mine = torch.tensor([sum(float(t.double().sum()) + float((t.double() ** 2).sum()) for t in leaves)],
-                            dtype=torch.float64, device=self.device)
-        for axis in ("tp", "pp"):
-            n = getattr(self.plan.mesh, axis)
-            if n < 2:
-                continue
-            got = [torch.zeros_like(mine) for _ in range(n)]
-            dist.all_gather(got, mine, group=self.mesh[axis].get_group())
-            if len({float(g) for g in got}) > 1:
-                raise ExecutorError(f"the ranks of one {axis} group got different batches in step(): every rank "
-                                    "passes the same global batch (or its dp replica's share), e.g. drawn from one "
-                                    "seeded generator; a DistributedSampler over all ranks gives each rank its own "
-                                    "(give it num_replicas=dp and rank=the dp rank, runner.mesh['dp'].get_local_rank())")
 
     def stage_args(self, inputs) -> tuple:
         """A batch as the first pipeline stage takes it (flattened for an exported model): tensors only, which is
@@ -540,32 +501,6 @@ def _sync_random_state(device: torch.device) -> None:
         cuda = torch.cuda.get_rng_state(device).to(device)
         dist.broadcast(cuda, src=0)
         torch.cuda.set_rng_state(cuda.cpu(), device)
-
-
-def _takes_names(factory: Callable) -> bool:
-    """Whether an optimizer factory takes (params, names): two or more positional parameters without defaults."""
-    import inspect
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(1 for p in sig.parameters.values() if p.kind in kinds and p.default is p.empty) >= 2
-
-
-def _check_optimizer(optimizer: Any, params: list) -> None:
-    """ExecutorError unless the factory's optimizer holds only parameters it was given: one built from the model's
-    own parameters (`model.named_parameters()` read inside the factory) holds the unsharded originals, which
-    sharding replaced, and trains nothing, silently."""
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ExecutorError(f"the optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
-    given = {id(p) for p in params}
-    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in given)
-    if foreign:
-        raise ExecutorError(f"the optimizer holds {foreign} tensor(s) that are not the parameters its factory was given "
-                            "(sharding replaces the model's parameters, so the model's own no longer train): build it "
-                            "from the factory's argument; for groups by name take two, "
-                            "optimizer=lambda params, names: ..., names[i] being params[i]'s name in the model")
 
 
 def _logits(out):

@@ -49,7 +49,7 @@ from planner.search.ilp import ILPError
 from planner.search.layer_costs import LayerArrays, LayerCosts
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import (MAX_MICROBATCHES, Group, check_batch_size, check_forced, check_forced_stages,
-                                   groups, meshes, recomputes, zero_stages)
+                                   divisors, groups, meshes, recomputes, zero_stages)
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
 from planner.strategies import plan_tp_problems
 
@@ -507,7 +507,7 @@ class OuterSearch:
         if self._leanest is None:
             why = self._skipped[0] if self._skipped else ""
             world = self.cluster.world_size
-            dps = [d for d in range(2, world + 1) if world % d == 0]
+            dps = divisors(world)[1:]
             batch = "" if "dp" in self.forced or any(self.batch % d == 0 for d in dps) else \
                 (f"--batch-size {self.batch} divides over no dp > 1 of the {world} devices, so only dp=1 meshes were "
                  f"tried: a batch divisible by {' or '.join(map(str, dps[:3]))} allows data parallelism")
