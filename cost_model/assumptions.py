@@ -68,7 +68,10 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         ("optimizer: AdamW over the local shard at the profile's measured cost per element and per tensor"
          if "adamw" in cl.device.kernel_costs else
          f"optimizer: Adam over the local shard, memory-bound ({adam_bytes:.0f} "
-         "bytes per parameter)"),
+         "bytes per parameter)")
+        + (f"; gradients clipped to norm {plan.max_grad_norm:g} first (a norm and a multiply over the local "
+           "gradients at their bytes, one scalar all-reduce over every rank, NCCL's LL protocol where it runs)"
+           if plan.max_grad_norm > 0 else ""),
         f"activations: the traced graph's saved tensors at {plan.precision}"
         + (" or fp32 as autocast gives them" if plan.precision in ("bf16", "fp16") else "")
         + " (masks 1 byte" + ("; each op that casts a shared input keeps its own copy; autocast's 16-bit weight "

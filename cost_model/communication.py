@@ -24,6 +24,7 @@ back to the formula.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from hardware_profiles.schema import Cluster, CollectiveCurve
@@ -33,6 +34,12 @@ NCCL_RING_BASE_LATENCY_S = 8.4e-6
 nccl src/graph/tuning.cc @ b6475625). Applied to NCCL link kinds only (not shm/loopback, i.e. gloo on one host)."""
 NCCL_LINK_KINDS = frozenset({"nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet"})
 """Link kinds on which collectives run through NCCL."""
+NCCL_LL_US = {"base_ring": 6.6, "base_tree": 6.8, "ring": {"nvlink": 0.6, "pci": 1.0, "net": 2.7},
+              "tree": {"nvlink": 0.6, "pci": 1.0, "net": 5.0}, "net_overhead": 1.0}
+"""NCCL's latencies (us) for its LL protocol, which it picks for a message of a few bytes: baseLat Ring/Tree LL,
+hwLat by link (NVLink, PCI, NET) for Ring and Tree LL, and the per-step host overhead that bounds the intra-node
+latency when the group spans nodes (netOverhead, Intel CPUs) (nccl_tuning_latency_constants.csv, NVIDIA nccl
+src/graph/tuning.cc @ b6475625)."""
 NCCL_OVERLAP_COMPUTE_SLOWDOWN = 0.189
 """Fraction by which compute kernels slow down while an NCCL collective runs concurrently on the same GPU: NCCL
 runs each channel as a CTA on an SM (and streams through HBM), so an overlapped collective takes SMs and memory
@@ -128,6 +135,31 @@ class CommModel:
         nccl = intra.kind in NCCL_LINK_KINDS or (inter_steps > 0 and inter.kind in NCCL_LINK_KINDS)
         base = NCCL_RING_BASE_LATENCY_S if nccl else 0.0
         return base + (steps - inter_steps) * intra.latency + inter_steps * inter.latency
+
+    def scalar_all_reduce(self, group: Group) -> float:
+        """Seconds for an all-reduce of one fp32 scalar over `group` (a loss, a gradient norm): a measured curve's
+        first point; on NCCL links NCCL's own choice for a message of a few bytes, the LL protocol over a ring or,
+        across nodes, a tree, whichever its model prices lower (ring: base + (steps - inter_steps) intra +
+        inter_steps inter; tree: base + 2 ((g - 1) intra + log2(k) inter); nccl_tuning_latency_constants.csv); else
+        the ring formula (`time`)."""
+        n, k, g = group.size, group.nodes, group.per_node
+        if n <= 1:
+            return 0.0
+        level = "intra_node" if k == 1 else "inter_node"
+        intra, inter = self.cluster.intra_node.kind, self.cluster.inter_node.kind
+        nccl = intra in NCCL_LINK_KINDS and (k == 1 or inter in NCCL_LINK_KINDS)
+        if self.cluster.curve("all_reduce", level, n) is not None or not nccl:
+            return self.time("all_reduce", 4.0, group)
+        hw = lambda kind: "pci" if kind == "pcie" else "nvlink" if kind in ("nvlink", "nvswitch") else "net"
+        c = NCCL_LL_US
+        steps, inter_steps = 2 * (n - 1), (2 * k if k > 1 else 0)
+        intra_ring = max(c["ring"][hw(intra)], c["net_overhead"]) if k > 1 else c["ring"][hw(intra)]
+        ring = c["base_ring"] + (steps - inter_steps) * intra_ring + inter_steps * c["ring"]["net"]
+        if k > 1:
+            intra_tree = max(c["tree"][hw(intra)], c["net_overhead"])
+            tree = c["base_tree"] + 2 * ((g - 1) * intra_tree + math.log2(k) * c["tree"]["net"])
+            ring = min(ring, tree)
+        return ring * 1e-6
 
     def time(self, collective: str, nbytes: float, group: Group) -> float:
         """Seconds for one collective of `nbytes` (whole array) over `group`; 0 for a group of one."""

@@ -71,6 +71,12 @@ from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.plan import Plan
 
+CLIP_HOST_OPS = 12
+"""Ops `executor.grad_clip.clip_grad_norm` dispatches per step besides its foreach norm and multiply (stack,
+square, weights, sum, sqrt, clamp, ... ; counted in its source)."""
+GRAD_CLIP_BYTES = 4.0
+"""Bytes per gradient element the clipping norm reads (fp32 gradients of fp32 parameters; the multiply reads and
+writes them: twice)."""
 ADAM_BYTES_PER_PARAM = {"bf16": 28.0, "fp16": 28.0, "fp32": 28.0}
 """Bytes the Adam update moves per local parameter (see the module docstring): the same at every precision, since
 the executor's parameters stay fp32 and no 16-bit copy is written (autocast casts at use; FSDP2 in its gather)."""
@@ -370,6 +376,18 @@ class StepPredictor:
         reduce = sum(self.cm.comm.time("all_reduce", e * self.gbytes, self.groups["tp"]) for e in partial.values())
         return t + n["plain"] * ov.optimizer + (n["dtensor"] + n["partial"]) * ov.dtensor_optimizer + reduce
 
+    def clip_times(self, r: int, shard: float) -> tuple[float, float]:
+        """(norm, scale) seconds of the plan's gradient clipping on rank r over `shard` local fp32 gradient elements,
+        either side of its one scalar all-reduce (`executor.grad_clip`): a foreach norm reading them, then a
+        foreach multiply rewriting them, at the profile's memory curve, each at least one kernel; with the host
+        dispatch of half the ops that combine the norms each, and, off GPUs (torch's foreach runs per tensor
+        there), one op per gradient tensor each."""
+        cm, dev = self.cm, self.cm.cluster.device
+        ops = CLIP_HOST_OPS / 2 + (0 if dev.async_host else sum(self.rank_tensors(r).values()))
+        host = ops * dev.op_overhead.forward
+        return tuple(cm.compute.combine(max(cm.compute.memory_time(b * shard), dev.kernel_floor), host)
+                     for b in (GRAD_CLIP_BYTES, 2 * GRAD_CLIP_BYTES))
+
     def fsdp_overhead(self, layers: list[LayerCost]) -> tuple[float, float]:
         """FSDP2's own (forward, backward) seconds per micro-batch for one chunk under ZeRO >= 1 with dp > 1: the
         profile's measured cost per `fully_shard`ed module (each block, and the chunk's root, as the executor
@@ -544,7 +562,7 @@ class StepPredictor:
         out = []
         for axis, n in (("pp", self.pp), ("dp", self.dp)):
             g = self.groups[axis]
-            out.append(self.cm.comm.time("all_reduce", 4.0, g) + self.cm.comm.sync_wait(g, opt) if n > 1 else 0.0)
+            out.append(self.cm.comm.scalar_all_reduce(g) + self.cm.comm.sync_wait(g, opt) if n > 1 else 0.0)
             opt = opt if n <= 1 else 0.0  # the second follows the first
         return out[0], out[1]
 
@@ -597,12 +615,24 @@ class StepPredictor:
         if tied:
             t_end[0] = t_end[-1] = tied_at + tied
         totals, extras, events = [], [], []
+        psis = [self.rank_params(r) for r in range(self.pp)]
+        shards = [psi / self.dp if self.zero >= 1 else psi for psi in psis]
+        clips, clip_ar, starts = [(0.0, 0.0)] * self.pp, 0.0, list(t_end)
+        if self.plan.max_grad_norm > 0:  # every rank's norm meets in one all-reduce before any optimizer step
+            clips = [self.clip_times(r, shards[r]) for r in range(self.pp)]
+            n = self.plan.world_size
+            world = Group(n, -(-n // self.cm.cluster.devices_per_node))
+            met = max(t_end[r] + clips[r][0] for r in range(self.pp))
+            clip_ar = self.cm.comm.scalar_all_reduce(world) + self.cm.comm.sync_wait(world, max(c[0] for c in clips))
+            starts = [met + clip_ar + clips[r][1] for r in range(self.pp)]
         for r in range(self.pp):
-            psi = self.rank_params(r)
-            opt = self.optimizer_time(r, psi / self.dp if self.zero >= 1 else psi)
-            totals.append(t_end[r] + opt)
+            psi = psis[r]
+            adam = self.optimizer_time(r, shards[r])
+            opt = adam + sum(clips[r])  # the clipping counts as optimizer work; its all-reduce as exposed comm
+            totals.append(starts[r] + adam)
             spans, slowed, copies = rows[r]
             extras.append(dict(opt=opt, spans=spans, psi=psi, lead=leads[r], host=host, slowed=slowed, copies=copies,
+                               clip_ar=clip_ar,
                                gather_wait=gather_wait,
                                end=t_end[r], tied=tied if r in (0, self.pp - 1) else 0.0))
             if timeline:
@@ -610,8 +640,15 @@ class StepPredictor:
                 if tied and r in (0, self.pp - 1):
                     events.append(TraceEvent(name="all-reduce tied weight grads", device=r, stream="pp",
                                              start_s=tied_at, duration_s=tied))
-                events.append(TraceEvent(name="optimizer step", device=r, stream="optimizer", start_s=t_end[r],
-                                         duration_s=opt))
+                if clip_ar:
+                    events += [TraceEvent(name="gradient norm", device=r, stream="optimizer", start_s=t_end[r],
+                                          duration_s=clips[r][0]),
+                               TraceEvent(name="all-reduce gradient norm", device=r, stream="dp",
+                                          start_s=met, duration_s=clip_ar),
+                               TraceEvent(name="clip gradients", device=r, stream="optimizer",
+                                          start_s=met + clip_ar, duration_s=clips[r][1])]
+                events.append(TraceEvent(name="optimizer step", device=r, stream="optimizer", start_s=starts[r],
+                                         duration_s=adam))
         if timeline:
             events = self._pass_events(times, leads) + events
         crit = int(np.argmax(totals))
@@ -677,7 +714,8 @@ class StepPredictor:
         held = sum(d for a, d, _ in x["spans"] if a + d <= float(comp_end[crit]) + x["lead"] + 1e-12) \
             if self.deferred and self.v > 1 else 0.0
         exposed = (busy - compute) + held + x["gather_wait"] \
-            + max(0.0, x["end"] - float(comp_end[crit]) - x["host"] - x["copies"]) + x["loss_pp"] + x["loss_dp"]
+            + max(0.0, x["end"] - float(comp_end[crit]) - x["host"] - x["copies"]) + x["loss_pp"] + x["loss_dp"] \
+            + x["clip_ar"]
         compute += x["host"] + x["copies"]  # the step's own host work before the first pass; FSDP2's last copy-ins
         bubble = max(0.0, step - compute - exposed - opt)
         layers = [l for ch in row for l in ch.layers]

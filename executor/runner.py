@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from executor import graph_ops, parallel, pipeline, tp
+from executor import grad_clip, graph_ops, parallel, pipeline, tp
 from executor.errors import ExecutorError, shorten
 from executor.input_checks import check_example_shapes, check_optimizer, check_same_batch, takes_names
 from executor.measure import StepMemory
@@ -138,6 +138,8 @@ class Runner:
         self.timings = Timings()
         self.memory = StepMemory()  # peak memory by category, from torch's MemTracker
         self.step_count = 0
+        self._grad_norm = None  # the last step's, when the plan clips (`grad_norm`)
+        self.tied_counted_elsewhere: set[str] = set()  # tied weights another stage counts in the norm
         self.amp = DTYPES[plan.precision]
         self._target_chunks = None  # a pipelined step's targets when they are not one tensor (`_stage_loss`)
         if m.pp > 1:
@@ -257,6 +259,7 @@ class Runner:
         # tied weights whose copies sit on different pp ranks: one group per weight
         groups = pipeline.tied_groups_for_rank(self.mesh, [sorted({s % pp for s in st}) for _, st in pairs])
         self.tied, self.tied_groups = [], []
+        self.tied_counted_elsewhere = {name for name, st in pairs if min(s % pp for s in st) != pp_rank}
         for (name, st), g in zip(pairs, groups):
             held = [p for part in self.parts for n, p in part.named_parameters(remove_duplicate=False)
                     if self.canonical.get(n) == name]
@@ -383,12 +386,32 @@ class Runner:
         return args
 
     def optimizer_step(self) -> None:
-        """Tied-weight gradients summed across stages, partial tp gradients summed once, then the optimizer."""
+        """Tied-weight gradients summed across stages, partial tp gradients summed once, the plan's gradient
+        clipping (`max_grad_norm`), then the optimizer."""
         if self.tied:
             pipeline.sum_tied_grads(self.tied, self.tied_groups)
         if self.plan.mesh.tp > 1:
             tp.reduce_partial_grads(p for part in self.parts for p in part.parameters())
+        if self.plan.max_grad_norm > 0:
+            m = self.plan.mesh
+            self._grad_norm = grad_clip.clip_grad_norm(self._clipped_grads(), self.plan.max_grad_norm, m.dp * m.tp)
         self.optimizer.step()
+
+    def _clipped_grads(self):
+        """(gradient, counted) for every parameter this rank holds: a name once per rank, and a tied weight's copy
+        counted on the first stage holding it only (`executor.grad_clip`)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        seen = set()
+        for part in self.parts:
+            for n, p in (part.module if isinstance(part, DDP) else part).named_parameters():
+                name = self.canonical.get(n, n)
+                yield p.grad, name not in seen and name not in self.tied_counted_elsewhere
+                seen.add(name)
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The global gradient norm of the last step, before clipping; None when the plan does not clip (`max_grad_norm` 0)."""
+        return None if self._grad_norm is None else float(self._grad_norm)
 
     def _autocast(self):
         if self.amp is None:

@@ -218,6 +218,11 @@ def build_parser() -> ArgParser:
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="training precision (bf16/fp16 keep fp32 master weights and Adam state); default bf16, "
                         "or fp32 on a device whose profile measured bf16 slower than fp32 (CPU ranks)")
+    p.add_argument("--max-grad-norm", type=float, default=None, metavar="NORM",
+                   help="clip the gradients to this global norm before each optimizer step, as "
+                        "torch.nn.utils.clip_grad_norm_ (Megatron-LM's --clip-grad, nanoGPT's grad_clip, "
+                        "usually 1.0); the plan records it, the executor applies it and the prediction prices it "
+                        "(one pass over the gradients and one scalar all-reduce); default: no clipping")
     p.add_argument("--force", metavar="K=V,...",
                    help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|attention|selective|full; "
                         "attention: only the SDPA calls re-run, Megatron-LM's selective), schedule "
@@ -266,6 +271,7 @@ def main(argv: Sequence[str]) -> int:
                                             ("--calibration", args.calibration), ("--explain", args.explain),
                                             ("--no-check", args.no_check), ("--precision", args.precision),
                                             ("--top", args.top is not None),
+                                            ("--max-grad-norm", args.max_grad_norm is not None),
                                             ("--time-budget", args.time_budget is not None))
                    if given]
         if ignored:
@@ -291,6 +297,9 @@ def main(argv: Sequence[str]) -> int:
                         "run: drop one of them")
     if args.ignore_memory and not args.cluster:
         raise PlanError("--ignore-memory changes the search: give --cluster and --batch-size")
+    if args.max_grad_norm is not None and not 0 < args.max_grad_norm < float("inf"):
+        raise PlanError(f"--max-grad-norm must be a positive number (the global gradient norm to clip to, e.g. "
+                        f"1.0; leave it out for no clipping), got {args.max_grad_norm}")
     if not args.time_budget > 0 or args.time_budget == float("inf"):
         raise PlanError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     outputs = [(flag, path) for flag, path in (("-o", args.output), ("--timeline", args.timeline),
@@ -362,7 +371,8 @@ def _search_and_write(args: Any, cluster: Any, forced: dict, scale: float | None
     kept = max(args.top, 2) if args.explain else args.top  # --explain compares with the runner-up, whatever --top
     result = search(graph, cluster, cost_model, batch_size=args.batch_size, precision=precision,
                     forced=forced, top_k=kept, time_budget_s=args.time_budget, progress=sys.stderr.isatty(),
-                    model_path=model_file.path, ignore_memory=args.ignore_memory)
+                    model_path=model_file.path, ignore_memory=args.ignore_memory,
+                    max_grad_norm=args.max_grad_norm or 0.0)
     if args.ignore_memory:
         result.notes.append(memory_ignored_note(result.best_prediction, cluster))
     if precision_note:  # after the search: an error before it stays one line

@@ -115,7 +115,7 @@ def describe(plan: Plan) -> str:
             f"{plan.num_microbatches} micro-batches (global batch {plan.global_batch_size}) "
             f"recompute={plan.recompute}{recompute_counts(plan)}{sched if m.pp > 1 else ''} "
             f"sp={int(plan.sequence_parallel)} "
-            f"{plan.precision}")
+            f"{plan.precision}" + (f" max_grad_norm={plan.max_grad_norm:g}" if plan.max_grad_norm > 0 else ""))
 
 
 # ---- torchtitan ------------------------------------------------------------------------------------------------
@@ -158,6 +158,11 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
         notes.append(f"seq_len is left out: {why}; set it to the length the plan was made for")
     train.update(mixed_precision_param="float32" if plan.precision == "fp32" else "bfloat16",
                  mixed_precision_reduce="float32")
+    if plan.max_grad_norm > 0:
+        train["max_norm"] = plan.max_grad_norm
+    else:
+        notes.append("torchtitan clips every step to training.max_norm (default 1.0) and the plan does not clip: "
+                     "set max_norm above any gradient norm, or re-plan with --max-grad-norm")
     if plan.recompute == "attention":
         raise PlanError("cannot export to torchtitan: its activation checkpointing has no attention-only policy "
                         "(its selective one also re-runs every other linear); re-plan with --force "
@@ -237,6 +242,7 @@ def to_megatron(plan: Plan, facts: ModelFacts | None) -> Export:
         flags.append((f"--{plan.precision}", None))
     if plan.precision == "fp16":  # bf16 turns it on itself (arguments.py); the plan reduces gradients in fp32
         flags.append(("--accumulate-allreduce-grads-in-fp32", None))
+    flags.append(("--clip-grad", plan.max_grad_norm))  # Megatron-LM clips to 1.0 unless told; 0: no clipping
     if facts is not None and facts.seq_len is not None:
         flags.append(("--seq-length", facts.seq_len))
     head = [f"Megatron-LM flags for a shardwise plan: {describe(plan)}",
@@ -316,6 +322,7 @@ def to_deepspeed(plan: Plan, facts: ModelFacts | None) -> Export:
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.microbatch_size,
         "gradient_accumulation_steps": plan.num_microbatches,
+        "gradient_clipping": plan.max_grad_norm,
         "zero_optimization": {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True},
         "bf16": {"enabled": plan.precision == "bf16"},
         "fp16": {"enabled": plan.precision == "fp16"} | ({"loss_scale": 0} if plan.precision == "fp16" else {}),
@@ -390,6 +397,9 @@ def to_accelerate(plan: Plan, facts: ModelFacts | None) -> Export:
         notes.append(f"recompute=full under DDP: wrap {which} with torch.utils.checkpoint in the model")
     notes.append(f"micro-batching is set in your script: DataLoader(batch_size={plan.microbatch_size}) and "
                  f"Accelerator(gradient_accumulation_steps={plan.num_microbatches})")
+    if plan.max_grad_norm > 0:
+        notes.append("gradient clipping is set in your script: accelerator.clip_grad_norm_(model.parameters(), "
+                     f"{plan.max_grad_norm:g}) before optimizer.step(), when accelerator.sync_gradients")
     head = [f"Accelerate config for a shardwise plan: {describe(plan)}",
             "keys of accelerate's config_args.py / launch.py (accelerate 1.x, FSDP2);"
             " run: accelerate launch --config_file THIS.yaml train.py"]

@@ -126,6 +126,9 @@ class Plan:
     """Micro-batches per step per replica: global_batch_size / (dp * microbatch_size)."""
     precision: str = field(default="bf16", metadata=_meta(enum=list(PRECISIONS)))
     """bf16, fp16 or fp32."""
+    max_grad_norm: float = field(default=0.0, metadata=_meta(minimum=0))
+    """Clip the gradients to this global norm before each optimizer step (torch.nn.utils.clip_grad_norm_ over the
+    whole model; Megatron-LM's `--clip-grad`); 0: no clipping."""
     stages: tuple[StageSpec, ...] = ()
     """Pipeline stages, pp * virtual_stages of them, in model order."""
     ops: Mapping[str, OpPlacement] = field(default_factory=dict)
@@ -168,6 +171,9 @@ class Plan:
             raise PlanError(f"plan: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.virtual_stages < 1 or (self.virtual_stages > 1 and self.schedule != "interleaved"):
             raise PlanError(f"plan: virtual_stages={self.virtual_stages} needs schedule 'interleaved' (or use 1)")
+        if not (isinstance(self.max_grad_norm, (int, float)) and 0 <= self.max_grad_norm < float("inf")):
+            raise PlanError(f"plan: max_grad_norm must be a finite number >= 0 (0: no clipping), got "
+                            f"{self.max_grad_norm!r}")
         if self.microbatch_size < 1 or self.num_microbatches < 1:
             raise PlanError("plan: microbatch_size and num_microbatches must be >= 1")
         expected = m.dp * self.microbatch_size * self.num_microbatches
@@ -258,6 +264,8 @@ class Plan:
             for k in ("zero_stage", "virtual_stages", "global_batch_size", "microbatch_size", "num_microbatches"):
                 if k in d:
                     d[k] = int(d[k])  # the schema accepts 2.0 as an integer, as JSON Schema does
+            if "max_grad_norm" in d:
+                d["max_grad_norm"] = float(d["max_grad_norm"])
             if "recompute_blocks" in d:
                 d["recompute_blocks"] = tuple(int(n) for n in d["recompute_blocks"])
             plan = cls(mesh=mesh, stages=stages, ops=ops, **d)

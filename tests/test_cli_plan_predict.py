@@ -156,3 +156,22 @@ def test_the_report_names_the_model_as_given_and_the_plan_keeps_its_absolute_pat
     monkeypatch.chdir(tmp_path)  # outside the working folder: the whole path
     assert main([os.path.join(ROOT, "examples", "mlp.py"), *args]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(f"plan for {ROOT}/examples/mlp.py on")
+
+
+def test_max_grad_norm_is_planned_priced_and_checked(tmp_path, capsys):
+    # the plan records the clipping, the prediction prices it (slower than the same plan without), and the dry
+    # run that -o runs first applies it (tp x pp x dp, under the fake process group)
+    out = tmp_path / "plan.json"
+    rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", FORCE, "--json"])
+    plain = json.loads(capsys.readouterr().out)["prediction"]
+    rc2 = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--force", FORCE, "--max-grad-norm", "1",
+                "-o", str(out)])
+    text = capsys.readouterr().out
+    assert rc == rc2 == 0
+    plan = Plan.load(out)
+    assert plan.max_grad_norm == 1.0 and plan.predicted["step_time_s"] > plain["step_time_s"]
+    assert "gradients clipped to norm 1 first" in text
+    for bad in ("0", "-1", "nan", "inf"):
+        rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--max-grad-norm", bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "--max-grad-norm must be a positive number" in err, err

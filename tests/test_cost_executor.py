@@ -68,7 +68,7 @@ def test_zero3_gathers_every_micro_batch_and_zero12_once_per_step():
         copy_in, copy_out, rs_copy = _fsdp_copies(sp3, units)
         copy_in_b, copy_out_b, _ = _fsdp_copies(sp3, blocks)
         p3, p1 = sp3.run(False), sp1.run(False)
-        loss = sp3._coll("all_reduce", 4.0)  # the step's loss, all-reduced over dp after the optimizer
+        loss = sp3.cm.comm.scalar_all_reduce(sp3.groups["dp"])  # the step's loss, over dp after the optimizer
         assert sp3.loss_all_reduces(0.0) == (0.0, pytest.approx(loss))
         # ZeRO-3: per micro-batch a gather before forward, one before backward (blocks only: the root stays
         # gathered), a reduce-scatter after backward; each gather's copy-in runs on its stream, the copy-out after
@@ -601,3 +601,40 @@ def test_attention_recompute_call_gives_the_plain_calls_outputs_and_gradients(ca
     assert torch.equal(outs[0], outs[1]) and all(torch.equal(a, b) for a, b in zip(*grads))
     assert (recomputed == "_RecomputedBackward") == (case != "dropout")
     assert outs[1].dtype == (torch.bfloat16 if case == "autocast" else torch.float32)
+
+
+def test_a_scalar_all_reduce_is_priced_as_nccls_ll_ring_or_tree():
+    # NCCL picks LL for a few bytes: ring 6.6 + 2(n-1) x 0.6 us in a node; across k nodes a tree,
+    # 6.8 + 2 ((g-1) x max(0.6, 1.0) + log2(k) x 5.0) us, where the ring's 2(n-1) steps would cost far more
+    cm = CostModel(cluster(nodes=2048, per_node=8))
+    assert cm.comm.scalar_all_reduce(Group(8, 1)) == pytest.approx((6.6 + 14 * 0.6) * 1e-6)
+    assert cm.comm.scalar_all_reduce(Group(16384, 2048)) == pytest.approx((6.8 + 2 * (7 * 1.0 + 11 * 5.0)) * 1e-6)
+    assert cm.comm.scalar_all_reduce(Group(16384, 2048)) < cm.comm.time("all_reduce", 4.0, Group(16384, 2048)) / 100
+    assert cm.comm.scalar_all_reduce(Group(1, 1)) == 0.0
+    from hardware_profiles import load_cluster
+    cpu = CostModel(load_cluster("cpu-local"))  # gloo: the measured curve / ring formula
+    assert cpu.comm.scalar_all_reduce(Group(2, 1)) == cpu.comm.time("all_reduce", 4.0, Group(2, 1))
+
+
+@pytest.mark.parametrize("force", [{"dp": 4, "zero": 1}, {"dp": 2, "pp": 2, "zero": 0}])
+def test_gradient_clipping_adds_its_passes_and_one_all_reduce_over_every_rank(gpt, force):
+    # Plan.max_grad_norm (executor.grad_clip): a norm reading the local fp32 gradients, one scalar all-reduce over
+    # all ranks, a multiply rewriting them, before the optimizer; nothing without it
+    cl = cluster(nodes=2, per_node=2)
+    plain = _plan(gpt, cl, 8, **force)
+    clipped = dataclasses.replace(plain, max_grad_norm=1.0)
+    cm = CostModel(cl)
+    sp = StepPredictor(cm, gpt, clipped)
+    a, b = StepPredictor(cm, gpt, plain).run(True), sp.run(True)
+    shard = sp.rank_params(0) / (sp.dp if sp.zero >= 1 else 1)
+    norm, scale = sp.clip_times(0, shard)
+    assert norm >= cm.compute.memory_time(4 * shard) and scale >= cm.compute.memory_time(8 * shard)
+    ar = cm.comm.scalar_all_reduce(Group(clipped.world_size, 2))
+    assert b.step_time_s >= a.step_time_s + norm + scale + ar - 1e-12
+    assert b.breakdown["optimizer_s"] == pytest.approx(a.breakdown["optimizer_s"] + norm + scale)
+    assert b.breakdown["exposed_comm_s"] >= a.breakdown["exposed_comm_s"] + ar - 1e-12
+    clip = ("gradient norm", "all-reduce gradient norm", "clip gradients")
+    assert [e.name for e in b.timeline if e.name in clip and e.device == 0] == list(clip)
+    assert not [e for e in a.timeline if "gradient norm" in e.name]
+    assert any("gradients clipped to norm 1" in line for line in b.assumptions)
+    assert not any("clipped" in line for line in a.assumptions)

@@ -17,21 +17,24 @@ from planner.plan import Mesh, Plan
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANKS = os.path.join(ROOT, "tests", "test_executor_ranks.py")
 TOL = 1e-5
+CLIP = 0.5
+"""Gradient clipping (Plan.max_grad_norm) in the specs that carry it: below every step's global norm (the test
+checks), so every step clips."""
 
 SPECS_2 = [
     {"name": "dp", "dp": 2},
     {"name": "dp_full_recompute", "dp": 2, "rc": "full"},
     {"name": "dp_partial_recompute", "dp": 2, "rc": "full", "rcb": [2]},
     {"name": "zero1", "dp": 2, "zero": 1, "nmb": 2},
-    {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2},
+    {"name": "zero2", "dp": 2, "zero": 2, "nmb": 2, "clip": CLIP},
     {"name": "zero1_selective", "dp": 2, "zero": 1, "nmb": 2, "rc": "selective"},
-    {"name": "dp_attention_recompute", "dp": 2, "rc": "attention"},
+    {"name": "dp_attention_recompute", "dp": 2, "rc": "attention", "clip": CLIP},
     {"name": "tp_sp_attention_recompute", "tp": 2, "sp": True, "rc": "attention"},
     {"name": "zero3", "dp": 2, "zero": 3},
     {"name": "tp", "tp": 2},
-    {"name": "tp_sp", "tp": 2, "sp": True},
+    {"name": "tp_sp", "tp": 2, "sp": True, "clip": CLIP},
     {"name": "pp_gpipe", "pp": 2, "nmb": 2, "schedule": "gpipe"},
-    {"name": "pp_1f1b", "pp": 2, "nmb": 2, "schedule": "1f1b"},
+    {"name": "pp_1f1b", "pp": 2, "nmb": 2, "schedule": "1f1b", "clip": CLIP},
     {"name": "pp_partial_recompute", "pp": 2, "nmb": 2, "schedule": "1f1b", "rc": "full", "rcb": [1, 0]},
     {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
     {"name": "tp_bf16", "tp": 2, "precision": "bf16"},
@@ -40,12 +43,13 @@ SPECS_2 = [
     {"name": "user_pp", "pp": 2, "nmb": 2, "user": True},
 ]
 SPECS_4 = [
-    {"name": "dp_tp", "dp": 2, "tp": 2},
+    {"name": "dp_tp", "dp": 2, "tp": 2, "clip": CLIP},
     {"name": "dp_pp", "dp": 2, "pp": 2, "nmb": 2},
     {"name": "tp_pp_sp", "tp": 2, "pp": 2, "nmb": 2, "sp": True},
-    {"name": "zero3_tp", "dp": 2, "tp": 2, "zero": 3, "rc": "selective"},
+    {"name": "zero3_tp", "dp": 2, "tp": 2, "zero": 3, "rc": "selective", "clip": CLIP},
     {"name": "zero3_tp_partial_recompute", "dp": 2, "tp": 2, "zero": 3, "rc": "full", "rcb": [2]},
-    {"name": "pp_interleaved", "dp": 2, "pp": 2, "vs": 2, "nmb": 2, "schedule": "interleaved"},
+    {"name": "pp_interleaved", "dp": 2, "pp": 2, "vs": 2, "nmb": 2, "schedule": "interleaved",
+     "clip": CLIP},
     {"name": "load_into_tp_pp", "tp": 2, "pp": 2, "nmb": 2, "load": True},
 ]
 
@@ -139,6 +143,28 @@ def test_matches_single_process(results, name):
     assert r["report_ok"]
 
 
+CLIPPED = [s["name"] for s in SPECS_2 + SPECS_4 if s.get("clip")]
+
+
+@pytest.mark.parametrize("name", CLIPPED)
+def test_gradient_clipping_matches_torchs_over_one_process(results, name):
+    """Plan.max_grad_norm: the global norm over every rank's share (DDP's whole gradients, FSDP2 and tp shards, two
+    pipeline stages with a tied weight on both) equals torch.nn.utils.clip_grad_norm_'s in one process, and the
+    clipped run trains that process's clipped losses (test_matches_single_process checks them too)."""
+    ref = results["reference"][str(CLIP)]
+    plain = results["reference"]["0.0"]["losses"]
+    assert min(ref["norms"]) > CLIP  # every step clips
+    assert max(abs(a - b) for a, b in zip(ref["losses"], plain)) > 100 * TOL  # clipping changes the training
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    assert abs(r["grad_norm"] - ref["norms"][-1]) <= TOL * ref["norms"][-1], (r["grad_norm"], ref["norms"])
+    assert r["loss_err"] <= TOL, r
+
+
+def test_no_clipping_leaves_no_norm(results):
+    assert results["dp"]["grad_norm"] is None
+
+
 @pytest.mark.parametrize("name", ["tp_bf16", "pp_bf16"])
 def test_bf16_tp_or_pp_without_dp_computes_with_bf16_weights_over_fp32_ones(results, name):
     """16-bit training without dp runs under FSDP2's replicate over the one-rank dp mesh, as every tp or pp plan with
@@ -220,7 +246,7 @@ def test_no_plan_runs_torch_fx_interpreter(results):
     # placed ops run as generated code with their placement calls inline (executor.graph_ops._placed_code), the
     # rest of an unflattened model as its generated code: fx's Interpreter walks the graph in Python on every call
     for name, r in results.items():
-        if "interpreter_runs" in r:
+        if "interpreter_runs" in r:  # (the "reference" entry has none)
             assert r["interpreter_runs"] == 0, (name, r["interpreter_runs"])
 
 

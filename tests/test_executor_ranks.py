@@ -43,17 +43,20 @@ def loss_fn(out, tgt):
     return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tgt.reshape(-1))
 
 
-def reference():
+def reference(clip: float = 0.0):
+    """One process's losses, final parameters and (with `clip`: torch's own clip_grad_norm_) gradient norms."""
     model = build()
     opt = optimizer(model.parameters())
-    losses = []
+    losses, norms = [], []
     for x, y in batches():
         loss = loss_fn(model(x), y)
         loss.backward()
+        if clip:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}, norms
 
 
 def make_plan(spec):
@@ -67,7 +70,8 @@ def make_plan(spec):
                 virtual_stages=spec.get("vs", 1), recompute=spec.get("rc", "none"),
                 recompute_blocks=tuple(spec.get("rcb", ())),
                 global_batch_size=GLOBAL_BATCH, microbatch_size=GLOBAL_BATCH // (dp * nmb), num_microbatches=nmb,
-                precision=spec.get("precision", "fp32"), ops=ops, parameters=layout.get("parameters", {}))
+                precision=spec.get("precision", "fp32"), max_grad_norm=spec.get("clip", 0.0), ops=ops,
+                parameters=layout.get("parameters", {}))
 
 
 def param_error(runner, ref):
@@ -210,7 +214,8 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
     finally:
         parallel.recompute_call = plain_call
     out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
-           "n_losses": len(losses), "start": start, "all_gathers_last_step": gathers[-1]}
+           "n_losses": len(losses), "start": start, "all_gathers_last_step": gathers[-1],
+           "grad_norm": runner.grad_norm}
     # the dtype FSDP2 computes with (MixedPrecisionPolicy.param_dtype) where it wraps a part, and the dtypes kept
     from torch.distributed.fsdp import FSDPModule
     out["compute_dtypes"] = sorted({str(part._get_fsdp_state()._mp_policy.param_dtype) if isinstance(part, FSDPModule)
@@ -308,9 +313,10 @@ def main():
     import torch.distributed as dist
     torch.set_num_threads(1)
     specs, out_path, ckpt = json.loads(open(sys.argv[1]).read()), sys.argv[2], sys.argv[3]
-    ref_losses, ref_params = reference()
-    results = {}
+    refs = {clip: reference(clip) for clip in sorted({s.get("clip", 0.0) for s in specs})}
+    results = {"reference": {str(clip): {"losses": r[0], "norms": r[2]} for clip, r in refs.items()}}
     for spec in specs:
+        ref_losses, ref_params, _ = refs[spec.get("clip", 0.0)]
         try:
             results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt)
         except Exception as e:

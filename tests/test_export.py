@@ -23,7 +23,7 @@ TORCHTITAN_KEYS = {
                     "pipeline_parallel_degree", "module_fqns_per_model_part", "pipeline_parallel_schedule",
                     "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param",
-                 "mixed_precision_reduce"},
+                 "mixed_precision_reduce", "max_norm"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
 # Top-level keys of accelerate's ClusterConfig (commands/config/config_args.py) an export may write.
@@ -32,7 +32,7 @@ ACCELERATE_KEYS = {"compute_environment", "distributed_type", "mixed_precision",
                    "fsdp_config", "main_process_ip", "main_process_port"}
 DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "zero_optimization", "bf16", "fp16", "activation_checkpointing", "communication_data_type",
-                  "data_types"}
+                  "data_types", "gradient_clipping"}
 
 
 def megatron_args(text):
@@ -53,6 +53,7 @@ def megatron_args(text):
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     p.add_argument("--ckpt-format", default="torch_dist",
                    choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"])
+    p.add_argument("--clip-grad", type=float, default=1.0)
     p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
     return p.parse_args(shlex.split(body, comments=True))
@@ -411,6 +412,21 @@ def test_gradients_are_reduced_in_fp32_in_every_export():
     acc = export(plan(zero=3), "accelerate", FACTS)
     assert any("reduce_dtype=torch.float32" in n for n in acc.notes) and "reduce_dtype=torch.float32" in acc.text
     assert not any("reduce_dtype" in n for n in export(plan(zero=0), "accelerate", FACTS).notes)  # DDP: fp32
+
+
+def test_gradient_clipping_in_every_export():
+    # Plan.max_grad_norm: Megatron-LM and torchtitan clip to 1.0 unless told, DeepSpeed not at all, Accelerate in code
+    clipped, plain = plan(max_grad_norm=0.5), plan()
+    assert megatron_args(export(clipped, "megatron", FACTS).text).clip_grad == 0.5
+    assert megatron_args(export(plain, "megatron", FACTS).text).clip_grad == 0.0
+    assert tomllib.loads(export(clipped, "torchtitan", FACTS).text)["training"]["max_norm"] == 0.5
+    unclipped = export(plain, "torchtitan", FACTS)
+    assert "max_norm" not in tomllib.loads(unclipped.text)["training"]
+    assert any("training.max_norm (default 1.0) and the plan does not clip" in n for n in unclipped.notes)
+    assert json.loads(export(clipped, "deepspeed", FACTS).text)["gradient_clipping"] == 0.5
+    assert json.loads(export(plain, "deepspeed", FACTS).text)["gradient_clipping"] == 0.0
+    assert any("clip_grad_norm_(model.parameters(), 0.5)" in n for n in export(clipped, "accelerate", FACTS).notes)
+    assert not any("clip_grad_norm_" in n for n in export(plain, "accelerate", FACTS).notes)
 
 
 def test_accelerate_multi_node_names_the_main_node(tmp_path):

@@ -83,6 +83,8 @@ BROKEN = [
      r"overlaps \(it should start at 3"),
     (lambda d: d["stages"][1].update(start_layer=4), r"stages\[1\] covers layers \[4, 6\)"),
     (lambda d: d["stages"][0].update(start_layer=1), r"stages\[0\] covers layers \[1, 3\)"),
+    (lambda d: d.update(max_grad_norm=-1), r"max_grad_norm: expected a number >= 0, got -1$"),
+    (lambda d: d.update(max_grad_norm=float("nan")), r"max_grad_norm must be a finite number >= 0 \(0: no clipping\)"),
 ]
 
 
@@ -91,7 +93,7 @@ BROKEN = [
     "stage0-no-modules", "stage1-no-modules", "mesh-vs-devices", "mesh-vs-nodes", "param-sharded-at-tp1",
     "negative-step-time", "string-step-time", "infinite-memory", "nan-memory", "deep-prediction", "stage-rank",
     "string-breakdown", "nan-memory-breakdown", "list-memory-breakdown", "string-tflops", "stage-overlap",
-    "stage-gap", "stage-from-1"])
+    "stage-gap", "stage-from-1", "negative-clip", "nan-clip"])
 def test_a_broken_plan_file_is_refused_at_load(tmp_path, edit, message):
     data = _good()
     edit(data)
@@ -115,8 +117,9 @@ def test_a_broken_plan_file_is_refused_at_load(tmp_path, edit, message):
     lambda d: d["predicted"].update(step_time_s=0),
     lambda d: [s.pop("rank") for s in d["stages"]],  # stage k runs on rank k % pp
     lambda d: d["predicted"].update(breakdown=None, memory_breakdown={"headroom": -1.5}),
+    lambda d: d.update(max_grad_norm=1),  # an integer norm (JSON has no float type of its own)
 ], ids=["good", "no-modules", "container-in-two-stages", "no-cluster", "float-nodes", "pp1-no-stages", "replicated",
-        "no-prediction", "zero", "no-stage-ranks", "breakdowns"])
+        "no-prediction", "zero", "no-stage-ranks", "breakdowns", "int-clip"])
 def test_a_good_plan_file_loads(tmp_path, edit):
     data = _good()
     edit(data)

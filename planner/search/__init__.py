@@ -39,21 +39,24 @@ class SearchResult:
 
 def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
            forced: Mapping[str, Any] | None = None, top_k: int = 5, time_budget_s: float = 60.0,
-           progress: bool = False, model_path: str = "", ignore_memory: bool = False) -> SearchResult:
+           progress: bool = False, model_path: str = "", ignore_memory: bool = False,
+           max_grad_norm: float = 0.0) -> SearchResult:
     """Plan `graph` on `cluster` for a global batch of `batch_size` with the `forced` keys pinned.
 
     Returns the fastest fitting plan and up to `top_k` candidates; stops after `time_budget_s` with the best so
     far. `progress`: show a progress bar on stderr once the search has run ~2 s (`planner.progress`). Raises
     PlanError when the forced keys contradict the cluster or nothing fits (saying what would help).
     `ignore_memory`: rank candidates as if every one fitted, for a what-if prediction (e.g. of a published run whose
-    runtime keeps fewer activations than this executor); predictions still say whether they fit."""
+    runtime keeps fewer activations than this executor); predictions still say whether they fit.
+    `max_grad_norm`: the gradient clipping every candidate plan does (0: none)."""
     from planner.progress import SearchProgress
     from planner.search.outer import OuterSearch, with_prediction
 
     with SearchProgress(show=progress) as bar:
         result = OuterSearch(graph, cluster, cost_model, batch_size=batch_size, precision=precision, forced=forced,
                              time_budget_s=time_budget_s, model_path=model_path,
-                             on_progress=bar if progress else None, top_k=top_k, ignore_memory=ignore_memory).run()
+                             on_progress=bar if progress else None, top_k=top_k, ignore_memory=ignore_memory,
+                             max_grad_norm=max_grad_norm).run()
     top = result.ranked[:max(1, top_k)]
     candidates = [(with_prediction(s.plan, s.prediction), s.prediction) for s in top]
     best, best_prediction = candidates[0]

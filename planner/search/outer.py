@@ -103,8 +103,9 @@ class OuterSearch:
     def __init__(self, graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
                  forced: Mapping[str, Any] | None = None, time_budget_s: float = 60.0, model_path: str = "",
                  on_progress: Callable[[int, int, float], None] | None = None, top_k: int = 5,
-                 ignore_memory: bool = False):
+                 ignore_memory: bool = False, max_grad_norm: float = 0.0):
         self.graph, self.cluster, self.cm = graph, cluster, cost_model
+        self.max_grad_norm = max_grad_norm  # every candidate clips its gradients so (priced by the cost model)
         self.ignore_memory = ignore_memory  # rank every candidate as if it fitted (a what-if; nothing is written)
         self.top_k = max(1, top_k)
         self._top: list[float] = []  # the top_k fastest fitting step times found so far, ascending
@@ -472,8 +473,9 @@ class OuterSearch:
                     recompute_blocks=blocks,
                     schedule=g.schedule, virtual_stages=g.vp, global_batch_size=batch or self.batch,
                     microbatch_size=g.mbs,
-                    num_microbatches=g.num_microbatches, precision=self.precision, stages=stages,
-                    ops=dict(placement.ops), parameters=self._parameters(placement),
+                    num_microbatches=g.num_microbatches, precision=self.precision,
+                    max_grad_norm=self.max_grad_norm, stages=stages, ops=dict(placement.ops),
+                    parameters=self._parameters(placement),
                     cluster=cluster_record(c),
                     model={"path": self.model_path, "parameters": self._num_params,
                            "fingerprint": self._fingerprint, "graph": self.graph.tracer})
