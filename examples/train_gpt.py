@@ -43,12 +43,16 @@ def main() -> None:
         runner.load(args.resume)
     rank = int(os.environ.get("RANK", "0"))
     gen = torch.Generator().manual_seed(1000 + runner.step_count)
+    shape = (runner.plan.global_batch_size, CONFIG.block_size + 1)
+    held_out = torch.randint(0, CONFIG.vocab_size, shape, generator=torch.Generator().manual_seed(7))
     for step in range(runner.step_count, runner.step_count + args.steps):
-        tokens = torch.randint(0, CONFIG.vocab_size, (runner.plan.global_batch_size, CONFIG.block_size + 1),
-                               generator=gen)  # the global batch, the same on every rank
+        tokens = torch.randint(0, CONFIG.vocab_size, shape, generator=gen)  # the global batch, the same on every rank
         loss = runner.step(tokens[:, :-1], tokens[:, 1:])
-        if rank == 0 and step % 5 == 0:
-            print(f"step {step}: loss {loss:.4f}")
+        if step % 5 == 0:
+            val = runner.evaluate(held_out[:, :-1], held_out[:, 1:])  # on every rank: it runs collectives
+            norm = f", gradient norm {runner.grad_norm:.3f}" if runner.grad_norm is not None else ""
+            if rank == 0:
+                print(f"step {step}: loss {loss:.4f}, held-out loss {val:.4f}{norm}")
     if args.save:
         runner.save(args.save)
     if rank == 0:

@@ -227,6 +227,8 @@ def _attention_checkpointed(inner, path: str):
     from executor.errors import ExecutorError
 
     def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():  # a forward without autograd (Runner.evaluate) keeps nothing
+            return inner(*args, **kwargs)
         mode = checkpoint_attention()
         with mode:
             out = inner(*args, **kwargs)

@@ -240,7 +240,7 @@ class Runner:
         pp_rank, pp = self.mesh["pp"].get_local_rank(), plan.mesh.pp
         mine = [i for i in range(len(graphs)) if i % pp == pp_rank]
         self.stage_ids = mine
-        self.parts, stages = [], []
+        self.parts = []
         crossing = pipeline.boundary_placements(graphs, plan, self.block_paths) if plan.mesh.tp > 1 else []
         for i in mine:
             part = self._parallelize(graphs[i])
@@ -251,11 +251,20 @@ class Runner:
                 part.register_forward_pre_hook(lambda *_: tp.forget_gathered())  # a stage's forward begins
                 part.register_forward_hook(lambda *_: tp.forget_gathered())  # and ends
             self.parts.append(part)
-            stages.append(pipeline.RecvOnDemandStage(part, i, len(graphs), self.device,
-                                                     group=self.mesh["pp"].get_group()))
-            annotate_stage(stages[-1], i // pp if plan.virtual_stages > 1 else None)
-        self.stages = stages
+
+        def make_stages():
+            out = []
+            for i, part in zip(mine, self.parts):
+                out.append(pipeline.RecvOnDemandStage(part, i, len(graphs), self.device,
+                                                      group=self.mesh["pp"].get_group()))
+                annotate_stage(out[-1], i // pp if plan.virtual_stages > 1 else None)
+            return out
+        self.stages = stages = make_stages()
         self.schedule = pipeline.make_schedule(plan, stages, self._stage_loss)
+        # `evaluate` runs stages of its own over the same modules: torch's schedules re-initialise their stages on
+        # every switch between step and eval (and the backward's re-initialisation fails under MemTracker)
+        self._eval_schedule = None
+        self._make_eval_schedule = lambda: pipeline.make_schedule(plan, make_stages(), self._stage_loss)
         # tied weights whose copies sit on different pp ranks: one group per weight
         groups = pipeline.tied_groups_for_rank(self.mesh, [sorted({s % pp for s in st}) for _, st in pairs])
         self.tied, self.tied_groups = [], []
@@ -374,6 +383,27 @@ class Runner:
         self.step_count += 1
         return loss
 
+    def evaluate(self, inputs, targets) -> float:
+        """The mean loss over the global batch, forward only: the model in eval mode (dropout off; every module's
+        mode restored after), no gradients, no optimizer step, the plan's micro-batches (through the pipeline
+        schedule's forward-only `eval` under pp). Takes the batch as `step` does."""
+        inputs, targets = _to(self.local_batch(inputs, targets), self.device)
+        modes = [(m, m.training) for part in self.parts for m in part.modules()]
+        for part in self.parts:
+            part.eval()
+        try:
+            with torch.no_grad():
+                loss = self._forward_backward(inputs, targets, backward=False)
+        finally:
+            for m, training in modes:
+                m.training = training
+            tp.forget_gathered()
+        from torch.distributed.fsdp import FSDPModule
+        for m, _ in modes:  # FSDP2 units that keep their parameters gathered after a forward (ZeRO-1/2, the root)
+            if isinstance(m, FSDPModule):  # hold them sharded between steps again, as a step leaves them
+                m.reshard()
+        return self._reduce_loss(loss)
+
     def stage_args(self, inputs) -> tuple:
         """A batch as the first pipeline stage takes it (flattened for an exported model): tensors only, which is
         all torch.distributed.pipelining passes between stages."""
@@ -418,7 +448,10 @@ class Runner:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp)
 
-    def _forward_backward(self, inputs, targets, clock: PassClock | None = None) -> torch.Tensor:
+    def _forward_backward(self, inputs, targets, clock: PassClock | None = None,
+                          backward: bool = True) -> torch.Tensor:
+        """The summed micro-batch losses (each over the micro-batch count) of this rank's share; `backward` False:
+        forward only (`evaluate`)."""
         plan = self.plan
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
@@ -428,8 +461,12 @@ class Runner:
             index = torch.arange(n, device=self.device) if self._target_chunks is not None else targets
             with self._tp_context(), self._autocast():
                 first = 0 in self.stage_ids
-                self.schedule.step(*(self.stage_args(inputs) if first else ()), target=index, losses=losses,
-                                   **pipeline.NO_OUTPUTS)
+                if backward:
+                    run = self.schedule.step
+                else:
+                    self._eval_schedule = self._eval_schedule or self._make_eval_schedule()
+                    run = self._eval_schedule.eval
+                run(*(self.stage_args(inputs) if first else ()), target=index, losses=losses, **pipeline.NO_OUTPUTS)
             if losses:  # each divided by the micro-batch count (pipeline.make_schedule): their sum is the mean
                 return torch.stack([l.detach().float() for l in losses]).sum()
             return torch.zeros((), device=self.device)
@@ -438,6 +475,12 @@ class Runner:
         mb = plan.microbatch_size
         for k in range(n):
             x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
+            if not backward:
+                with self._tp_context(), self._autocast():
+                    out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
+                    total += (self._loss(out, y) / n).detach().float()
+                tp.forget_gathered()
+                continue
             with self._tp_context():
                 _mark(clock, "F")
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):

@@ -17,8 +17,9 @@ SMALL_GPT = textwrap.dedent("""
 """A 2-layer h=32 GPT from examples/gpt.py, as a model file's text (format `examples` with the examples folder)."""
 
 
-def reference_losses(model_path, steps: int, batch_size: int) -> list[float]:
-    """Same seeds, same data, AdamW(lr=1e-3) (the worker's defaults), the model file's loss; one loss per step."""
+def reference_losses(model_path, steps: int, batch_size: int, evaluated: list | None = None) -> list[float]:
+    """Same seeds, same data, AdamW(lr=1e-3) (the worker's defaults), the model file's loss; one loss per step.
+    `evaluated`: appended the loss on the first batch after the last step in eval mode (`Runner.evaluate`)."""
     from executor.worker import BUILD_SEED, DATA_SEED, STEP_SEED
     from planner.model_file import Batches, build, load_model_file
     mf = load_model_file(str(model_path))
@@ -27,12 +28,18 @@ def reference_losses(model_path, steps: int, batch_size: int) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(STEP_SEED)
     batches = Batches(mf, DATA_SEED)
-    losses = []
+    losses, first = [], None
     for _ in range(steps):
         x, y = batches(batch_size)
+        first = first or (x, y)
         loss = mf.loss_fn(model(**x) if isinstance(x, dict) else model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
+    if evaluated is not None:
+        x, y = first
+        model.eval()
+        with torch.no_grad():
+            evaluated.append(mf.loss_fn(model(**x) if isinstance(x, dict) else model(x), y).item())
     return losses

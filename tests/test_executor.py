@@ -161,6 +161,18 @@ def test_gradient_clipping_matches_torchs_over_one_process(results, name):
     assert r["loss_err"] <= TOL, r
 
 
+@pytest.mark.parametrize("name", [s["name"] for s in SPECS_2 + SPECS_4 if not s.get("user") and not s.get("stop")])
+def test_evaluate_gives_one_process_eval_loss_and_leaves_training_as_it_was(results, name):
+    """Runner.evaluate after every step: the loss one process gets in eval mode, forward only (pipelines through the
+    schedule's eval), every module back in train mode after, and the later steps' losses unchanged (checked by
+    test_matches_single_process on the same run)."""
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    tol = BF16_TOL if "bf16" in name else TOL
+    assert r["eval_err"] <= tol, r
+    assert not r["evaluated_in_train_mode"] and r["train_mode_after"]
+
+
 def test_no_clipping_leaves_no_norm(results):
     assert results["dp"]["grad_norm"] is None
 

@@ -47,8 +47,9 @@ def reference(clip: float = 0.0):
     """One process's losses, final parameters and (with `clip`: torch's own clip_grad_norm_) gradient norms."""
     model = build()
     opt = optimizer(model.parameters())
-    losses, norms = [], []
-    for x, y in batches():
+    losses, norms, evals = [], [], []
+    data = batches()
+    for x, y in data:
         loss = loss_fn(model(x), y)
         loss.backward()
         if clip:
@@ -56,7 +57,11 @@ def reference(clip: float = 0.0):
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}, norms
+        model.eval()
+        with torch.no_grad():  # the loss on the first batch after each step, in eval mode (`Runner.evaluate`)
+            evals.append(loss_fn(model(data[0][0]), data[0][1]).item())
+        model.train()
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}, norms, evals
 
 
 def make_plan(spec):
@@ -171,7 +176,7 @@ def user_script(spec, ref_losses):
     return out
 
 
-def run_spec(spec, ref_losses, ref_params, ckpt):
+def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     from torch.distributed.tensor import DTensor
 
     from executor import apply_plan
@@ -205,17 +210,28 @@ def run_spec(spec, ref_losses, ref_params, ckpt):
         calls[0] += 1
         return plain_call(*args, **kwargs)
     parallel.recompute_call = counted
+    evals, eval_modes = [], []
+    watch = runner.parts[0].register_forward_pre_hook(lambda mod, args: eval_modes.append(mod.training))
     try:
         for x, y in data[start:spec.get("stop", STEPS)]:
             sent[0] = 0
             with _count_all_gathers() as n, interpreted:
                 losses.append(runner.step(x, y))
             gathers.append(n[0])
+            if ref_evals:  # between steps: the steps after it must still train the reference's losses
+                eval_modes.clear()
+                evals.append(runner.evaluate(*data[0]))
+                evaluated_in = list(eval_modes)
     finally:
         parallel.recompute_call = plain_call
+        watch.remove()
     out = {"loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses[start:])),
            "n_losses": len(losses), "start": start, "all_gathers_last_step": gathers[-1],
            "grad_norm": runner.grad_norm}
+    if evals:
+        out["eval_err"] = max(abs(a - b) for a, b in zip(evals, ref_evals[start:]))
+        out["evaluated_in_train_mode"] = any(evaluated_in)
+        out["train_mode_after"] = all(m.training for part in runner.parts for m in part.modules())
     # the dtype FSDP2 computes with (MixedPrecisionPolicy.param_dtype) where it wraps a part, and the dtypes kept
     from torch.distributed.fsdp import FSDPModule
     out["compute_dtypes"] = sorted({str(part._get_fsdp_state()._mp_policy.param_dtype) if isinstance(part, FSDPModule)
@@ -316,9 +332,10 @@ def main():
     refs = {clip: reference(clip) for clip in sorted({s.get("clip", 0.0) for s in specs})}
     results = {"reference": {str(clip): {"losses": r[0], "norms": r[2]} for clip, r in refs.items()}}
     for spec in specs:
-        ref_losses, ref_params, _ = refs[spec.get("clip", 0.0)]
+        ref_losses, ref_params, _, ref_evals = refs[spec.get("clip", 0.0)]
         try:
-            results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt)
+            results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt,
+                                             () if spec.get("stop") else ref_evals)
         except Exception as e:
             traceback.print_exc()
             results[spec["name"]] = {"error": f"{type(e).__name__}: {e}"}

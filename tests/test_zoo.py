@@ -275,6 +275,8 @@ def zoo(tmp_path_factory):
 
 
 _REFERENCES: dict[tuple, list[float]] = {}
+_EVALS: dict[str, list[float]] = {}
+"""name -> [one process's loss on its first batch after training, in eval mode] (with `reference_losses`)."""
 
 
 def _reference(name: str, dp: int = 1, microbatches: int = 1, stage_starts: tuple[str, ...] = ()) -> list[float]:
@@ -284,7 +286,7 @@ def _reference(name: str, dp: int = 1, microbatches: int = 1, stage_starts: tupl
     key = (name, dp, microbatches, stage_starts) if name in PER_CHUNK else (name, 1, 1, ())
     if key not in _REFERENCES:
         if key[1:] == (1, 1, ()):
-            _REFERENCES[key] = reference_losses(MODELS[name], STEPS, BATCH)
+            _REFERENCES[key] = reference_losses(MODELS[name], STEPS, BATCH, _EVALS.setdefault(name, []))
         else:
             _REFERENCES[key] = _chunked_reference(MODELS[name], dp, microbatches, stage_starts)
     return _REFERENCES[key]
@@ -373,6 +375,14 @@ def test_zoo_model_trains_its_own_function(zoo, mesh, name):
     starts = tuple(st.modules[0] for st in plan.stages[1:]) if plan.virtual_stages == 1 else ()
     ref = _reference(name, plan.mesh.dp, plan.num_microbatches, starts)
     assert _close(out["losses"], ref), (out["losses"], ref)
+    # Runner.evaluate after training: one process's eval-mode loss (a PER_CHUNK model's running statistics and
+    # masks are its replicas' own: there, a finite loss)
+    if name in PER_CHUNK:
+        assert math.isfinite(out["eval"]), out["eval"]
+    else:
+        _reference(name)
+        want = _EVALS[name][0]
+        assert abs(out["eval"] - want) <= TOL * max(1.0, abs(want)), (out["eval"], want)
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))

@@ -43,7 +43,7 @@ def _where(exc: BaseException) -> str:
     return f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} in {f.name}" if f else ""
 
 
-def _train(job: dict, steps: int) -> list[float]:
+def _train(job: dict, steps: int) -> dict:
     import torch
 
     from executor import apply_plan
@@ -59,18 +59,19 @@ def _train(job: dict, steps: int) -> list[float]:
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
     torch.manual_seed(STEP_SEED)
     batches = Batches(mf, DATA_SEED)
-    losses = []
+    losses, first = [], None
     for _ in range(steps):
         inputs, targets = batches(plan.global_batch_size)
+        first = first or (inputs, targets)
         losses.append(float(runner.step(inputs, targets)))
-    return losses
+    return {"losses": losses, "eval": runner.evaluate(*first)}  # forward only, eval mode, on the first batch
 
 
 def _status(job: dict, steps: int) -> dict:
     """This rank's result of one job: its losses, or its error (one line) with where and when it was raised."""
     t0 = time.perf_counter()
     try:
-        out = {"losses": _train(job, steps)}
+        out = _train(job, steps)
     except Exception as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         out = {"error": f"{type(e).__name__}: {line}", "where": _where(e), "failed_at": time.time()}
@@ -84,7 +85,7 @@ def _merge(statuses: list[dict]) -> dict:
     """One job's result from every rank's status: rank 0's losses, or the first error raised."""
     failed = [(s["failed_at"], r, s) for r, s in enumerate(statuses) if "error" in s]
     if not failed:
-        return {"losses": statuses[0]["losses"], "seconds": statuses[0]["seconds"]}
+        return {"losses": statuses[0]["losses"], "eval": statuses[0]["eval"], "seconds": statuses[0]["seconds"]}
     _, rank, s = min(failed, key=lambda f: f[:2])
     return {"error": f"rank {rank}: {s['error']}", "where": s["where"], "seconds": s["seconds"]}
 
