@@ -7,6 +7,7 @@ tied weight is stored once (`wte.weight`, never `lm_head.weight`) — whatever w
     optim/<name>/<state>     the optimizer's per-parameter state (e.g. exp_avg, exp_avg_sq, step)
     buffer/<name>            buffers
     meta/step                steps taken
+    extra/<key>/...          what `extra` passed to save held (a learning-rate scheduler's state_dict(), ...)
 
 DCP records each DTensor's global shape and shard offsets, and on load reads exactly the slices the new plan's
 shards cover, so a run saved with ZeRO-3 on dp=2 resumes with tp=2 x pp=2 (or on one process). The optimizer's
@@ -15,7 +16,7 @@ hyper-parameters (lr, betas, ...) are not stored: they come from the optimizer f
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -56,9 +57,23 @@ def _state_dict(runner: "Runner", for_save: bool) -> dict[str, torch.Tensor]:
     return sd
 
 
-def save(runner: "Runner", folder: str | os.PathLike) -> None:
-    """Write this rank's share of the model and optimizer state (every rank calls it)."""
-    sd = _state_dict(runner, for_save=True)
+def _extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`extra`'s objects under `extra/<key>`; each must have state_dict() and load_state_dict() (DCP's Stateful:
+    DCP calls them)."""
+    out = {}
+    for key, obj in (extra or {}).items():
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise ExecutorError(f"checkpoint extra[{key!r}] is a {type(obj).__name__}, which has no state_dict() and "
+                                "load_state_dict(); pass objects that do (a learning-rate scheduler, a data "
+                                "loader's sampler state, ...)")
+        out[f"extra/{key}"] = obj
+    return out
+
+
+def save(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> None:
+    """Write this rank's share of the model and optimizer state, and the state of `extra`'s objects (every rank
+    calls it, with the same keys)."""
+    sd: dict[str, Any] = {**_state_dict(runner, for_save=True), **_extra(extra)}
     sd["meta/step"] = torch.tensor(runner.step_count)
     dcp.save(sd, checkpoint_id=os.fspath(folder))
 
@@ -79,13 +94,14 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def load(runner: "Runner", folder: str | os.PathLike) -> None:
-    """Read a checkpoint written by `save` under any plan into this rank's shards, in place."""
+def load(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> None:
+    """Read a checkpoint written by `save` under any plan into this rank's shards, in place, and into `extra`'s
+    objects (load_state_dict) the state saved under the same keys."""
     folder = os.fspath(folder)
     if not os.path.exists(os.path.join(folder, ".metadata")):
         raise ExecutorError(f"{folder}: not a checkpoint (no .metadata); pass a folder runner.save() wrote")
     init_optimizer_state(runner.optimizer)
-    sd = _state_dict(runner, for_save=False)
+    sd: dict[str, Any] = {**_state_dict(runner, for_save=False), **_extra(extra)}
     step = torch.tensor(0)
     sd["meta/step"] = step
     try:

@@ -542,16 +542,18 @@ class Runner:
         return format_report(self.plan, self.measurement(warmup))
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
-    def save(self, folder: str | os.PathLike) -> None:
+    def save(self, folder: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
         """Save model and optimizer state with torch.distributed.checkpoint, under the model's own parameter
-        names, so any other plan can load it (see executor.checkpoint)."""
+        names, so any other plan can load it (see executor.checkpoint); `extra`: more objects with state_dict()
+        and load_state_dict() to save beside it, by key (e.g. {"scheduler": scheduler})."""
         from executor.checkpoint import save
-        save(self, folder)
+        save(self, folder, extra)
 
-    def load(self, folder: str | os.PathLike) -> None:
-        """Load a checkpoint written by `save` under any plan."""
+    def load(self, folder: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+        """Load a checkpoint written by `save` under any plan; `extra`: the objects to load the state saved under
+        the same keys into."""
         from executor.checkpoint import load
-        load(self, folder)
+        load(self, folder, extra)
 
 
 def _sync_random_state(device: torch.device) -> None:

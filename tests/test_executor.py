@@ -274,6 +274,7 @@ def test_zero12_gather_parameters_once_per_step(results):
 def test_checkpoint_moves_between_plans(results):
     r = results["load_into_tp_pp"]
     assert r["start"] == 2 and r["n_losses"] == 1  # resumed at step 2 under a different plan
+    assert r["scheduler_loaded"] == 2 and results["dp"]["scheduler_loaded"] == 0  # the script's scheduler too
     assert r["loss_err"] <= TOL and r["param_err"] <= TOL
 
 

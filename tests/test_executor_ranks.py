@@ -186,11 +186,15 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     data = batches()
     micro_batch = data[0][0][:plan.microbatch_size]  # tp exports the model with it
     runner = apply_plan(build(), plan, optimizer=optimizer, loss_fn=loss_fn, example_inputs=micro_batch)
+    # a scheduler of the script's own, saved beside the model (Runner.save's extra); its factor 1 leaves the
+    # reference's learning rate
+    scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda step: 1.0)
     if spec.get("load"):
-        runner.load(ckpt)
+        runner.load(ckpt, extra={"scheduler": scheduler})
         start = runner.step_count
     else:
         start = 0
+    scheduler_loaded = scheduler.last_epoch
     losses, gathers = [], []
     interpreted = _count_interpreter_runs()
     sent = [0]  # elements of the activations this rank's stages send in the last step
@@ -217,6 +221,7 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
             sent[0] = 0
             with _count_all_gathers() as n, interpreted:
                 losses.append(runner.step(x, y))
+            scheduler.step()
             gathers.append(n[0])
             if ref_evals:  # between steps: the steps after it must still train the reference's losses
                 eval_modes.clear()
@@ -241,7 +246,8 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     if not spec.get("stop"):
         out["param_err"] = param_error(runner, ref_params)
     if spec.get("save"):
-        runner.save(ckpt)
+        runner.save(ckpt, extra={"scheduler": scheduler})
+    out["scheduler_loaded"] = scheduler_loaded
     mem = runner.memory_bytes()
     out["activations"] = mem["activations"]
     out["saved"] = mem["saved_activations"]

@@ -46,3 +46,15 @@ def test_pipeline_stages_refuse_inputs_that_are_not_tensors():
     assert len(runner.stage_args({"x": torch.zeros(2), "y": torch.ones(2)})) == 2
     with pytest.raises(ExecutorError, match=r"tensors only.*a float \(2.0\).*or use pp=1"):
         runner.stage_args({"x": torch.zeros(2), "scale": 2.0})
+
+
+def test_checkpoint_extra_needs_state_dict_and_load_state_dict():
+    import torch
+
+    from executor.checkpoint import _extra
+    from executor.errors import ExecutorError
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    assert _extra({"scheduler": sched}) == {"extra/scheduler": sched}
+    with pytest.raises(ExecutorError, match=r"^checkpoint extra\['epoch'\] is a int, which has no state_dict\(\)"):
+        _extra({"epoch": 3})
