@@ -45,16 +45,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def clip_grad_norm(grads: Iterable[tuple[torch.Tensor, bool]], max_norm: float, stage_ranks: int,
-                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                   device: torch.device, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Clip in place every gradient in `grads` ((gradient, counted) pairs: `counted` False for a copy another stage
-    counts) to the global norm `max_norm`; returns the norm before clipping (an fp32 scalar on the gradients'
-    device, the same on every rank). `group`: all the ranks (default: the world)."""
+    counts) to the global norm `max_norm`; returns the norm before clipping (an fp32 scalar on `device`, the rank's
+    device, the same on every rank, also where this rank holds no gradient). `group`: all the ranks (default: the
+    world)."""
     with torch.no_grad():
         pairs = [(_local(g), holders(g, stage_ranks), counted) for g, counted in grads if g is not None]
         by_kind: dict = defaultdict(list)
         for t, c, counted in pairs:
             by_kind[(t.device, t.dtype)].append((t, c if counted else 0))
-        device = pairs[0][0].device if pairs else torch.device("cpu")
         total = torch.zeros((), dtype=torch.float32, device=device)
         for (dev, _), items in by_kind.items():
             kept = [(t, c) for t, c in items if c and t.numel()]
@@ -62,7 +62,7 @@ def clip_grad_norm(grads: Iterable[tuple[torch.Tensor, bool]], max_norm: float, 
                 continue
             norms = torch._foreach_norm([t for t, _ in kept], 2)
             weights = torch.tensor([1.0 / c for _, c in kept], dtype=torch.float32, device=dev)
-            total += (torch.stack([n.float() for n in norms]).square() * weights).sum().to(device)
+            total += (torch.stack(norms).float().square() * weights).sum().to(device)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(total, group=group)
         norm = total.sqrt()

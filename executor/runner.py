@@ -424,7 +424,8 @@ class Runner:
             tp.reduce_partial_grads(p for part in self.parts for p in part.parameters())
         if self.plan.max_grad_norm > 0:
             m = self.plan.mesh
-            self._grad_norm = grad_clip.clip_grad_norm(self._clipped_grads(), self.plan.max_grad_norm, m.dp * m.tp)
+            self._grad_norm = grad_clip.clip_grad_norm(self._clipped_grads(), self.plan.max_grad_norm, m.dp * m.tp,
+                                                       self.device)
         self.optimizer.step()
 
     def _clipped_grads(self):
