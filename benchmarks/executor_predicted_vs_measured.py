@@ -56,6 +56,7 @@ MATRIX = [
     ("dp2 recompute 2/4", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute_blocks=2"),
     ("dp2 selective", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=selective"),
     ("dp2 attention", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=attention"),
+    ("dp2 clip", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=none", ["--max-grad-norm", "1.0"]),
 ]
 BATCH = 8
 
@@ -145,12 +146,12 @@ def matrix(tmp: str, cluster: str, steps: int, names: list[str] | None, trace: s
     with open(model, "w") as f:
         f.write(MODEL)
     rows = []
-    for name, force in MATRIX:
+    for name, force, *more in MATRIX:  # more: other `plan` flags (gradient clipping)
         if names and name not in names:
             continue
         plan = os.path.join(tmp, name.replace(" ", "_") + ".json")
         p = run(PLAN + [model, "--cluster", cluster, "--batch-size", str(BATCH), "--precision", "fp32",
-                        "--force", force, "-o", plan])
+                        "--force", force, "-o", plan] + (more[0] if more else []))
         if p.returncode:
             rows.append({"plan": name, "error": p.stderr.strip().splitlines()[-1]})
             continue

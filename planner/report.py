@@ -23,7 +23,8 @@ def format_plan(plan) -> str:
     sched = plan.schedule + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
     return (f"dp={m.dp} tp={m.tp} pp={m.pp}  zero={plan.zero_stage}  mbs={plan.microbatch_size} x "
             f"{plan.num_microbatches} micro-batches  recompute={plan.recompute}{_blocks(plan)}  schedule={sched}  "
-            f"sp={int(plan.sequence_parallel)}  {plan.precision}")
+            f"sp={int(plan.sequence_parallel)}  {plan.precision}"
+            + (f"  max_grad_norm={plan.max_grad_norm:g}" if plan.max_grad_norm > 0 else ""))
 
 
 def _blocks(plan) -> str:

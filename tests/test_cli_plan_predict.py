@@ -170,7 +170,7 @@ def test_max_grad_norm_is_planned_priced_and_checked(tmp_path, capsys):
     assert rc == rc2 == 0
     plan = Plan.load(out)
     assert plan.max_grad_norm == 1.0 and plan.predicted["step_time_s"] > plain["step_time_s"]
-    assert "gradients clipped to norm 1 first" in text
+    assert "gradients clipped to norm 1 first" in text and "bf16  max_grad_norm=1\n" in text
     for bad in ("0", "-1", "nan", "inf"):
         rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--max-grad-norm", bad])
         err = capsys.readouterr().err
