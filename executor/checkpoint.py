@@ -10,8 +10,9 @@ tied weight is stored once (`wte.weight`, never `lm_head.weight`) — whatever w
     extra/<key>/...          what `extra` passed to save held (a learning-rate scheduler's state_dict(), ...)
 
 DCP records each DTensor's global shape and shard offsets, and on load reads exactly the slices the new plan's
-shards cover, so a run saved with ZeRO-3 on dp=2 resumes with tp=2 x pp=2 (or on one process). The optimizer's
-hyper-parameters (lr, betas, ...) are not stored: they come from the optimizer factory given to `apply_plan`.
+shards cover, so a run saved with ZeRO-3 on dp=2 resumes with tp=2 x pp=2 (or on one process). Of the optimizer's
+hyper-parameters only each parameter group's current learning rate is stored (`meta/lr`: a scheduler moved it, and
+a scheduler's own state does not put it back); the rest come from the optimizer factory given to `apply_plan`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 import torch.nn as nn
 
 from executor.errors import ExecutorError
@@ -75,7 +77,13 @@ def save(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] |
     calls it, with the same keys)."""
     sd: dict[str, Any] = {**_state_dict(runner, for_save=True), **_extra(extra)}
     sd["meta/step"] = torch.tensor(runner.step_count)
+    sd["meta/lr"] = _group_lrs(runner.optimizer)
     dcp.save(sd, checkpoint_id=os.fspath(folder))
+
+
+def _group_lrs(optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """Each parameter group's learning rate now (a scheduler's, which its own state does not put back on load)."""
+    return torch.tensor([float(g["lr"]) for g in optimizer.param_groups], dtype=torch.float64)
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -104,11 +112,23 @@ def load(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] |
     sd: dict[str, Any] = {**_state_dict(runner, for_save=False), **_extra(extra)}
     step = torch.tensor(0)
     sd["meta/step"] = step
+    lrs = _group_lrs(runner.optimizer)
+    saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    held = sorted({k.split("/")[1].split(".")[0] for k in saved if k.startswith("extra/")})
+    missing = [k for k in (extra or {}) if k not in held]
+    if missing:
+        raise ExecutorError(f"{folder}: the checkpoint holds no extra {missing[0]!r} (it holds "
+                            f"{', '.join(map(repr, held)) or 'none'}); pass the keys runner.save(extra=...) was given")
+    if "meta/lr" in saved and tuple(saved["meta/lr"].size) == tuple(lrs.shape):  # (older checkpoints lack it)
+        sd["meta/lr"] = lrs
     try:
         with torch.no_grad():
             dcp.load(sd, checkpoint_id=folder)
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         raise ExecutorError(f"{folder}: cannot load into this model/plan ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); was it saved from the same model?") \
             from None
     runner.step_count = int(step)
+    if "meta/lr" in sd:
+        for g, lr in zip(runner.optimizer.param_groups, lrs.tolist()):
+            g["lr"] = lr

@@ -212,6 +212,39 @@ class _CheckpointAttention(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+DROPOUT_OPS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+"""aten dropout ops a torch.export training graph calls with train=True fixed in (what nn.Dropout* export to)."""
+
+
+class _ExportedEval(torch.overrides.TorchFunctionMode):
+    """Eval-mode behaviour for a torch.export training graph, which fixed the model's training-mode ops into it:
+    its dropout ops return their input, its SDPA calls run without dropout, its batch norms normalise with their
+    running statistics and leave them as they are (what `module.eval()` gives the model's own code)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _dropout_ops():
+            return args[0]
+        if func in _sdpa_functions() and _dropout_p(func, args, kwargs):
+            if "dropout_p" in kwargs or len(args) <= 4:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+            else:
+                args = args[:4] + (0.0,) + args[5:]  # (query, key, value, attn_mask, dropout_p, ...)
+        elif func is torch.ops.aten.batch_norm.default:
+            args = args[:5] + (False,) + args[6:]  # (input, weight, bias, running_mean, running_var, training, ...)
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _dropout_ops() -> frozenset:
+    return frozenset(_aten_ops(DROPOUT_OPS))
+
+
+def exported_eval() -> torch.overrides.TorchFunctionMode:
+    """`Runner.evaluate`'s mode over a model that runs as its torch.export training graph (see `_ExportedEval`)."""
+    return _ExportedEval()
+
+
 def checkpoint_attention() -> torch.overrides.TorchFunctionMode:
     """`recompute: attention` (Megatron-LM's `--recompute-granularity selective`, Korthikanti et al.): within it
     each `F.scaled_dot_product_attention` call (or the aten SDPA kernel an exported graph calls) keeps only its

@@ -391,8 +391,10 @@ class Runner:
         modes = [(m, m.training) for part in self.parts for m in part.modules()]
         for part in self.parts:
             part.eval()
+        # a model running as its torch.export training graph (tp; pp cut from it) has training-mode ops fixed in
+        eval_ops = parallel.exported_eval() if self.export_graph else contextlib.nullcontext()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), eval_ops:
                 loss = self._forward_backward(inputs, targets, backward=False)
         finally:
             for m, training in modes:

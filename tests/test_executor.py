@@ -275,6 +275,9 @@ def test_checkpoint_moves_between_plans(results):
     r = results["load_into_tp_pp"]
     assert r["start"] == 2 and r["n_losses"] == 1  # resumed at step 2 under a different plan
     assert r["scheduler_loaded"] == 2 and results["dp"]["scheduler_loaded"] == 0  # the script's scheduler too
+    assert r["lr_loaded"] == 0.025  # the learning rate the saving run had (a scheduler's), not the factory's
+    assert r["wrong_key"].endswith("ckpt: the checkpoint holds no extra 'sched' (it holds 'scheduler'); pass the keys "
+                                   "runner.save(extra=...) was given"), r["wrong_key"]
     assert r["loss_err"] <= TOL and r["param_err"] <= TOL
 
 

@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 CFG = dict(n_layer=4, n_embd=32, n_head=4, vocab_size=64, block_size=16)
 GLOBAL_BATCH = 8
 STEPS = 3
+SAVED_LR = 0.025
 
 
 def build():
@@ -189,9 +190,18 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     # a scheduler of the script's own, saved beside the model (Runner.save's extra); its factor 1 leaves the
     # reference's learning rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda step: 1.0)
+    lr_loaded, wrong_key = None, ""
     if spec.get("load"):
+        from executor.errors import ExecutorError
+        try:
+            runner.load(ckpt, extra={"sched": scheduler})  # a key the checkpoint does not have
+        except ExecutorError as e:
+            wrong_key = str(e)
         runner.load(ckpt, extra={"scheduler": scheduler})
         start = runner.step_count
+        lr_loaded = runner.optimizer.param_groups[0]["lr"]  # the saving run's (SAVED_LR), not the factory's
+        for g in runner.optimizer.param_groups:
+            g["lr"] = 0.1  # the reference's, for the steps after
     else:
         start = 0
     scheduler_loaded = scheduler.last_epoch
@@ -246,8 +256,10 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     if not spec.get("stop"):
         out["param_err"] = param_error(runner, ref_params)
     if spec.get("save"):
+        for g in runner.optimizer.param_groups:
+            g["lr"] = SAVED_LR  # as a scheduler would have moved it
         runner.save(ckpt, extra={"scheduler": scheduler})
-    out["scheduler_loaded"] = scheduler_loaded
+    out.update(scheduler_loaded=scheduler_loaded, lr_loaded=lr_loaded, wrong_key=wrong_key)
     mem = runner.memory_bytes()
     out["activations"] = mem["activations"]
     out["saved"] = mem["saved_activations"]

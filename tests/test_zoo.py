@@ -376,7 +376,9 @@ def test_zoo_model_trains_its_own_function(zoo, mesh, name):
     ref = _reference(name, plan.mesh.dp, plan.num_microbatches, starts)
     assert _close(out["losses"], ref), (out["losses"], ref)
     # Runner.evaluate after training: one process's eval-mode loss (a PER_CHUNK model's running statistics and
-    # masks are its replicas' own: there, a finite loss)
+    # masks are its replicas' own: there, a finite loss), the same again (no dropout left on, as an exported
+    # graph's fixed training-mode ops would leave it)
+    assert out["eval_again"] == out["eval"], (out["eval"], out["eval_again"])
     if name in PER_CHUNK:
         assert math.isfinite(out["eval"]), out["eval"]
     else:

@@ -64,7 +64,8 @@ def _train(job: dict, steps: int) -> dict:
         inputs, targets = batches(plan.global_batch_size)
         first = first or (inputs, targets)
         losses.append(float(runner.step(inputs, targets)))
-    return {"losses": losses, "eval": runner.evaluate(*first)}  # forward only, eval mode, on the first batch
+    evals = [runner.evaluate(*first) for _ in range(2)]  # forward only, eval mode, on the first batch, twice
+    return {"losses": losses, "eval": evals[0], "eval_again": evals[1]}
 
 
 def _status(job: dict, steps: int) -> dict:
@@ -85,7 +86,7 @@ def _merge(statuses: list[dict]) -> dict:
     """One job's result from every rank's status: rank 0's losses, or the first error raised."""
     failed = [(s["failed_at"], r, s) for r, s in enumerate(statuses) if "error" in s]
     if not failed:
-        return {"losses": statuses[0]["losses"], "eval": statuses[0]["eval"], "seconds": statuses[0]["seconds"]}
+        return {**{k: statuses[0][k] for k in ("losses", "eval", "eval_again")}, "seconds": statuses[0]["seconds"]}
     _, rank, s = min(failed, key=lambda f: f[:2])
     return {"error": f"rank {rank}: {s['error']}", "where": s["where"], "seconds": s["seconds"]}
 
