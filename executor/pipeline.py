@@ -409,10 +409,24 @@ class RecvOnDemandStage(PipelineStage):
         return out
 
 
-def sum_tied_grads(params: list[nn.Parameter | None], groups: list[dist.ProcessGroup | None]) -> None:
-    """Sum the gradients of the copies of each tied weight over the ranks holding them (see module docstring)."""
+def carry_tied_grads(params: list[nn.Parameter | None], carried: dict[int, tuple]) -> None:
+    """After a step: what each tied weight no optimizer clears holds now (after any clipping), for `sum_tied_grads`."""
     from torch.distributed.tensor import DTensor
-    for p, g in zip(params, groups):
+    for i in carried:
+        g = params[i].grad
+        g = g.to_local() if isinstance(g, DTensor) else g
+        carried[i] = (g, g.detach().clone()) if g is not None else None
+
+
+def sum_tied_grads(params: list[nn.Parameter | None], groups: list[dist.ProcessGroup | None],
+                   carried: dict[int, tuple] | None = None) -> None:
+    """Sum the gradients of the copies of each tied weight over the ranks holding them (see module docstring).
+    `carried`: for the weights no optimizer clears (left out of the factory's parameters), index -> (the gradient
+    tensor, what it held after the last step, `carry_tied_grads`): a gradient still holding that sums only what
+    was added since, so the copies keep one process's accumulated gradient instead of adding it again from every
+    copy."""
+    from torch.distributed.tensor import DTensor
+    for i, (p, g) in enumerate(zip(params, groups)):
         if p is None or g is None:
             continue
         if p.grad is None:
@@ -422,4 +436,11 @@ def sum_tied_grads(params: list[nn.Parameter | None], groups: list[dist.ProcessG
             # sharding so both copies exchange the same slice
             p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        dist.all_reduce(grad, group=g)
+        last = carried.get(i) if carried is not None else None
+        if last is not None and last[0] is grad:  # not cleared since its last sum
+            grad.sub_(last[1])
+            dist.all_reduce(grad, group=g)
+            grad.add_(last[1])
+        else:
+            dist.all_reduce(grad, group=g)
+

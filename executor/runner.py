@@ -154,6 +154,9 @@ class Runner:
         params = [p for _, p in named]
         self.optimizer = optimizer(params, [n for n, _ in named]) if takes_names(optimizer) else optimizer(params)
         check_optimizer(self.optimizer, params)
+        held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        # tied weights the optimizer does not hold keep their gradients between steps (`sum_tied_grads`)
+        self._tied_kept = {i: None for i, p in enumerate(self.tied) if p is not None and id(p) not in held}
 
     # ---- construction ------------------------------------------------------------------------------------------
     def _parallelize(self, module: nn.Module) -> nn.Module:
@@ -421,7 +424,7 @@ class Runner:
         """Tied-weight gradients summed across stages, partial tp gradients summed once, the plan's gradient
         clipping (`max_grad_norm`), then the optimizer."""
         if self.tied:
-            pipeline.sum_tied_grads(self.tied, self.tied_groups)
+            pipeline.sum_tied_grads(self.tied, self.tied_groups, self._tied_kept)
         if self.plan.mesh.tp > 1:
             tp.reduce_partial_grads(p for part in self.parts for p in part.parameters())
         if self.plan.max_grad_norm > 0:
@@ -429,6 +432,8 @@ class Runner:
             self._grad_norm = grad_clip.clip_grad_norm(self._clipped_grads(), self.plan.max_grad_norm, m.dp * m.tp,
                                                        self.device)
         self.optimizer.step()
+        if self._tied_kept:
+            pipeline.carry_tied_grads(self.tied, self._tied_kept)
 
     def _clipped_grads(self):
         """(gradient, counted) for every parameter this rank holds: a name once per rank, and a tied weight's copy

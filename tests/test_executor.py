@@ -35,6 +35,8 @@ SPECS_2 = [
     {"name": "tp_sp", "tp": 2, "sp": True, "clip": CLIP},
     {"name": "pp_gpipe", "pp": 2, "nmb": 2, "schedule": "gpipe"},
     {"name": "pp_1f1b", "pp": 2, "nmb": 2, "schedule": "1f1b", "clip": CLIP},
+    # the tied wte / lm_head weight left out of the optimizer: its copies' gradients accumulate over steps
+    {"name": "pp_tied_not_optimized", "pp": 2, "nmb": 2, "schedule": "1f1b", "clip": CLIP, "skip": "wte"},
     {"name": "pp_partial_recompute", "pp": 2, "nmb": 2, "schedule": "1f1b", "rc": "full", "rcb": [1, 0]},
     {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
     {"name": "tp_bf16", "tp": 2, "precision": "bf16"},
@@ -105,7 +107,7 @@ def results(tmp_path_factory):
     ckpt = tmp / "ckpt"
     r2 = _launch(tmp, 2, SPECS_2, ckpt)
     r4 = _launch(tmp, 4, SPECS_4, ckpt)
-    return {**r2, **r4}
+    return {**r2, **r4, "reference_norms": {**r2["reference_norms"], **r4["reference_norms"]}}
 
 
 BF16_TOL = 0.05
@@ -157,7 +159,8 @@ def test_gradient_clipping_matches_torchs_over_one_process(results, name):
     assert max(abs(a - b) for a, b in zip(ref["losses"], plain)) > 100 * TOL  # clipping changes the training
     r = results[name]
     assert "error" not in r, r.get("error")
-    assert abs(r["grad_norm"] - ref["norms"][-1]) <= TOL * ref["norms"][-1], (r["grad_norm"], ref["norms"])
+    norms = results["reference_norms"][name]  # this spec's own reference (a skipped weight changes it)
+    assert abs(r["grad_norm"] - norms[-1]) <= TOL * norms[-1], (r["grad_norm"], norms)
     assert r["loss_err"] <= TOL, r
 
 

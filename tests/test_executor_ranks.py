@@ -44,10 +44,11 @@ def loss_fn(out, tgt):
     return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tgt.reshape(-1))
 
 
-def reference(clip: float = 0.0):
-    """One process's losses, final parameters and (with `clip`: torch's own clip_grad_norm_) gradient norms."""
+def reference(clip: float = 0.0, skip: str = ""):
+    """One process's losses, final parameters and (with `clip`: torch's own clip_grad_norm_) gradient norms; `skip`:
+    parameters whose name holds it are left out of the optimizer (their gradients accumulate, as torch's do)."""
     model = build()
-    opt = optimizer(model.parameters())
+    opt = optimizer([p for n, p in model.named_parameters() if not (skip and skip in n)])
     losses, norms, evals = [], [], []
     data = batches()
     for x, y in data:
@@ -186,7 +187,10 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     plan = make_plan(spec)
     data = batches()
     micro_batch = data[0][0][:plan.microbatch_size]  # tp exports the model with it
-    runner = apply_plan(build(), plan, optimizer=optimizer, loss_fn=loss_fn, example_inputs=micro_batch)
+    skip = spec.get("skip", "")
+    factory = (lambda params, names: optimizer([p for p, n in zip(params, names) if skip not in n])) if skip \
+        else optimizer
+    runner = apply_plan(build(), plan, optimizer=factory, loss_fn=loss_fn, example_inputs=micro_batch)
     # a scheduler of the script's own, saved beside the model (Runner.save's extra); its factor 1 leaves the
     # reference's learning rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda step: 1.0)
@@ -347,10 +351,12 @@ def main():
     import torch.distributed as dist
     torch.set_num_threads(1)
     specs, out_path, ckpt = json.loads(open(sys.argv[1]).read()), sys.argv[2], sys.argv[3]
-    refs = {clip: reference(clip) for clip in sorted({s.get("clip", 0.0) for s in specs})}
-    results = {"reference": {str(clip): {"losses": r[0], "norms": r[2]} for clip, r in refs.items()}}
+    refs = {key: reference(*key) for key in sorted({(s.get("clip", 0.0), s.get("skip", "")) for s in specs})}
+    results = {"reference": {str(clip): {"losses": r[0], "norms": r[2]} for (clip, skip), r in refs.items()
+                             if not skip}}
     for spec in specs:
-        ref_losses, ref_params, _, ref_evals = refs[spec.get("clip", 0.0)]
+        ref_losses, ref_params, norms, ref_evals = refs[(spec.get("clip", 0.0), spec.get("skip", ""))]
+        results.setdefault("reference_norms", {})[spec["name"]] = norms
         try:
             results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt,
                                              () if spec.get("stop") else ref_evals)
