@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from executor import grad_clip, graph_ops, parallel, pipeline, tp
 from executor.errors import ExecutorError, shorten
+from executor.batches import as_args, batch_len, slice_batch, to_device
 from executor.input_checks import check_example_shapes, check_optimizer, check_same_batch, takes_names
 from executor.measure import StepMemory
 from executor.measure import PassClock, SavedActivations, Timings, format_report, measurement
@@ -112,7 +113,7 @@ class Runner:
                  compile: str | None = None):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
         self.compile = compile
-        self.example_inputs = _to(example_inputs, device)  # exported with the model, on the model's device
+        self.example_inputs = to_device(example_inputs, device)  # exported with the model, on the model's device
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
         # the plan's ops name the torch.export graph's nodes (the planner's default): under tp run that graph, and
@@ -341,7 +342,7 @@ class Runner:
     def local_batch(self, inputs, targets):
         """This dp replica's share of the batch (the global batch is sliced; a share passes through)."""
         plan = self.plan
-        n = _batch_len(inputs)
+        n = batch_len(inputs)
         share = plan.global_batch_size // plan.mesh.dp
         if n == share:
             return inputs, targets
@@ -349,7 +350,7 @@ class Runner:
             raise ExecutorError(f"step() got a batch of {n} samples; the plan needs the global batch "
                                 f"({plan.global_batch_size}) or this replica's share ({share})")
         i = self.mesh["dp"].get_local_rank()
-        return _slice(inputs, i * share, share), _slice(targets, i * share, share)
+        return slice_batch(inputs, i * share, share), slice_batch(targets, i * share, share)
 
     def step(self, inputs, targets) -> float:
         """One optimizer step: forward and backward over the plan's micro-batches, then the optimizer. Returns the
@@ -364,11 +365,11 @@ class Runner:
     def _step(self, inputs, targets) -> float:
         if self.memory.wants_step():  # the 2nd and 3rd (executor.measure.StepMemory)
             return self.memory.tracked_step(self, inputs, targets)
-        inputs, targets = _to(self.local_batch(inputs, targets), self.device)
+        inputs, targets = to_device(self.local_batch(inputs, targets), self.device)
         if not self.timings.step:
             check_same_batch(self, inputs, targets)
             if self.export_graph and self.example_inputs is not None:
-                check_example_shapes(_slice(inputs, 0, self.plan.microbatch_size), self.example_inputs)
+                check_example_shapes(slice_batch(inputs, 0, self.plan.microbatch_size), self.example_inputs)
         track = not self.timings.step or getattr(self, "_track_next", False)  # first step this runner takes
         self._track_next = False
         clock = PassClock(self.device) if self.schedule is None else None
@@ -390,7 +391,7 @@ class Runner:
         """The mean loss over the global batch, forward only: the model in eval mode (dropout off; every module's
         mode restored after), no gradients, no optimizer step, the plan's micro-batches (through the pipeline
         schedule's forward-only `eval` under pp). Takes the batch as `step` does."""
-        inputs, targets = _to(self.local_batch(inputs, targets), self.device)
+        inputs, targets = to_device(self.local_batch(inputs, targets), self.device)
         modes = [(m, m.training) for part in self.parts for m in part.modules()]
         for part in self.parts:
             part.eval()
@@ -412,7 +413,7 @@ class Runner:
     def stage_args(self, inputs) -> tuple:
         """A batch as the first pipeline stage takes it (flattened for an exported model): tensors only, which is
         all torch.distributed.pipelining passes between stages."""
-        args = pipeline.flat_inputs(inputs) if self.flat_inputs else _as_args(inputs)
+        args = pipeline.flat_inputs(inputs) if self.flat_inputs else as_args(inputs)
         bad = next((a for a in args if not isinstance(a, torch.Tensor)), None)
         if bad is not None or not args:
             what = f"a {type(bad).__name__} ({bad!r:.40})" if bad is not None else "no tensor"
@@ -465,7 +466,7 @@ class Runner:
             losses: list[torch.Tensor] = []
             mb, n = plan.microbatch_size, plan.num_microbatches
             self._target_chunks = None if isinstance(targets, torch.Tensor) else \
-                [_slice(targets, k * mb, mb) for k in range(n)]
+                [slice_batch(targets, k * mb, mb) for k in range(n)]
             index = torch.arange(n, device=self.device) if self._target_chunks is not None else targets
             with self._tp_context(), self._autocast():
                 first = 0 in self.stage_ids
@@ -482,17 +483,17 @@ class Runner:
         total = torch.zeros((), device=self.device)
         mb = plan.microbatch_size
         for k in range(n):
-            x, y = _slice(inputs, k * mb, mb), _slice(targets, k * mb, mb)
+            x, y = slice_batch(inputs, k * mb, mb), slice_batch(targets, k * mb, mb)
             if not backward:
                 with self._tp_context(), self._autocast():
-                    out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
+                    out = model(**x) if isinstance(x, dict) else model(*as_args(x))
                     total += (self._loss(out, y) / n).detach().float()
                 tp.forget_gathered()
                 continue
             with self._tp_context():
                 _mark(clock, "F")
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
-                    out = model(**x) if isinstance(x, dict) else model(*_as_args(x))
+                    out = model(**x) if isinstance(x, dict) else model(*as_args(x))
                     loss = self._loss(out, y) / n
                 tp.forget_gathered()
                 _mark(clock, "B")
@@ -602,56 +603,6 @@ def _canonical_names(model: nn.Module) -> dict[str, str]:
     for n, p in model.named_parameters(remove_duplicate=False):
         out[n] = first.setdefault(id(p), n)
     return out
-
-
-def _batch_len(x) -> int:
-    """Samples in a batch: the first dim of its first tensor (in dicts, lists and tuples)."""
-    if isinstance(x, torch.Tensor):
-        return x.shape[0]
-    values = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else []
-    for v in values:
-        if isinstance(v, (torch.Tensor, dict, list, tuple)):
-            try:
-                return _batch_len(v)
-            except ExecutorError:
-                continue
-    raise ExecutorError("the batch holds no tensor: sample_batch must return tensors (in a tuple or dict) whose "
-                        "first dim is the batch")
-
-
-def _slice(x, start: int, n: int):
-    """Samples start .. start+n of a batch: tensors sliced on their first dim (in dicts, lists, tuples and
-    namedtuples); other values (a float keyword argument, a flag) as they are."""
-    if isinstance(x, torch.Tensor):
-        return x[start:start + n]
-    if isinstance(x, dict):
-        return {k: _slice(v, start, n) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return _like(x, [_slice(v, start, n) for v in x])
-    return x
-
-
-def _to(x, device):
-    """`x`'s tensors (in dicts, lists and tuples) on `device`; anything else as it is."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, dict):
-        return {k: _to(v, device) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return _like(x, [_to(v, device) for v in x])
-    return x
-
-
-def _like(x: list | tuple, parts: list) -> list | tuple:
-    """`parts` in a sequence of `x`'s type (a namedtuple takes them as positional arguments)."""
-    return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
-
-
-def _as_args(x) -> tuple:
-    if isinstance(x, dict):
-        raise ExecutorError("dict inputs are passed as keyword arguments, which pipeline stages do not support; "
-                            "make sample_batch return a tensor or a tuple of tensors, or use pp=1")
-    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
 def _mark(clock: PassClock | None, kind: str) -> None:

@@ -8,7 +8,8 @@ import torch
 import pytest
 
 from executor.errors import ExecutorError
-from executor.runner import Runner, _batch_len, _slice, _to, default_optimizer
+from executor.batches import batch_len as _batch_len, slice_batch as _slice, to_device as _to
+from executor.runner import Runner, default_optimizer
 
 
 def test_batches_move_to_the_device_whatever_their_structure():
