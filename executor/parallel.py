@@ -219,11 +219,18 @@ DROPOUT_OPS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dro
 class _ExportedEval(torch.overrides.TorchFunctionMode):
     """Eval-mode behaviour for a torch.export training graph, which fixed the model's training-mode ops into it:
     its dropout ops return their input, its SDPA calls run without dropout, its batch norms normalise with their
-    running statistics and leave them as they are (what `module.eval()` gives the model's own code)."""
+    running statistics and leave them and their `num_batches_tracked` counters as they are (the graph adds 1 to
+    each counter in place before its batch norm): what `module.eval()` gives the model's own code."""
+
+    def __init__(self, counters=()):
+        super().__init__()
+        self.counters = {id(t) for t in counters}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _dropout_ops():
+            return args[0]
+        if func is torch.ops.aten.add_.Tensor and id(args[0]) in self.counters:
             return args[0]
         if func in _sdpa_functions() and _dropout_p(func, args, kwargs):
             if "dropout_p" in kwargs or len(args) <= 4:
@@ -240,9 +247,11 @@ def _dropout_ops() -> frozenset:
     return frozenset(_aten_ops(DROPOUT_OPS))
 
 
-def exported_eval() -> torch.overrides.TorchFunctionMode:
-    """`Runner.evaluate`'s mode over a model that runs as its torch.export training graph (see `_ExportedEval`)."""
-    return _ExportedEval()
+def exported_eval(modules=()) -> torch.overrides.TorchFunctionMode:
+    """`Runner.evaluate`'s mode over a model that runs as its torch.export training graph (see `_ExportedEval`);
+    `modules`: the graph modules, whose batch norms' `num_batches_tracked` buffers it leaves unchanged."""
+    counters = [b for m in modules for name, b in m.named_buffers() if name.rsplit(".", 1)[-1] == "num_batches_tracked"]
+    return _ExportedEval(counters)
 
 
 def checkpoint_attention() -> torch.overrides.TorchFunctionMode:

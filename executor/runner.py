@@ -396,7 +396,7 @@ class Runner:
         for part in self.parts:
             part.eval()
         # a model running as its torch.export training graph (tp; pp cut from it) has training-mode ops fixed in
-        eval_ops = parallel.exported_eval() if self.export_graph else contextlib.nullcontext()
+        eval_ops = parallel.exported_eval(self.parts) if self.export_graph else contextlib.nullcontext()
         try:
             with torch.no_grad(), eval_ops:
                 loss = self._forward_backward(inputs, targets, backward=False)
@@ -449,7 +449,8 @@ class Runner:
 
     @property
     def grad_norm(self) -> float | None:
-        """The global gradient norm of the last step, before clipping; None when the plan does not clip (`max_grad_norm` 0)."""
+        """The global gradient norm of the last step, before clipping; None when the plan does not clip
+        (`max_grad_norm` 0)."""
         return None if self._grad_norm is None else float(self._grad_norm)
 
     def _autocast(self):
