@@ -30,7 +30,7 @@ from executor.measure import PassClock, SavedActivations, Timings, format_report
 from executor.plan_checks import (check_example, check_plan_matches_model, check_runnable, check_tp_plan,
                                   check_world, load_plan, plan_graph)
 from executor.trace import annotate_stage, pass_name, record
-from planner.model_file import default_loss
+from planner.model_file import IGNORE_INDEX, class_targets, default_loss, logits_of, summed_cross_entropy
 from planner.plan import Plan
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -133,6 +133,7 @@ class Runner:
         self.recomputed_paths = self._recomputed_paths(model)
         self.canonical = _canonical_names(model)
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
+        self._scale: float | None = None  # the batch's weighting of default_loss's summed targets (`_token_scale`)
         self.vocab_parallel_loss = False  # set once a loss ran on vocabulary-sharded logits
         self.notes: list[str] = []  # said in the measurement (`executor.measure`)
         self.saved = SavedActivations()
@@ -306,12 +307,12 @@ class Runner:
             from torch.utils._pytree import tree_unflatten
             out = tree_unflatten(list(out) if isinstance(out, (tuple, list)) else [out], self.out_spec)
         if self.plan.mesh.tp <= 1:
-            return self.loss_fn(out, target)
-        logits = _logits(out)
-        if isinstance(logits, DTensor) and not self.gather_logits and _class_targets(logits, target) \
+            return self._loss_call(out, target)
+        logits = logits_of(out)
+        if isinstance(logits, DTensor) and not self.gather_logits and class_targets(logits, target) \
                 and logits.placements[0] == tp.Shard(logits.dim() - 1):
             try:
-                loss = self.loss_fn(tp.to_plain(out, keep_vocab_sharded=True), target)
+                loss = self._loss_call(tp.to_plain(out, keep_vocab_sharded=True), target)
                 self.vocab_parallel_loss = True
                 return loss.full_tensor() if isinstance(loss, DTensor) else loss
             except Exception as e:  # a loss that does not run on DTensor logits: gather them from now on
@@ -321,7 +322,34 @@ class Runner:
                            f"{': ' + said if said else ''}), so the logits are gathered over tp: an all-gather "
                            "per micro-batch and the whole logits in memory, which the plan's prediction (a "
                            "vocabulary-parallel loss) leaves out")
-        return self.loss_fn(tp.to_plain(out), target)
+        return self._loss_call(tp.to_plain(out), target)
+
+    def _loss_call(self, out, target):
+        """The loss function on one micro-batch, or, for a batch whose targets `default_loss` partly leaves out
+        (`_token_scale`), its summed cross-entropy over the share of the global batch's counted targets that makes
+        the micro-batches' mean the mean over every counted target."""
+        if self._scale is None or not class_targets(logits_of(out), target):
+            return self.loss_fn(out, target)
+        return summed_cross_entropy(out, target) * self._scale
+
+    def _token_scale(self, inputs, targets) -> float | None:
+        """`default_loss` over class targets some of which it leaves out (IGNORE_INDEX: padding): dp x micro-batches
+        / the counted targets of the global batch, so that each micro-batch's summed cross-entropy times it, averaged
+        over micro-batches and dp as every loss is, gives one process's mean over every counted target of the whole
+        batch; averaging each micro-batch's own mean would weight a micro-batch's targets by how few it counts. None
+        for any other loss or batch (every target counted: the mean of means is the mean). Counted here from the
+        global batch; a replica's share needs the other replicas' counts: one all-reduce of two numbers over dp."""
+        if self.loss_fn is not default_loss or not isinstance(targets, torch.Tensor) \
+                or torch.is_floating_point(targets):
+            return None
+        m = self.plan.mesh
+        counts = torch.stack([(targets != IGNORE_INDEX).sum(), (targets == IGNORE_INDEX).sum()]).to(self.device)
+        if batch_len(inputs) != self.plan.global_batch_size and m.dp > 1:
+            dist.all_reduce(counts, group=self.mesh["dp"].get_group())
+        counted, ignored = (int(c) for c in counts.tolist())
+        if not ignored:
+            return None
+        return m.dp * self.plan.num_microbatches / counted if counted else 0.0
 
     def _tp_context(self):
         """Under tp, forward and backward run with plain tensors the model creates treated as replicated
@@ -365,6 +393,7 @@ class Runner:
     def _step(self, inputs, targets) -> float:
         if self.memory.wants_step():  # the 2nd and 3rd (executor.measure.StepMemory)
             return self.memory.tracked_step(self, inputs, targets)
+        self._scale = self._token_scale(inputs, targets)
         inputs, targets = to_device(self.local_batch(inputs, targets), self.device)
         if not self.timings.step:
             check_same_batch(self, inputs, targets)
@@ -391,6 +420,7 @@ class Runner:
         """The mean loss over the global batch, forward only: the model in eval mode (dropout off; every module's
         mode restored after), no gradients, no optimizer step, the plan's micro-batches (through the pipeline
         schedule's forward-only `eval` under pp). Takes the batch as `step` does."""
+        self._scale = self._token_scale(inputs, targets)
         inputs, targets = to_device(self.local_batch(inputs, targets), self.device)
         modes = [(m, m.training) for part in self.parts for m in part.modules()]
         for part in self.parts:
@@ -579,22 +609,6 @@ def _sync_random_state(device: torch.device) -> None:
         cuda = torch.cuda.get_rng_state(device).to(device)
         dist.broadcast(cuda, src=0)
         torch.cuda.set_rng_state(cuda.cpu(), device)
-
-
-def _logits(out):
-    """The logits in a model's output: the tensor itself, the first element of a tuple/list, `.logits`, or a
-    dict's "logits" (default_loss's reading)."""
-    if isinstance(out, (tuple, list)):
-        return out[0] if out else None
-    if isinstance(out, dict):
-        return out.get("logits", next(iter(out.values()), None))
-    return getattr(out, "logits", out)
-
-
-def _class_targets(logits, target) -> bool:
-    """Whether `target` holds class indices for `logits` (what a cross-entropy reads: default_loss's rule)."""
-    return isinstance(target, torch.Tensor) and not torch.is_floating_point(target) \
-        and logits.dim() == target.dim() + 1
 
 
 def _canonical_names(model: nn.Module) -> dict[str, str]:

@@ -42,17 +42,42 @@ class ModelFile:
     another size (a ModelFile made in code, such as a test's probe, may trace a module without parameters)."""
 
 
-def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
-    """Cross-entropy when outputs are logits over classes and targets integer ids, else MSE."""
+IGNORE_INDEX = -100
+"""The target F.cross_entropy leaves out by default (padding, as Hugging Face labels it)."""
+
+
+def logits_of(outputs: Any) -> Any:
+    """The logits in a model's outputs, as `default_loss` reads them: the tensor itself, the first element of a
+    tuple/list, a dict's "logits" (else its first value), or `.logits`; None from an empty tuple or dict."""
     if isinstance(outputs, (tuple, list)):
-        outputs = outputs[0]
+        outputs = outputs[0] if outputs else None
     if isinstance(outputs, dict):
-        outputs = outputs.get("logits", next(iter(outputs.values())))
+        outputs = outputs.get("logits", next(iter(outputs.values()), None))
     if hasattr(outputs, "logits"):
         outputs = outputs.logits
-    if not torch.is_floating_point(targets) and outputs.dim() == targets.dim() + 1:
+    return outputs
+
+
+def class_targets(logits: Any, targets: Any) -> bool:
+    """Whether `targets` are class indices for `logits` (one dimension fewer, integer), which `default_loss` reads
+    as a cross-entropy."""
+    return isinstance(targets, torch.Tensor) and isinstance(logits, torch.Tensor) \
+        and not torch.is_floating_point(targets) and logits.dim() == targets.dim() + 1
+
+
+def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
+    """Cross-entropy when outputs are logits over classes and targets integer ids (IGNORE_INDEX left out), else MSE."""
+    outputs = logits_of(outputs)
+    if class_targets(outputs, targets):
         return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
     return F.mse_loss(outputs, targets.to(outputs.dtype))
+
+
+def summed_cross_entropy(outputs: Any, targets: Any) -> torch.Tensor:
+    """`default_loss`'s cross-entropy summed over the targets it counts, not averaged (the executor divides by the
+    global batch's count); class-index targets only."""
+    logits = logits_of(outputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
 
 def frame_in_file(exc: BaseException, path: str) -> tuple[int, str] | None:

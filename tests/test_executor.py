@@ -41,6 +41,11 @@ SPECS_2 = [
     {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
     {"name": "tp_bf16", "tp": 2, "precision": "bf16"},
     {"name": "pp_bf16", "pp": 2, "nmb": 2, "precision": "bf16"},
+    # padded targets (-100) under the default loss: one process's mean over the whole batch's counted targets,
+    # whatever each micro-batch and replica counts; "share": each replica passes only its share of the batch
+    {"name": "dp_padded_share", "dp": 2, "nmb": 2, "pad": True, "share": True},
+    {"name": "tp_padded", "tp": 2, "nmb": 2, "pad": True},
+    {"name": "pp_padded", "pp": 2, "nmb": 2, "schedule": "1f1b", "pad": True},
     {"name": "user_tp", "tp": 2, "nmb": 2, "user": True},
     {"name": "user_pp", "pp": 2, "nmb": 2, "user": True},
 ]

@@ -24,12 +24,20 @@ def build():
     return GPT(GPTConfig(**CFG))
 
 
-def batches():
+def batches(pad: bool = False):
+    """`pad`: sample i of each batch has its last (5 i + step) % 17 targets padded (-100, which the default loss
+    leaves out; a whole sample of them in the second step), so micro-batches and replicas count different numbers
+    of targets."""
     g = torch.Generator().manual_seed(1)
     out = []
-    for _ in range(STEPS):
+    for step in range(STEPS):
         t = torch.randint(0, CFG["vocab_size"], (GLOBAL_BATCH, CFG["block_size"] + 1), generator=g)
-        out.append((t[:, :-1], t[:, 1:]))
+        x, y = t[:, :-1], t[:, 1:].clone()
+        if pad:
+            for i in range(GLOBAL_BATCH):
+                n = (5 * i + step) % 17
+                y[i, CFG["block_size"] - n:] = -100
+        out.append((x, y))
     return out
 
 
@@ -44,15 +52,18 @@ def loss_fn(out, tgt):
     return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tgt.reshape(-1))
 
 
-def reference(clip: float = 0.0, skip: str = ""):
+def reference(clip: float = 0.0, skip: str = "", pad: bool = False):
     """One process's losses, final parameters and (with `clip`: torch's own clip_grad_norm_) gradient norms; `skip`:
-    parameters whose name holds it are left out of the optimizer (their gradients accumulate, as torch's do)."""
+    parameters whose name holds it are left out of the optimizer (their gradients accumulate, as torch's do);
+    `pad`: padded batches under the default loss (the mean over the whole batch's counted targets)."""
+    from planner.model_file import default_loss
+    fn = default_loss if pad else loss_fn
     model = build()
     opt = optimizer([p for n, p in model.named_parameters() if not (skip and skip in n)])
     losses, norms, evals = [], [], []
-    data = batches()
+    data = batches(pad)
     for x, y in data:
-        loss = loss_fn(model(x), y)
+        loss = fn(model(x), y)
         loss.backward()
         if clip:
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
@@ -61,7 +72,7 @@ def reference(clip: float = 0.0, skip: str = ""):
         losses.append(loss.item())
         model.eval()
         with torch.no_grad():  # the loss on the first batch after each step, in eval mode (`Runner.evaluate`)
-            evals.append(loss_fn(model(data[0][0]), data[0][1]).item())
+            evals.append(fn(model(data[0][0]), data[0][1]).item())
         model.train()
     return losses, {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}, norms, evals
 
@@ -178,6 +189,15 @@ def user_script(spec, ref_losses):
     return out
 
 
+def _share(runner, spec, x, y):
+    """The global batch, or with spec "share" this dp replica's share of it (what a sharded data loader gives)."""
+    if not spec.get("share"):
+        return x, y
+    dp = runner.plan.mesh.dp
+    share, i = GLOBAL_BATCH // dp, runner.mesh["dp"].get_local_rank()
+    return x[i * share:(i + 1) * share], y[i * share:(i + 1) * share]
+
+
 def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     from torch.distributed.tensor import DTensor
 
@@ -185,12 +205,13 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     if spec.get("user"):
         return user_script(spec, ref_losses)
     plan = make_plan(spec)
-    data = batches()
+    data = batches(spec.get("pad", False))
     micro_batch = data[0][0][:plan.microbatch_size]  # tp exports the model with it
     skip = spec.get("skip", "")
     factory = (lambda params, names: optimizer([p for p, n in zip(params, names) if skip not in n])) if skip \
         else optimizer
-    runner = apply_plan(build(), plan, optimizer=factory, loss_fn=loss_fn, example_inputs=micro_batch)
+    runner = apply_plan(build(), plan, optimizer=factory, loss_fn=None if spec.get("pad") else loss_fn,
+                        example_inputs=micro_batch)  # padded: the default loss
     # a scheduler of the script's own, saved beside the model (Runner.save's extra); its factor 1 leaves the
     # reference's learning rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(runner.optimizer, lambda step: 1.0)
@@ -234,12 +255,12 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
         for x, y in data[start:spec.get("stop", STEPS)]:
             sent[0] = 0
             with _count_all_gathers() as n, interpreted:
-                losses.append(runner.step(x, y))
+                losses.append(runner.step(*_share(runner, spec, x, y)))
             scheduler.step()
             gathers.append(n[0])
             if ref_evals:  # between steps: the steps after it must still train the reference's losses
                 eval_modes.clear()
-                evals.append(runner.evaluate(*data[0]))
+                evals.append(runner.evaluate(*_share(runner, spec, *data[0])))
                 evaluated_in = list(eval_modes)
     finally:
         parallel.recompute_call = plain_call
@@ -351,11 +372,13 @@ def main():
     import torch.distributed as dist
     torch.set_num_threads(1)
     specs, out_path, ckpt = json.loads(open(sys.argv[1]).read()), sys.argv[2], sys.argv[3]
-    refs = {key: reference(*key) for key in sorted({(s.get("clip", 0.0), s.get("skip", "")) for s in specs})}
-    results = {"reference": {str(clip): {"losses": r[0], "norms": r[2]} for (clip, skip), r in refs.items()
-                             if not skip}}
+    refs = {key: reference(*key) for key in sorted({(s.get("clip", 0.0), s.get("skip", ""), s.get("pad", False))
+                                                    for s in specs})}
+    results = {"reference": {str(clip): {"losses": r[0], "norms": r[2]} for (clip, skip, pad), r in refs.items()
+                             if not skip and not pad}}
     for spec in specs:
-        ref_losses, ref_params, norms, ref_evals = refs[(spec.get("clip", 0.0), spec.get("skip", ""))]
+        ref_losses, ref_params, norms, ref_evals = refs[(spec.get("clip", 0.0), spec.get("skip", ""),
+                                                         spec.get("pad", False))]
         results.setdefault("reference_norms", {})[spec["name"]] = norms
         try:
             results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt,
