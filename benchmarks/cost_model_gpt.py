@@ -1,5 +1,6 @@
 """Predicted step time, TFLOP/s per GPU and memory per GPU for published Megatron-LM runs on dgx-a100-80gb, each
-priced as it ran; plus the time one `CostModel.predict` of the 1T / 3072-GPU configuration takes.
+with its own configuration (with `--attention unfused`, also the attention those runs had); plus the time one
+`CostModel.predict` of the 1T / 3072-GPU configuration takes.
 
 `--paper sc21` (default): GPT 1.7B ... 1T with the configurations of Narayanan et al. SC21 Table 1 (model shapes, t,
 p, number of GPUs, global batch; s = 2048, V = 51200), the micro-batch sizes and interleaved stages of its run script,
@@ -11,6 +12,9 @@ recomputation, and selective recomputation (the attention core, `recompute=atten
 The micro-batch sizes and interleaving are those of Calculon's validation configurations of these runs (Isaev et al.
 SC23, calculon/validation/*.json). The last column is Table 5's measured iteration time.
 
+`--only` takes run names or model sizes (`--only 22B` is both 22B runs). The TFLOP/s column counts the model's
+FLOPs without the recomputed forward (SC21's published figures count it); `fits`: whether shardwise's executor,
+which keeps more activations than Megatron-LM's fused layers, would fit the run in 80 GB.
 Both: Megatron-LM's defaults (dropout 0.1 on the attention probabilities and residual branches; gradients clipped to
 norm 1.0, `--clip-grad`'s default), ZeRO-0, bf16 (same peak as the papers' fp16). Only the configurations come from
 the papers; no figure is tuned to the published times, which are printed for reference.
@@ -131,25 +135,38 @@ def _plan(run: Run, graph, cluster: Cluster):
     return dataclasses.replace(plan, max_grad_norm=CLIP_GRAD)
 
 
+def _bad(what: str) -> int:
+    """Bad input: one line on stderr, exit status 2."""
+    print(f"cost_model_gpt.py: error: {what}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--paper", choices=("sc21", "korthikanti"), default="sc21",
                     help="whose runs: Narayanan et al. SC21 Table 1 (default), or Korthikanti et al. 2022 Table 5")
     ap.add_argument("--only", help="comma-separated run names (default: all)")
-    ap.add_argument("--repeat", type=int, default=20, help="predict() repetitions for the 1T timing (sc21)")
+    ap.add_argument("--repeat", type=int, default=20,
+                    help="predict() repetitions for the 1T / 3072-GPU timing (--paper sc21 with 1T only)")
     ap.add_argument("--attention", metavar="KERNEL",
                     help="attention kernel to price SDPA with (default: the preset's; unfused: separate kernels)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     runs = _runs(args.paper)
-    names = args.only.split(",") if args.only else list(runs)
-    unknown = [n for n in names if n not in runs]
+    names, unknown = [], []
+    for want in (args.only.split(",") if args.only else list(runs)):
+        picked = [n for n in runs if n == want or n.split(" ")[0] == want]
+        unknown += [] if picked else [want]
+        names += [n for n in picked if n not in names]
     if unknown:
-        ap.error(f"--only {','.join(unknown)}: not a run of --paper {args.paper}; pick from {','.join(runs)}")
+        return _bad(f"--only {','.join(unknown)}: not a run or model of --paper {args.paper}; pick from "
+                    f"{', '.join(runs)}")
+    if args.repeat < 1:
+        return _bad(f"--repeat {args.repeat}: must be at least 1")
     try:
         _cluster(1, args.attention)
     except ProfileError as e:
-        ap.error(str(e))
+        return _bad(str(e))
     width = max(len(n) for n in names)
     print(f"{'run':>{width}} {'t':>2} {'p':>3} {'d':>3} {'GPUs':>5} {'batch':>5} {'params':>8} {'trace s':>7} "
           f"{'step s':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8} {'fits':>5}  {'breakdown (compute/comm/bubble/opt s)':<38}"

@@ -218,9 +218,10 @@ DROPOUT_OPS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dro
 
 class _ExportedEval(torch.overrides.TorchFunctionMode):
     """Eval-mode behaviour for a torch.export training graph, which fixed the model's training-mode ops into it:
-    its dropout ops return their input, its SDPA calls run without dropout, its batch norms normalise with their
-    running statistics and leave them and their `num_batches_tracked` counters as they are (the graph adds 1 to
-    each counter in place before its batch norm): what `module.eval()` gives the model's own code."""
+    its dropout ops return their input, its SDPA calls run without dropout, RReLU uses its mean slope, its batch
+    norms normalise with their running statistics and leave them and their `num_batches_tracked` counters as they
+    are (the graph adds 1 to each counter in place before its batch norm): what `module.eval()` gives the model's
+    own code."""
 
     def __init__(self, counters=()):
         super().__init__()
@@ -237,8 +238,12 @@ class _ExportedEval(torch.overrides.TorchFunctionMode):
                 kwargs = {**kwargs, "dropout_p": 0.0}
             else:
                 args = args[:4] + (0.0,) + args[5:]  # (query, key, value, attn_mask, dropout_p, ...)
-        elif func is torch.ops.aten.batch_norm.default:
-            args = args[:5] + (False,) + args[6:]  # (input, weight, bias, running_mean, running_var, training, ...)
+        elif func is torch.ops.aten.rrelu.default:  # (input, lower, upper, training, generator)
+            args, kwargs = args[:3], {**kwargs, "training": False, **({"generator": args[4]} if len(args) > 4 else {})}
+        elif func is torch.ops.aten.batch_norm.default and args[3] is not None:
+            # (input, weight, bias, running_mean, running_var, training, ...); one without running statistics
+            # (track_running_stats=False) normalises with the batch's in eval mode too
+            args = args[:5] + (False,) + args[6:]
         return func(*args, **kwargs)
 
 

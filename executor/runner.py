@@ -349,7 +349,8 @@ class Runner:
         counted, ignored = (int(c) for c in counts.tolist())
         if not ignored:
             return None
-        return m.dp * self.plan.num_microbatches / counted if counted else 0.0
+        # no target counted: one process's mean is 0/0 (nan), and so is this
+        return m.dp * self.plan.num_microbatches / counted if counted else float("nan")
 
     def _tp_context(self):
         """Under tp, forward and backward run with plain tensors the model creates treated as replicated

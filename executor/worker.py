@@ -114,6 +114,11 @@ MODEL_CODE = " [raised in the model's code: "
 bad input, as a model file that fails to load)."""
 
 
+DEFAULT_LOSS_FRAMES = ("default_loss", "summed_cross_entropy", "logits_of")
+"""planner.model_file's functions that run the default loss on the model's outputs (a padded batch's summed
+cross-entropy: `Runner._token_scale`)."""
+
+
 def model_file_frame(e: BaseException, model_path: str) -> str:
     """`MODEL_CODE` + where (` [raised in the model's code: MODEL.py line N, in FUNC: ...]`) when the innermost
     frame of `e`'s traceback in the model file's folder (or in the default loss) has nothing of DTensor, FSDP or
@@ -124,7 +129,7 @@ def model_file_frame(e: BaseException, model_path: str) -> str:
     default = os.path.join(root, "planner", "model_file.py")  # the default loss reads the model's own outputs
     tb = traceback.extract_tb(e.__traceback__)
     files = [os.path.abspath(f.filename) for f in tb]
-    is_default = [p == default and f.name == "default_loss" for p, f in zip(files, tb)]
+    is_default = [p == default and f.name in DEFAULT_LOSS_FRAMES for p, f in zip(files, tb)]
     mine = [i for i, p in enumerate(files) if os.path.dirname(p) == folder or is_default[i]]
     if not mine:
         return ""

@@ -68,8 +68,8 @@ def class_targets(logits: Any, targets: Any) -> bool:
 def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
     """Cross-entropy when outputs are logits over classes and targets integer ids (IGNORE_INDEX left out), else MSE."""
     outputs = logits_of(outputs)
-    if class_targets(outputs, targets):
-        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+    if class_targets(outputs, targets):  # any integer dtype: cross_entropy itself takes int64 (or uint8) only
+        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1).long())
     return F.mse_loss(outputs, targets.to(outputs.dtype))
 
 
@@ -77,7 +77,7 @@ def summed_cross_entropy(outputs: Any, targets: Any) -> torch.Tensor:
     """`default_loss`'s cross-entropy summed over the targets it counts, not averaged (the executor divides by the
     global batch's count); class-index targets only."""
     logits = logits_of(outputs)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), reduction="sum")
 
 
 def frame_in_file(exc: BaseException, path: str) -> tuple[int, str] | None:

@@ -29,3 +29,18 @@ def test_exported_graph_evaluates_as_eval_mode_and_leaves_batch_norm_state():
     assert torch.allclose(got, want, atol=1e-6) and torch.equal(got, again)
     # the graph's in-place add to num_batches_tracked (before its batch norm) ran anyway before the fix: 1 -> 3
     assert all(torch.equal(v, state[k]) for k, v in graph.state_dict().items()), graph.state_dict()
+
+
+def test_batch_norm_without_running_statistics_and_rrelu_evaluate_as_eval_mode():
+    # BatchNorm(track_running_stats=False) normalises with the batch's statistics in eval mode too (forcing
+    # training=False raised "running_mean must be defined in evaluation mode"); RReLU's slope is its mean in eval
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, track_running_stats=False), nn.RReLU(), nn.Linear(6, 2))
+    x = torch.randn(8, 4)
+    graph = torch.export.export(net, (x,)).module()
+    net.eval()
+    with torch.no_grad():
+        want = net(x)
+        with exported_eval([graph]):
+            got = graph(x)
+    assert torch.allclose(got, want, atol=1e-6), (got, want)

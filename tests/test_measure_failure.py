@@ -170,7 +170,7 @@ def test_an_error_in_the_model_files_own_code_is_named_and_exits_2(tmp_path, mon
 
     import executor.cli as cli
     from executor.worker import MODEL_CODE, model_file_frame
-    from planner.model_file import default_loss
+    from planner.model_file import default_loss, summed_cross_entropy
     path = tmp_path / "bad_loss.py"
     path.write_text("import torch.nn.functional as F\n\ndef loss_fn(out, y):\n    return F.cross_entropy(out, y)\n\n\n"
                     "def through_shardwise():\n    from planner.plan import Plan\n    Plan.load('/nonexistent.json')\n")
@@ -178,7 +178,9 @@ def test_an_error_in_the_model_files_own_code_is_named_and_exits_2(tmp_path, mon
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     logits, ids = torch.zeros(2, 4), torch.tensor([1, 9])
-    for fn, where in ((mod.loss_fn, "bad_loss.py line 4, in loss_fn"), (default_loss, "the default loss")):
+    # summed_cross_entropy: the default loss over a padded batch (Runner._token_scale)
+    for fn, where in ((mod.loss_fn, "bad_loss.py line 4, in loss_fn"), (default_loss, "the default loss"),
+                      (summed_cross_entropy, "the default loss")):
         with pytest.raises(IndexError) as e:
             fn(logits, ids)
         said = model_file_frame(e.value, str(path))

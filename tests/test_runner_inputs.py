@@ -59,3 +59,31 @@ def test_checkpoint_extra_needs_state_dict_and_load_state_dict():
     assert _extra({"scheduler": sched}) == {"extra/scheduler": sched}
     with pytest.raises(ExecutorError, match=r"^checkpoint extra\['epoch'\] is a int, which has no state_dict\(\)"):
         _extra({"epoch": 3})
+
+
+def test_default_loss_counts_the_global_batchs_targets():
+    """Runner._token_scale: None without padding or with a loss of one's own; dp x micro-batches over the global
+    batch's counted targets with padding; nan when none is counted (one process's 0/0)."""
+    import math
+
+    from planner.model_file import default_loss
+    from planner.plan import Mesh, Plan
+    runner = Runner.__new__(Runner)  # only what _token_scale reads
+    runner.plan = Plan(mesh=Mesh(dp=1), global_batch_size=4, microbatch_size=2, num_microbatches=2)
+    runner.device, runner.loss_fn = torch.device("cpu"), default_loss
+    x, y = torch.zeros(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long)
+    assert runner._token_scale(x, y) is None
+    y[0, 1:] = -100  # 10 of 12 counted, 2 micro-batches
+    assert runner._token_scale(x, y) == 2 / 10
+    runner.loss_fn = lambda out, tgt: default_loss(out, tgt)
+    assert runner._token_scale(x, y) is None
+    runner.loss_fn = default_loss
+    assert math.isnan(runner._token_scale(x, torch.full_like(y, -100)))
+
+
+def test_default_loss_takes_any_integer_targets():
+    from planner.model_file import default_loss, summed_cross_entropy
+    logits, ids = torch.randn(2, 3, 5), torch.tensor([[1, 4, 0], [2, -100, 3]])
+    # int32 ids raised in F.cross_entropy (int64 or uint8 only)
+    assert torch.equal(default_loss(logits, ids.int()), default_loss(logits, ids))
+    assert torch.equal(summed_cross_entropy(logits, ids.short()), summed_cross_entropy(logits, ids))
