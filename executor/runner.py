@@ -108,6 +108,8 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
 class Runner:
     """Trains one rank's share of the model under a plan. Build with `apply_plan`."""
 
+    _scale: float | None = None  # the batch's weighting of default_loss's summed targets (`_token_scale`)
+
     def __init__(self, model: nn.Module, plan: Plan, optimizer: OptimizerFactory, loss_fn, device: torch.device,
                  sync_init: bool = True, mesh: DeviceMesh | None = None, example_inputs: Any = None,
                  compile: str | None = None):
@@ -133,7 +135,6 @@ class Runner:
         self.recomputed_paths = self._recomputed_paths(model)
         self.canonical = _canonical_names(model)
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
-        self._scale: float | None = None  # the batch's weighting of default_loss's summed targets (`_token_scale`)
         self.vocab_parallel_loss = False  # set once a loss ran on vocabulary-sharded logits
         self.notes: list[str] = []  # said in the measurement (`executor.measure`)
         self.saved = SavedActivations()
