@@ -10,7 +10,7 @@ GPU imply (they count the recomputed forward) through the paper's FLOP formula, 
 Activation Recomputation in Large Transformer Models") Table 3, each run twice as its Table 5 did: full
 recomputation, and selective recomputation (the attention core, `recompute=attention`) with sequence parallelism.
 The micro-batch sizes and interleaving are those of Calculon's validation configurations of these runs (Isaev et al.
-SC23, calculon/validation/*.json). The last column is Table 5's measured iteration time.
+SC23; validation/*.json of its repository, calculon-ai/calculon). The last column is Table 5's measured iteration time.
 
 `--only` takes run names or model sizes (`--only 22B` is both 22B runs). The TFLOP/s column counts the model's
 FLOPs without the recomputed forward (SC21's published figures count it); `fits`: whether shardwise's executor,
@@ -80,7 +80,8 @@ _SC21 = {  # name: (heads, hidden, layers, t, p, GPUs, global batch, micro-batch
 # Korthikanti et al. 2022 Table 3 (shapes, t, p, GPUs, global batch) with the micro-batch sizes and interleaving of
 # Calculon's validation configurations of these runs; published: Table 5's iteration seconds, full recompute and
 # selective recompute + sequence parallelism.
-_KORTHIKANTI = {  # name: (heads, hidden, layers, t, p, GPUs, global batch, micro-batch, virtual stages, full s, sel+sp s)
+# name: (heads, hidden, layers, t, p, GPUs, global batch, micro-batch, virtual stages, full s, sel+sp s)
+_KORTHIKANTI = {
     "22B": (64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10),
     "175B": (96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75),
     "530B": (128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83),
@@ -145,7 +146,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--paper", choices=("sc21", "korthikanti"), default="sc21",
                     help="whose runs: Narayanan et al. SC21 Table 1 (default), or Korthikanti et al. 2022 Table 5")
-    ap.add_argument("--only", help="comma-separated run names (default: all)")
+    ap.add_argument("--only", help="comma-separated run names or model sizes (default: all)")
     ap.add_argument("--repeat", type=int, default=20,
                     help="predict() repetitions for the 1T / 3072-GPU timing (--paper sc21 with 1T only)")
     ap.add_argument("--attention", metavar="KERNEL",
