@@ -57,6 +57,7 @@ def main() -> None:
         runner.save(args.save)
     if rank == 0:
         print(runner.report(warmup=2))
+    torch.distributed.destroy_process_group()  # apply_plan started it; gloo ranks left to exit with it can abort
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ a scheduler's own state does not put it back); the rest come from the optimizer 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 import torch.nn as nn
@@ -78,7 +80,46 @@ def save(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] |
     sd: dict[str, Any] = {**_state_dict(runner, for_save=True), **_extra(extra)}
     sd["meta/step"] = torch.tensor(runner.step_count)
     sd["meta/lr"] = _group_lrs(runner.optimizer)
-    dcp.save(sd, checkpoint_id=os.fspath(folder))
+    # written whole beside the folder, then swapped in: DCP writes its files in place, so a save interrupted over an
+    # existing checkpoint would leave its old .metadata over new, partial shards
+    folder = os.fspath(folder).rstrip(os.sep) or os.sep
+    if os.path.lexists(folder) and not os.path.isdir(folder):  # said on every rank, before any collective
+        raise ExecutorError(f"{folder}: exists and is not a folder; save the checkpoint to a folder")
+    staging = folder + STAGING_SUFFIX
+    first = not dist.is_initialized() or dist.get_rank() == 0
+    if first and os.path.isdir(staging):
+        shutil.rmtree(staging)  # what an interrupted save left
+    _barrier()
+    dcp.save(sd, checkpoint_id=staging)
+    _barrier()
+    if first:
+        swap_in(staging, folder)
+    _barrier()
+
+
+STAGING_SUFFIX = ".saving"
+"""`save` writes the checkpoint into FOLDER.saving, then renames it FOLDER."""
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def swap_in(staging: str, folder: str) -> None:
+    """Put the complete checkpoint `staging` at `folder`: an existing one is renamed aside first and removed last,
+    so that an interruption leaves one whole checkpoint under one of the two names."""
+    old = None
+    if os.path.lexists(folder):
+        if not os.path.isdir(folder):
+            raise ExecutorError(f"{folder}: exists and is not a folder; save the checkpoint to a folder")
+        old = folder + ".old"
+        if os.path.isdir(old):
+            shutil.rmtree(old)
+        os.rename(folder, old)
+    os.rename(staging, folder)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def _group_lrs(optimizer: torch.optim.Optimizer) -> torch.Tensor:
@@ -102,6 +143,47 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def saved_metadata(folder: str) -> Mapping[str, Any]:
+    """The checkpoint's state-dict metadata (key -> what DCP saved: sizes, dtypes), or one line saying why it
+    cannot be read."""
+    try:
+        return dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    except Exception as e:  # a truncated or foreign .metadata: pickle's errors
+        raise ExecutorError(f"{folder}: its .metadata cannot be read ({type(e).__name__}: {_first_line(e)}); the "
+                            "checkpoint is damaged or was not written by runner.save()") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _rank_failure(e: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (its `failures`: rank -> (exception,
+    traceback)), else `e`."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        inner = first[0] if isinstance(first, tuple) and first else first
+        if isinstance(inner, BaseException):
+            return inner
+    return e
+
+
+def _model_mismatch(saved: Mapping[str, Any], sd: Mapping[str, Any]) -> str:
+    """The first model parameter this rank loads that the checkpoint lacks or holds in another shape ("" if none):
+    said before DCP, whose own error names neither."""
+    for key, t in sd.items():
+        if not key.startswith("model/"):
+            continue
+        if key not in saved:
+            return f"the checkpoint has no parameter {key[len('model/'):]!r}"
+        size = getattr(saved[key], "size", None)
+        if size is not None and tuple(size) != tuple(t.shape):  # a DTensor's shape is the whole parameter's
+            return f"parameter {key[len('model/'):]!r} is {tuple(size)} there and {tuple(t.shape)} here"
+    return ""
+
+
 def load(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> None:
     """Read a checkpoint written by `save` under any plan into this rank's shards, in place, and into `extra`'s
     objects (load_state_dict) the state saved under the same keys."""
@@ -113,7 +195,10 @@ def load(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] |
     step = torch.tensor(0)
     sd["meta/step"] = step
     lrs = _group_lrs(runner.optimizer)
-    saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    saved = saved_metadata(folder)
+    problem = _model_mismatch(saved, sd)
+    if problem:
+        raise ExecutorError(f"{folder}: cannot load into this model: {problem}; was it saved from the same model?")
     held = sorted({k.split("/")[1].split(".")[0] for k in saved if k.startswith("extra/")})
     missing = [k for k in (extra or {}) if k not in held]
     if missing:
@@ -125,8 +210,9 @@ def load(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] |
         with torch.no_grad():
             dcp.load(sd, checkpoint_id=folder)
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
-        raise ExecutorError(f"{folder}: cannot load into this model/plan ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}); was it saved from the same model?") \
+        cause = _rank_failure(e)
+        raise ExecutorError(f"{folder}: cannot load into this model/plan ({type(cause).__name__}: "
+                            f"{_first_line(cause)}); was it saved from the same model, and written whole?") \
             from None
     runner.step_count = int(step)
     if "meta/lr" in sd:

@@ -389,6 +389,19 @@ class RecvOnDemandStage(PipelineStage):
         self._release_all()
         return out
 
+    def _forward_metadata_inference(self, *args, **kwargs):
+        """torch's metadata inference runs the stage's module once before the first step, on the first micro-batch
+        (first stage) or on uninitialised tensors of the received shapes (the others): in training mode a batch
+        norm's running statistics took that forward in (one update too many on the first stage, nan or garbage on
+        the last). Every buffer is put back as it was after it."""
+        saved = [(b, b.detach().clone()) for b in self.submod.buffers()]
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for b, value in saved:
+                    b.copy_(value)
+
     def _prepare_backward_infra(self, *args, **kwargs):
         out = super()._prepare_backward_infra(*args, **kwargs)
         self._release_all()

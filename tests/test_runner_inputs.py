@@ -87,3 +87,43 @@ def test_default_loss_takes_any_integer_targets():
     # int32 ids raised in F.cross_entropy (int64 or uint8 only)
     assert torch.equal(default_loss(logits, ids.int()), default_loss(logits, ids))
     assert torch.equal(summed_cross_entropy(logits, ids.short()), summed_cross_entropy(logits, ids))
+
+
+def test_a_damaged_or_foreign_checkpoint_is_one_line(tmp_path):
+    """A truncated .metadata raised pickle's UnpicklingError as a traceback on every rank; a checkpoint of another
+    model said only DCP's 'CheckpointException ranks:dict_keys([0, 1])'."""
+    import torch.distributed.checkpoint as dcp
+
+    from executor.checkpoint import _model_mismatch, _rank_failure, saved_metadata
+    folder = tmp_path / "ckpt"
+    dcp.save({"model/w": torch.zeros(3, 4), "model/b": torch.zeros(4)}, checkpoint_id=str(folder))
+    saved = saved_metadata(str(folder))
+    assert _model_mismatch(saved, {"model/w": torch.ones(3, 4), "optim/w/exp_avg": torch.ones(1)}) == ""
+    assert _model_mismatch(saved, {"model/w": torch.ones(4, 4)}) == "parameter 'w' is (3, 4) there and (4, 4) here"
+    assert _model_mismatch(saved, {"model/v": torch.ones(1)}) == "the checkpoint has no parameter 'v'"
+    meta = folder / ".metadata"
+    meta.write_bytes(meta.read_bytes()[:40])
+    with pytest.raises(ExecutorError, match=r"ckpt: its \.metadata cannot be read \(UnpicklingError: .*\); the "
+                                            r"checkpoint is damaged or was not written by runner\.save\(\)$"):
+        saved_metadata(str(folder))
+    from torch.distributed.checkpoint.api import CheckpointException
+    inner = ValueError("size mismatch for w")
+    assert _rank_failure(CheckpointException("ranks", {1: (inner, None), 0: (KeyError("k"), None)})).args == ("k",)
+    assert _rank_failure(inner) is inner
+
+
+def test_a_checkpoint_is_swapped_in_whole(tmp_path):
+    """Runner.save writes FOLDER.saving and renames it over FOLDER (DCP alone overwrote the old files in place)."""
+    from executor.checkpoint import swap_in
+    folder, staging = tmp_path / "ckpt", tmp_path / "ckpt.saving"
+    folder.mkdir()
+    (folder / "old.distcp").write_text("old")
+    staging.mkdir()
+    (staging / "new.distcp").write_text("new")
+    swap_in(str(staging), str(folder))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] and [p.name for p in folder.iterdir()] == \
+        ["new.distcp"]
+    staging.mkdir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ExecutorError, match="file: exists and is not a folder"):
+        swap_in(str(staging), str(tmp_path / "file"))
