@@ -56,8 +56,9 @@ def _run(args: argparse.Namespace) -> None:
         losses.append(loss)
         if rank == 0:
             t = runner.timings.step[-1]
-            tag = " (warm-up)" if i < args.warmup else \
-                " (memory tracked)" if len(runner.timings.step) - 1 in runner.timings.tracked else ""
+            tracked = len(runner.timings.step) - 1 in runner.timings.tracked
+            labels = [name for name, on in (("warm-up", i < args.warmup), ("memory tracked", tracked)) if on]
+            tag = f" ({', '.join(labels)})" if labels else ""
             print(f"step {i + 1}/{args.steps}  loss {loss:.4f}  {t * 1e3:.1f} ms{tag}", flush=True)
     if prof is not None:
         prof.stop()

@@ -337,15 +337,16 @@ def test_plan_measure_end_to_end_and_calibration(tmp_path):
     model = _model_file(tmp_path, crash=False)
     plan = _plan(tmp_path, model)
     out, cal = tmp_path / "measured.json", tmp_path / "calibration.json"
-    proc = _plan_cli(plan, model, "--steps", 4, "--warmup", 1, "-o", out, "--calibrate", cal)
+    proc = _plan_cli(plan, model, "--steps", 5, "--warmup", 2, "-o", out, "--calibrate", cal)
     assert proc.returncode == 0, proc.stderr
     assert "predicted" in proc.stdout and "measured" in proc.stdout
     tags = [line.split("ms", 1)[1].strip() for line in proc.stdout.splitlines() if re.match(r"step \d+/", line)]
-    assert tags == ["(warm-up)", "(memory tracked)", "(memory tracked)", ""], proc.stdout
+    # the 2nd step is both (it said only "warm-up", where the README says tracked steps say so)
+    assert tags == ["(warm-up)", "(warm-up, memory tracked)", "(memory tracked)", "", ""], proc.stdout
     d = json.loads(out.read_text())
     assert d["measured"]["step_time_s"] == max(d["measured"]["step_time_s_per_rank"])  # the slowest rank's
     assert d["predicted"]["step_time_s"] == 0.01
-    assert len(d["measured"]["step_times_s"]) == 4 and d["measured"]["step_time_s"] > 0
+    assert len(d["measured"]["step_times_s"]) == 5 and d["measured"]["step_time_s"] > 0
     assert d["measured"]["peak_memory_bytes"] > 0
     assert d["error"]["step_time"] == pytest.approx(d["measured"]["step_time_s"] / 0.01 - 1)
     assert json.loads(cal.read_text())["step_time_scale"] > 0
