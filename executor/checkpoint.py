@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 import torch.nn as nn
 
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, first_line
 
 if TYPE_CHECKING:
     from executor.runner import Runner
@@ -149,13 +149,8 @@ def saved_metadata(folder: str) -> Mapping[str, Any]:
     try:
         return dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     except Exception as e:  # a truncated or foreign .metadata: pickle's errors
-        raise ExecutorError(f"{folder}: its .metadata cannot be read ({type(e).__name__}: {_first_line(e)}); the "
+        raise ExecutorError(f"{folder}: its .metadata cannot be read ({type(e).__name__}: {first_line(str(e))}); the "
                             "checkpoint is damaged or was not written by runner.save()") from None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _rank_failure(e: BaseException) -> BaseException:
@@ -212,7 +207,7 @@ def load(runner: "Runner", folder: str | os.PathLike, extra: Mapping[str, Any] |
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         cause = _rank_failure(e)
         raise ExecutorError(f"{folder}: cannot load into this model/plan ({type(cause).__name__}: "
-                            f"{_first_line(cause)}); was it saved from the same model, and written whole?") \
+                            f"{first_line(str(cause))}); was it saved from the same model, and written whole?") \
             from None
     runner.step_count = int(step)
     if "meta/lr" in sd:

@@ -43,7 +43,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode,
                                           UnsupportedOperatorException, unset_fake_temporarily)
 
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, first_line
 from planner.errors import ModelError
 from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
 from planner.plan import Plan
@@ -432,7 +432,7 @@ def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
         op, args = where.ops[-1]
         shapes = _args_text(args)
         parts.append(str(op) + (f" on {shapes}" if shapes else ""))
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    msg = first_line(str(e))
     text = f"{type(e).__name__}: {msg}"
     if isinstance(e, NotImplementedError) and "sharding strategy" in msg and where.ops:
         text = (f"NotImplementedError: DTensor has no sharding rule for {where.ops[-1][0]} (a custom kernel?); "

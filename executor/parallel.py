@@ -239,7 +239,10 @@ class _ExportedEval(torch.overrides.TorchFunctionMode):
             else:
                 args = args[:4] + (0.0,) + args[5:]  # (query, key, value, attn_mask, dropout_p, ...)
         elif func is torch.ops.aten.rrelu.default:  # (input, lower, upper, training, generator)
-            args, kwargs = args[:3], {**kwargs, "training": False, **({"generator": args[4]} if len(args) > 4 else {})}
+            if len(args) > 3:
+                args = args[:3] + (False,) + args[4:]
+            else:
+                kwargs = {**kwargs, "training": False}
         elif func is torch.ops.aten.batch_norm.default and args[3] is not None:
             # (input, weight, bias, running_mean, running_var, training, ...); one without running statistics
             # (track_running_stats=False) normalises with the batch's in eval mode too

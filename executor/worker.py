@@ -17,6 +17,8 @@ import os
 import sys
 import traceback
 
+from executor.errors import first_line
+
 BUILD_SEED = 0
 """Seed every rank builds the model with (the runner also broadcasts rank 0's weights)."""
 DATA_SEED = 1234
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         _run(args)
     except BaseException as e:  # one line, then die at once so torchrun tears the job down
         rank = os.environ.get("RANK", "?")
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        msg = first_line(str(e))
         # one write: the ranks share stderr, and print's separate newline let two ranks' lines run together
         sys.stderr.write(f"shardwise rank {rank}: {type(e).__name__}: {msg}{model_file_frame(e, args.model)}\n")
         sys.stderr.flush()
