@@ -42,11 +42,12 @@ def main() -> None:
     if args.resume:
         runner.load(args.resume)
     rank = int(os.environ.get("RANK", "0"))
-    gen = torch.Generator().manual_seed(1000 + runner.step_count)
     shape = (runner.plan.global_batch_size, CONFIG.block_size + 1)
     held_out = torch.randint(0, CONFIG.vocab_size, shape, generator=torch.Generator().manual_seed(7))
     for step in range(runner.step_count, runner.step_count + args.steps):
-        tokens = torch.randint(0, CONFIG.vocab_size, shape, generator=gen)  # the global batch, the same on every rank
+        # the global batch, the same on every rank; seeded by the step, so a resumed run sees the batches an
+        # unbroken one would
+        tokens = torch.randint(0, CONFIG.vocab_size, shape, generator=torch.Generator().manual_seed(1000 + step))
         loss = runner.step(tokens[:, :-1], tokens[:, 1:])
         if step % 5 == 0:
             val = runner.evaluate(held_out[:, :-1], held_out[:, 1:])  # on every rank: it runs collectives
