@@ -25,6 +25,7 @@ import linecache
 import operator
 import re
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -421,7 +422,16 @@ def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, tor
     from executor.pipeline import export_call
     ep = torch.export.export(model, *export_call(example), strict=False)
     require_ops(plan, ep.graph)
-    return torch.export.unflatten(ep), ep.graph
+    return unflatten(ep), ep.graph
+
+
+def unflatten(ep: torch.export.ExportedProgram) -> nn.Module:
+    """`torch.export.unflatten(ep)`, without the FutureWarning torch 2.13's unflatten raises on every rank by
+    deep-copying its own call signatures' tree specs (`isinstance(treespec, LeafSpec)` is deprecated): torch's code,
+    nothing a user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+        return torch.export.unflatten(ep)
 
 
 def require_ops(plan: Plan, flat: torch.fx.Graph) -> None:

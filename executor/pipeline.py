@@ -174,10 +174,12 @@ def _exported(model: nn.Module, keep: set[str], example: object,
     """The model exported with `example` and unflattened, and one graph over it in which every module above the
     stage modules is inlined (see `split_model`)."""
     from torch.export.unflatten import InterpreterModule
+
+    from executor.graph_ops import unflatten
     args, kwargs = export_call(example)
     try:
         ep = torch.export.export(model, args, kwargs, strict=False)
-        root = torch.export.unflatten(ep)
+        root = unflatten(ep)
     except Exception as e:  # noqa: BLE001 — said in one line below
         failed = f"torch.fx failed ({_said(fx_error)}) and so did torch.export" if fx_error is not None \
             else "torch.export failed"
