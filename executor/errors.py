@@ -7,7 +7,8 @@ class ExecutorError(ValueError):
 
 
 def first_line(text: str) -> str:
-    """`text`'s first non-blank-led line ("" for blank text): how an exception's message is quoted in one line."""
+    """The first line of `text` with leading and trailing blanks stripped ("" for blank text): how an exception's
+    message is quoted in one line."""
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
