@@ -5,6 +5,7 @@ single-process run. Usage: torchrun --nproc-per-node N tests/test_executor_ranks
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -380,9 +381,11 @@ def main():
         ref_losses, ref_params, norms, ref_evals = refs[(spec.get("clip", 0.0), spec.get("skip", ""),
                                                          spec.get("pad", False))]
         results.setdefault("reference_norms", {})[spec["name"]] = norms
+        t0 = time.perf_counter()
         try:
             results[spec["name"]] = run_spec(spec, ref_losses, ref_params, ckpt,
                                              () if spec.get("stop") else ref_evals)
+            results[spec["name"]]["seconds"] = round(time.perf_counter() - t0, 2)  # where a launch's time goes
         except Exception as e:
             traceback.print_exc()
             results[spec["name"]] = {"error": f"{type(e).__name__}: {e}"}

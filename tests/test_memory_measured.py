@@ -178,3 +178,30 @@ def test_report_gives_predicted_and_measured_per_category(measured):
     report = format_report(plan, m)
     for label in ("peak memory", "parameters", "gradients", "optimizer state", "activations", "temporaries"):
         assert label in report
+
+
+def test_the_trimmed_tracker_peaks_where_torchs_memtracker_does():
+    """executor.measure's tracker keeps only the step's peak, not every module's: over a step of a small GPT
+    (forward, backward, AdamW) its peak snapshot is torch's MemTracker's, category by category."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from executor.measure import _memory_tracker
+    from gpt import GPT, GPTConfig
+
+    def peak(make):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=64, block_size=16))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randint(0, 64, (4, 16))
+        mt = make()
+        mt.track_external(model, opt)
+        for _ in range(2):  # the first finds the storages made before tracking began
+            with mt:
+                model(x).float().pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+            mt.reset_mod_stats()  # as StepMemory.tracked_step does after each step
+        return {str(k): v for k, v in mt.get_tracker_snapshot("peak")[torch.device("cpu")].items()}
+    trimmed, stock = peak(_memory_tracker), peak(MemTracker)
+    assert trimmed["Total"] > 0 and trimmed == stock, (trimmed, stock)
