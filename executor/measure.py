@@ -110,7 +110,7 @@ def _memory_tracker():
     hook on a tensor that doesn't require gradient"), so any model with frozen weights crashed on its 2nd step.
     It also keeps only the step's own peak after each op, not every active module's (`_update_peak_stats`): the
     per-module peaks are never read here, and walking every tracked module after every op made a tracked step
-    3-6x a plain one."""
+    several times a plain one."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
     class Tracker(MemTracker):
@@ -121,7 +121,7 @@ def _memory_tracker():
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state) -> None:
-            for dev, snap in self._curr_mem_snap.items():  # MemTracker's own second half, unchanged
+            for dev, snap in self._curr_mem_snap.items():  # MemTracker's global half; ints: copy = deepcopy
                 if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(snap)

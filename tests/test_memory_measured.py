@@ -181,8 +181,8 @@ def test_report_gives_predicted_and_measured_per_category(measured):
 
 
 def test_the_trimmed_tracker_peaks_where_torchs_memtracker_does():
-    """executor.measure's tracker keeps only the step's peak, not every module's: over a step of a small GPT
-    (forward, backward, AdamW) its peak snapshot is torch's MemTracker's, category by category."""
+    """executor.measure's tracker keeps only the step's peak, not every module's: over two steps of a small
+    GPT (forward, backward, AdamW) its peak snapshot is torch's MemTracker's, category by category."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
