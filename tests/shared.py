@@ -1,5 +1,9 @@
-"""What several test files share: a small GPT model file, and what `plan measure`'s worker computes on one process
-(the reference the distributed runs must equal)."""
+"""What several test files share: a small GPT model file, what `plan measure`'s worker computes on one process
+(the reference the distributed runs must equal), and training many plans in one torchrun launch."""
+import json
+import os
+import subprocess
+import sys
 import textwrap
 
 import torch
@@ -43,3 +47,57 @@ def reference_losses(model_path, steps: int, batch_size: int, evaluated: list | 
         with torch.no_grad():
             evaluated.append(mf.loss_fn(model(**x) if isinstance(x, dict) else model(x), y).item())
     return losses
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
+LAUNCH_TIMEOUT_S = 900
+"""One launch (tests/test_zoo.py: 14 models per mesh, two meshes at world 4, about two minutes here)."""
+MAX_LAUNCHES = 3
+"""Launches of one call when one dies (see `train_in_one_launch`)."""
+
+
+def train_in_one_launch(jobs: list[dict], world: int, folder: str, steps: int) -> dict[str, dict]:
+    """Train every job ({"name", "model", "plan"}) `steps` steps in one torchrun launch of tests/zoo_worker.py on
+    `world` gloo ranks (a launch's start costs seconds here); job name -> the worker's result ({"losses", ...} or
+    {"error", "where"}). When a launch dies (a rank killed by a signal: no Python error to record), the job it was
+    running gets the launch's error and a new launch trains the jobs left, at most MAX_LAUNCHES in all."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    results: dict[str, dict] = {}
+    for attempt in range(MAX_LAUNCHES):
+        left = [j for j in jobs if j["name"] not in results]
+        if not left:
+            break
+        jobs_path = os.path.join(folder, f"jobs{attempt}.json")
+        with open(jobs_path, "w") as f:
+            json.dump({"steps": steps, "jobs": left}, f)
+        ended = None
+        try:
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                   str(world), WORKER, jobs_path, folder], capture_output=True, text=True,
+                                  timeout=LAUNCH_TIMEOUT_S, env=env, cwd=ROOT)
+            if proc.returncode:
+                ended = f"the launch died in this model: torchrun exited {proc.returncode}: {_died(proc.stderr)}"
+        except subprocess.TimeoutExpired:
+            ended = f"the launch was still in this model after {LAUNCH_TIMEOUT_S} s"
+        for job in left:
+            path = os.path.join(folder, job["name"] + ".json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results[job["name"]] = json.load(f)
+            elif ended and os.path.exists(os.path.join(folder, job["name"] + ".started")):
+                results[job["name"]] = {"error": ended, "where": ""}  # the job the launch died in
+                break
+        if ended and ended.startswith("the launch was still"):
+            break
+    for job in jobs:
+        results.setdefault(job["name"], {"error": f"not run: {MAX_LAUNCHES} launches died before it", "where": ""})
+    return results
+
+
+def _died(stderr: str) -> str:
+    """The line of torchrun's report that says how a rank died (a signal), else its last line."""
+    lines = [l.strip() for l in stderr.strip().splitlines() if l.strip()]
+    signal = [l for l in lines if "Signal" in l and "received" in l]
+    return (signal or lines or [""])[-1]

@@ -168,8 +168,12 @@ def _plan_args(model, out, *extra):
 def every_linear_sharded(monkeypatch):
     """The tests below edit layouts with attention split by heads (views, transposes and SDPA placed), which a
     forced tp=2 gave when its fallback sharded every Linear. It now shards at least one Linear per block, the
-    cheapest such layout (often an MLP's alone on these tiny models), so the old fallback is put back here: every
-    Linear that can be sharded is offered only sharded when a Linear is required."""
+    cheapest such layout (often an MLP's alone on these tiny models), so the old fallback is put back here."""
+    _shard_every_linear(monkeypatch)
+
+
+def _shard_every_linear(monkeypatch) -> None:
+    """Every Linear that can be sharded is offered only sharded when a Linear is required."""
     from planner.search.placement import PlacementSolver
     candidates = PlacementSolver._candidates
 
@@ -252,11 +256,9 @@ def test_plan_check_names_the_module_its_placement_and_the_op(const_heads, tmp_p
         assert part in line, (part, line)
 
 
-def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
-    """Attention's output gathered before its `transpose(1, 2).reshape(b, t, c)` (a layout the search proposed on
-    one CPU profile): DTensor views the non-contiguous local tensor and fails ("Cannot view a tensor with shape
-    [2, 16, 4, 8] ..."); the executor copies it first, as reshape does on a plain tensor. The dry run passes and a
-    launch on 2 gloo ranks trains with one process's losses."""
+def _gathered_transpose_plan(path: str):
+    """Megatron's layout of the model file at tp=2 with attention's output gathered before its
+    `transpose(1, 2).reshape(b, t, c)`."""
     import dataclasses
 
     from planner.defaults import megatron_placements
@@ -264,10 +266,7 @@ def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
     from planner.model_file import load_model_file
     from planner.plan import Mesh, Plan
     from planner.trace import trace_model
-    from shared import SMALL_GPT
-    path = tmp_path / "gpt.py"
-    path.write_text(SMALL_GPT.format(examples=EXAMPLES))
-    graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
+    graph = trace_model(load_model_file(path), batch_size=2, progress=False)
     ops = dict(megatron_placements(graph, 2, False))
     reshapes = [op.name for op in graph.ops if op.target == "aten.reshape.default" and op.kind == "reshape"
                 and op.module_path.endswith("attn")]
@@ -276,12 +275,76 @@ def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(tmp_path):
         before = graph.op(name).inputs[0]  # the transpose of the heads
         ops[before] = dataclasses.replace(ops[before], inputs=("R",), output="R")
         ops[name] = dataclasses.replace(ops[name], inputs=("R",), output="R")
-    plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
+    return Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
                 ops=ops, parameters=parameter_placements(graph, ops))
-    _dry_runs_and_trains_as_one_process(plan, str(path), tmp_path)
 
 
-def test_heads_split_between_replicated_projections_trains_as_one_process(const_heads, tmp_path):
+def _heads_split_plan(path: str):
+    """Attention split by heads alone, with the lm head column-parallel."""
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, OpPlacement, Plan
+    from planner.trace import trace_model
+    graph = trace_model(load_model_file(path), batch_size=2, progress=False)
+    ops = {op.name: OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * 3, output="S(1)")
+           for op in graph.ops if op.kind == "attention"}
+    assert len(ops) == 2
+    head = graph.module_op("head")  # column-parallel, as in the ILP's answer (a tp plan places some parameter)
+    ops[head.name] = OpPlacement(strategy="colwise", module="head", inputs=("R",), output="S(2)",
+                                 params=("S(0)",) * len(head.params))
+    return Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
+                ops=ops, parameters=parameter_placements(graph, ops))
+
+
+LAUNCH_STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The plans below that meet real ranks, dry-run here and then trained on 2 gloo ranks in ONE torchrun launch
+    of tests/zoo_worker.py (`plan measure`'s worker code: apply_plan, runner.step, the same seeds; each
+    `plan measure` launch cost about 15 s before its plan ran): name -> (model file, the dry run's problems, the
+    launch's result)."""
+    from executor.dry_run import dry_run
+    from planner.plan import Plan
+    from shared import SMALL_GPT, train_in_one_launch
+    folder = tmp_path_factory.mktemp("launched")
+    gpt, heads = folder / "gpt.py", folder / "const_heads.py"
+    gpt.write_text(SMALL_GPT.format(examples=EXAMPLES))
+    heads.write_text(CONST_HEADS)
+    with pytest.MonkeyPatch.context() as mp:
+        _shard_every_linear(mp)
+        edited = _edited_plan(str(heads), folder)
+    plans = {"gathered_transpose": (str(gpt), _gathered_transpose_plan(str(gpt))),
+             "heads_split": (str(heads), _heads_split_plan(str(heads))),
+             "edited": (str(heads), Plan.load(str(edited)))}
+    jobs, problems = [], {}
+    for name, (path, plan) in plans.items():
+        problems[name] = dry_run(plan, path)
+        plan.save(str(folder / f"{name}.plan.json"))
+        jobs.append({"name": name, "model": path, "plan": str(folder / f"{name}.plan.json")})
+    results = train_in_one_launch(jobs, 2, str(folder), LAUNCH_STEPS)
+    return {name: (path, problems[name], results[name]) for name, (path, _) in plans.items()}
+
+
+def _trains_as_one_process(launched, name: str) -> None:
+    """The plan passes the dry run, and 2 gloo ranks give one process's losses."""
+    from shared import reference_losses
+    path, problems, result = launched[name]
+    assert problems == []
+    assert "losses" in result, result
+    assert result["losses"] == pytest.approx(reference_losses(path, LAUNCH_STEPS, 2), rel=1e-5)
+
+
+def test_a_gathered_transpose_is_reshaped_as_plain_torch_would(launched):
+    """Attention's output gathered before its `transpose(1, 2).reshape(b, t, c)` (a layout the search proposed on
+    one CPU profile): DTensor views the non-contiguous local tensor and fails ("Cannot view a tensor with shape
+    [2, 16, 4, 8] ..."); the executor copies it first, as reshape does on a plain tensor. The dry run passes and a
+    launch on 2 gloo ranks trains with one process's losses."""
+    _trains_as_one_process(launched, "gathered_transpose")
+
+
+def test_heads_split_between_replicated_projections_trains_as_one_process(launched):
     """Attention split by heads alone (q, k, v and the projections replicated; each SDPA input sliced R -> S(1), its
     output gathered before `transpose(1, 2).contiguous().view(b, t, c)`): a layout the ILP picks where
     communication is cheap. DTensor's backward of the slice handed its gathered gradient on with the transposed
@@ -289,54 +352,16 @@ def test_heads_split_between_replicated_projections_trains_as_one_process(const_
     a tensor with shape ... and strides ..."), in the dry run and on real ranks alike (found at batch 4); the
     executor now rebuilds such gradients contiguous (`executor.tp._consistent_grad`). The dry run passes and 2 gloo
     ranks train with one process's losses."""
-    from planner.layout import parameter_placements
-    from planner.model_file import load_model_file
-    from planner.plan import Mesh, OpPlacement, Plan
-    from planner.trace import trace_model
-    graph = trace_model(load_model_file(const_heads), batch_size=2, progress=False)
-    ops = {op.name: OpPlacement(strategy="heads", module=op.module_path, inputs=("S(1)",) * 3, output="S(1)")
-           for op in graph.ops if op.kind == "attention"}
-    assert len(ops) == 2
-    head = graph.module_op("head")  # column-parallel, as in the ILP's answer (a tp plan places some parameter)
-    ops[head.name] = OpPlacement(strategy="colwise", module="head", inputs=("R",), output="S(2)",
-                                 params=("S(0)",) * len(head.params))
-    plan = Plan(mesh=Mesh(tp=2), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32",
-                ops=ops, parameters=parameter_placements(graph, ops))
-    _dry_runs_and_trains_as_one_process(plan, const_heads, tmp_path)
+    _trains_as_one_process(launched, "heads_split")
 
 
-def _dry_runs_and_trains_as_one_process(plan, path: str, tmp_path) -> None:
-    """The plan passes the dry run, and `plan measure` on 2 gloo ranks gives one process's losses (2 steps)."""
-    import subprocess
-    import sys
-
-    from executor.dry_run import dry_run
-    from shared import reference_losses
-    assert dry_run(plan, path) == []
-    plan.save(str(tmp_path / "plan.json"))
-    out = tmp_path / "measured.json"
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(tmp_path / "plan.json"), path,
-                           "--steps", "2", "--warmup", "0", "-o", str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    losses = json.loads(out.read_text())["measured"]["losses"]
-    assert losses == pytest.approx(reference_losses(path, 2, 2), rel=1e-5)
-
-
-def test_the_dry_run_agrees_with_a_real_launch(const_heads, tmp_path, every_linear_sharded):
-    """The plan the dry run refuses fails the same way under torchrun on 2 gloo ranks."""
-    import subprocess
-    import sys
-
-    from executor.dry_run import dry_run
-    out = _edited_plan(const_heads, tmp_path)
-    problems = dry_run(str(out), const_heads)
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "measure", str(out), const_heads, "--steps", "1",
-                           "--warmup", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 1 and len(problems) == 1, (proc.returncode, problems)
+def test_the_dry_run_agrees_with_a_real_launch(launched):
+    """The plan the dry run refuses fails the same way on 2 gloo ranks under torchrun. (`plan measure` says a
+    rank's error in one line and exits 1: tests/test_executor.py and tests/test_measure_failure.py.)"""
+    _, problems, result = launched["edited"]
+    assert len(problems) == 1 and "error" in result, (problems, result)
     crash = "op linear (module h.0.attn.q_proj): DTensor propagated the output as S(2), the plan says P"
-    assert crash in proc.stderr and crash in problems[0]
+    assert crash in result["error"] and crash in problems[0], (result, problems)
 
 
 def _megatron_plan(path, tp=2, sp=False, batch=2):

@@ -14,23 +14,16 @@ import io
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
-from shared import reference_losses
+from shared import reference_losses, train_in_one_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "zoo")
 EXAMPLES = os.path.join(ROOT, "examples")
-WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
 STEPS, BATCH, TOL = 3, 4, 1e-5
-LAUNCH_TIMEOUT_S = 900
-"""One launch (14 models per mesh, two meshes at world 4); a healthy one takes about two minutes here."""
-MAX_LAUNCHES = 3
-"""Launches per mesh when one dies (see `_train_all`)."""
 
 MODELS = {
     "nanogpt_fused_qkv": os.path.join(ZOO, "nanogpt_fused_qkv.py"),  # fused c_attn + split, view(B, T, C)
@@ -185,7 +178,7 @@ def _launch(meshes: list[str], folder) -> dict[str, dict[str, dict]]:
         os.makedirs(os.path.join(folder, mesh), exist_ok=True)
         outcomes[mesh], mesh_jobs = _plan_mesh(mesh, os.path.join(folder, mesh), cluster)
         jobs += [dict(job, name=f"{mesh}-{job['name']}") for job in mesh_jobs]
-    results = _train_all(jobs, world, str(folder))
+    results = train_in_one_launch(jobs, world, str(folder), STEPS)
     for mesh in meshes:
         for name, outcome in outcomes[mesh].items():
             outcome.update(results.get(f"{mesh}-{name}", {}))
@@ -219,51 +212,6 @@ def _with_megatron_blocks(model: str, plan_path: str) -> str:
     with open(out, "w") as f:
         json.dump(plan, f, indent=1)
     return out
-
-
-def _train_all(jobs: list[dict], world: int, folder: str) -> dict[str, dict]:
-    """Train every job in one torchrun launch of the worker; job name -> its result. When a launch dies (a rank
-    killed by a signal: no Python error to record), the job it was running gets the launch's error and a new launch
-    trains the jobs left, at most MAX_LAUNCHES in all."""
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    results: dict[str, dict] = {}
-    for attempt in range(MAX_LAUNCHES):
-        left = [j for j in jobs if j["name"] not in results]
-        if not left:
-            break
-        jobs_path = os.path.join(folder, f"jobs{attempt}.json")
-        with open(jobs_path, "w") as f:
-            json.dump({"steps": STEPS, "jobs": left}, f)
-        ended = None
-        try:
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                   str(world), WORKER, jobs_path, folder], capture_output=True, text=True,
-                                  timeout=LAUNCH_TIMEOUT_S, env=env, cwd=ROOT)
-            if proc.returncode:
-                ended = f"the launch died in this model: torchrun exited {proc.returncode}: {_died(proc.stderr)}"
-        except subprocess.TimeoutExpired:
-            ended = f"the launch was still in this model after {LAUNCH_TIMEOUT_S} s"
-        for job in left:
-            path = os.path.join(folder, job["name"] + ".json")
-            if os.path.exists(path):
-                with open(path) as f:
-                    results[job["name"]] = json.load(f)
-            elif ended and os.path.exists(os.path.join(folder, job["name"] + ".started")):
-                results[job["name"]] = {"error": ended, "where": ""}  # the job the launch died in
-                break
-        if ended and ended.startswith("the launch was still"):
-            break
-    for job in jobs:
-        results.setdefault(job["name"], {"error": f"not run: {MAX_LAUNCHES} launches died before it", "where": ""})
-    return results
-
-
-def _died(stderr: str) -> str:
-    """The line of torchrun's report that says how a rank died (a signal), else its last line."""
-    lines = [l.strip() for l in stderr.strip().splitlines() if l.strip()]
-    signal = [l for l in lines if "Signal" in l and "received" in l]
-    return (signal or lines or [""])[-1]
 
 
 @pytest.fixture(scope="module")
