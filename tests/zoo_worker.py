@@ -6,7 +6,8 @@ JOBS.json: {"steps": S, "jobs": [{"name", "model", "plan"}, ...]}, every plan fo
 `plan measure`'s worker (executor/worker.py) trains it: the same build and data seeds, `executor.apply_plan`,
 `runner.step` on `sample_batch(plan.global_batch_size)`. Rank 0 writes OUT_DIR/NAME.json per job:
 {"losses": [...]} or {"error": "rank R: Type: first line", "where": "file:line in function"} (the error of the
-rank that failed first; the other ranks' follow-on errors are dropped), plus "seconds"; and OUT_DIR/NAME.started
+rank that failed first; the other ranks' follow-on errors are dropped), plus "seconds" (and for a job that ran,
+rank 0's "apply_seconds" to build and apply the plan, "step_seconds", "eval_seconds"); and OUT_DIR/NAME.started
 when the job starts.
 
 A failing model does not stop the launch: each job gets its own process groups (the default group is destroyed
@@ -51,21 +52,27 @@ def _train(job: dict, steps: int) -> dict:
     from planner.model_file import Batches, batch, build, load_model_file
     from planner.plan import Plan
 
+    start = time.perf_counter()
     plan = Plan.load(job["plan"])
     mf = load_model_file(job["model"])
     torch.manual_seed(BUILD_SEED)
     model = build(mf)
     example = batch(mf, plan.microbatch_size)[0]  # to export what fx cannot trace (pp, tp)
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
+    applied = time.perf_counter()
     torch.manual_seed(STEP_SEED)
     batches = Batches(mf, DATA_SEED)
-    losses, first = [], None
+    losses, first, step_seconds = [], None, []
     for _ in range(steps):
+        t0 = time.perf_counter()
         inputs, targets = batches(plan.global_batch_size)
         first = first or (inputs, targets)
         losses.append(float(runner.step(inputs, targets)))
+        step_seconds.append(round(time.perf_counter() - t0, 2))
+    t0 = time.perf_counter()
     evals = [runner.evaluate(*first) for _ in range(2)]  # forward only, eval mode, on the first batch, twice
-    return {"losses": losses, "eval": evals[0], "eval_again": evals[1]}
+    return {"losses": losses, "eval": evals[0], "eval_again": evals[1], "apply_seconds": round(applied - start, 2),
+            "step_seconds": step_seconds, "eval_seconds": round(time.perf_counter() - t0, 2)}
 
 
 def _status(job: dict, steps: int) -> dict:
@@ -86,7 +93,8 @@ def _merge(statuses: list[dict]) -> dict:
     """One job's result from every rank's status: rank 0's losses, or the first error raised."""
     failed = [(s["failed_at"], r, s) for r, s in enumerate(statuses) if "error" in s]
     if not failed:
-        return {**{k: statuses[0][k] for k in ("losses", "eval", "eval_again")}, "seconds": statuses[0]["seconds"]}
+        return {k: statuses[0][k] for k in ("losses", "eval", "eval_again", "seconds", "apply_seconds", "step_seconds",
+                                            "eval_seconds")}
     _, rank, s = min(failed, key=lambda f: f[:2])
     return {"error": f"rank {rank}: {s['error']}", "where": s["where"], "seconds": s["seconds"]}
 
