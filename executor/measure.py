@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import statistics
 import time
@@ -133,13 +134,14 @@ class StepMemory:
 
     The runner asks `wants_step()` at every step; its second and third steps (or the two after `track_next()`)
     then run through `tracked_step`. Not the first: it initialises lazily (optimizer state, FSDP2, and the pipeline
-    stages' shape inference, whose `autograd.grad` the tracker's module hooks break)."""
+    stages' shape inference, whose `autograd.grad` the tracker's module hooks break). `auto=False`: no step is
+    tracked until `track_next()`."""
 
     STEPS = 2
     """Tracked steps: one to find storages made before tracking began, one measured."""
 
-    def __init__(self):
-        self.first = 1
+    def __init__(self, auto: bool = True):
+        self.first = 1 if auto else math.inf
         self.calls = 0
         self.tracked = 0
         self.result: dict[str, int | None] = dict.fromkeys(MEMORY_CATEGORIES + ("peak",))

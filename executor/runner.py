@@ -76,7 +76,7 @@ def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
 def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
                optimizer: OptimizerFactory | None = None, loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                *, sync_init: bool = True, mesh: DeviceMesh | None = None,
-               example_inputs: Any = None, compile: str | None = None) -> "Runner":
+               example_inputs: Any = None, compile: str | None = None, track_memory: bool = True) -> "Runner":
     """Apply a plan to `model` on this rank (under torchrun) and return a Runner.
 
     Checks (before any process group starts): the plan loads, matches the model, its tensor-parallel layout is
@@ -92,6 +92,9 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`executor.pipeline.split_model`; without tp and without it, from the model's fx trace: no op is placed).
     `compile`: a torch.compile backend ("inductor") to compile each repeated block with
     (`executor.parallel.apply_compile`); None runs eager.
+    `track_memory`: run the 2nd and 3rd steps under torch's MemTracker to measure peak memory by category
+    (`Runner.memory_bytes`; they are left out of the median step time); False tracks none unless
+    `Runner.track_memory_next_step` asks.
     """
     plan = load_plan(plan_or_path)
     check_plan_matches_model(plan, model)
@@ -102,7 +105,7 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     rank, world = check_world(plan)
     device = init_distributed(rank, world)
     return Runner(model, plan, optimizer or default_optimizer, loss_fn or default_loss,
-                  device, sync_init, mesh, example_inputs, compile)
+                  device, sync_init, mesh, example_inputs, compile, track_memory)
 
 
 class Runner:
@@ -112,7 +115,7 @@ class Runner:
 
     def __init__(self, model: nn.Module, plan: Plan, optimizer: OptimizerFactory, loss_fn, device: torch.device,
                  sync_init: bool = True, mesh: DeviceMesh | None = None, example_inputs: Any = None,
-                 compile: str | None = None):
+                 compile: str | None = None, track_memory: bool = True):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
         self.compile = compile
         self.example_inputs = to_device(example_inputs, device)  # exported with the model, on the model's device
@@ -142,7 +145,7 @@ class Runner:
         self.notes: list[str] = []  # said in the measurement (`executor.measure`)
         self.saved = SavedActivations()
         self.timings = Timings()
-        self.memory = StepMemory()  # peak memory by category, from torch's MemTracker
+        self.memory = StepMemory(track_memory)  # peak memory by category, from torch's MemTracker
         self.step_count = 0
         self._grad_norm = None  # the last step's, when the plan clips (`grad_norm`)
         self.tied_counted_elsewhere: set[str] = set()  # tied weights another stage counts in the norm

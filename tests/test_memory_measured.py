@@ -115,18 +115,20 @@ RANK_PROGRAM = textwrap.dedent("""
     torch.set_num_threads(1)
     cfg = GPTConfig(n_layer=2, n_embd=32, n_head=4, vocab_size=256, block_size=32)
     specs = {{"dp_b4": dict(dp=2, batch=4), "dp_b8": dict(dp=2, batch=8), "zero3_2mb": dict(dp=2, zero=3, batch=8,
-             nmb=2), "pp_1f1b": dict(pp=2, batch=8, nmb=2)}}
+             nmb=2), "pp_1f1b": dict(pp=2, batch=8, nmb=2), "untracked": dict(dp=2, batch=4, track=False)}}
     out = {{}}
     for name, s in specs.items():
         dp, pp, nmb = s.get("dp", 1), s.get("pp", 1), s.get("nmb", 1)
         plan = Plan(mesh=Mesh(dp=dp, pp=pp), zero_stage=s.get("zero", 0), global_batch_size=s["batch"],
                     microbatch_size=s["batch"] // (dp * nmb), num_microbatches=nmb, precision="fp32")
         torch.manual_seed(0)
-        runner = apply_plan(GPT(cfg), plan, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+        runner = apply_plan(GPT(cfg), plan, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                            track_memory=s.get("track", True))
         for _ in range(4):
             runner.step(*sample_batch(s["batch"], cfg))
         m = runner.measurement(warmup=1)
         m["param_bytes"] = sum(p.numel() * 4 for p in GPT(cfg).parameters())
+        m["report"] = runner.report()
         per = [None] * dist.get_world_size()
         dist.all_gather_object(per, m)
         out[name] = per
@@ -151,6 +153,8 @@ def measured(tmp_path_factory):
 def test_measured_peak_comes_from_the_tracker(measured):
     cats = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
     for name, ranks in measured.items():
+        if name == "untracked":
+            continue
         for m in ranks:
             mem = m["memory_bytes"]
             assert mem["peak"] > 0 and mem["tracked_steps"] == 2, name
@@ -163,6 +167,17 @@ def test_measured_peak_comes_from_the_tracker(measured):
     assert b4["parameters"] == whole and b4["optimizer_state"] >= 2 * whole  # fp32 params; AdamW m and v
     z3 = measured["zero3_2mb"][0]["memory_bytes"]
     assert z3["optimizer_state"] < 1.1 * whole  # AdamW over half the parameters
+
+
+def test_track_memory_false_runs_every_step_untracked(measured):
+    """`apply_plan(..., track_memory=False)`: no step runs under the tracker, every step after warm-up is timed,
+    and the report says nothing of measured memory."""
+    for m in measured["untracked"]:
+        assert m["memory_steps"] == [] and "tracked_steps" not in m["memory_bytes"], m["memory_bytes"]
+        assert m["memory_bytes"]["peak"] is None and m["peak_memory_bytes"] is None
+        assert len(m["step_times_s"]) == 4
+    row = next(line for line in measured["untracked"][0]["report"].splitlines() if line.startswith("peak memory"))
+    assert row.split()[-3:] == ["-", "-", "-"], row
 
 
 def test_report_gives_predicted_and_measured_per_category(measured):

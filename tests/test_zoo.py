@@ -77,6 +77,11 @@ replicated), the tp2 launch also trains each under its plan with a Megatron layo
 COLWISE, ROWWISE = {"q", "k", "v", "fc", "wq", "wk", "wv", "w1", "w3"}, {"o", "proj", "wo", "w2"}
 """Block Linears of HAND_LAYOUTS' models by name: column-parallel (weight and bias S(0), output S(-1)) and
 row-parallel (weight S(1), input S(-1), output partial sums)."""
+TRACKED_WORLDS = (2,)
+"""World sizes whose launch runs each job's 2nd and 3rd steps under MemTracker, as `plan measure` does (every zoo
+model under tp2 through the tracker); the world-4 launch applies its plans with `track_memory=False` (a tracked
+step there costs about three plain ones; tests/test_executor.py tracks dp x tp, tp x pp and interleaved specs at
+world 4)."""
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 
 
@@ -177,7 +182,7 @@ def _launch(meshes: list[str], folder) -> dict[str, dict[str, dict]]:
     for mesh in meshes:
         os.makedirs(os.path.join(folder, mesh), exist_ok=True)
         outcomes[mesh], mesh_jobs = _plan_mesh(mesh, os.path.join(folder, mesh), cluster)
-        jobs += [dict(job, name=f"{mesh}-{job['name']}") for job in mesh_jobs]
+        jobs += [dict(job, name=f"{mesh}-{job['name']}", track_memory=world in TRACKED_WORLDS) for job in mesh_jobs]
     results = train_in_one_launch(jobs, world, str(folder), STEPS)
     for mesh in meshes:
         for name, outcome in outcomes[mesh].items():

@@ -2,7 +2,8 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node N tests/zoo_worker.py JOBS.json OUT_DIR
 
-JOBS.json: {"steps": S, "jobs": [{"name", "model", "plan"}, ...]}, every plan for N ranks. Each model trains as
+JOBS.json: {"steps": S, "jobs": [{"name", "model", "plan"}, ...]}, every plan for N ranks; a job's
+"track_memory": false applies its plan with `apply_plan(..., track_memory=False)` (no step under MemTracker). Each model trains as
 `plan measure`'s worker (executor/worker.py) trains it: the same build and data seeds, `executor.apply_plan`,
 `runner.step` on `sample_batch(plan.global_batch_size)`. Rank 0 writes OUT_DIR/NAME.json per job:
 {"losses": [...]} or {"error": "rank R: Type: first line", "where": "file:line in function"} (the error of the
@@ -58,7 +59,8 @@ def _train(job: dict, steps: int) -> dict:
     torch.manual_seed(BUILD_SEED)
     model = build(mf)
     example = batch(mf, plan.microbatch_size)[0]  # to export what fx cannot trace (pp, tp)
-    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example)
+    runner = apply_plan(model, plan, loss_fn=mf.loss_fn, example_inputs=example,
+                        track_memory=job.get("track_memory", True))
     applied = time.perf_counter()
     torch.manual_seed(STEP_SEED)
     batches = Batches(mf, DATA_SEED)
@@ -112,6 +114,9 @@ def main(argv: list[str]) -> int:
     store, _, _ = next(dist.rendezvous("env://", rank, world))
     store.set_timeout(datetime.timedelta(seconds=STATUS_TIMEOUT_S))
     timeout = datetime.timedelta(seconds=PG_TIMEOUT_S)
+    import executor.worker, planner.model_file, planner.plan  # noqa: F401 - what every job imports, before the freeze
+    gc.collect()
+    gc.freeze()  # the collections between jobs then skip torch's and shardwise's own objects
     for i, job in enumerate(spec["jobs"]):
         if rank == 0:  # tells the launcher which job a launch died in
             open(os.path.join(out_dir, job["name"] + ".started"), "w").close()
