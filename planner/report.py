@@ -37,6 +37,10 @@ def _blocks(plan) -> str:
     return f" (the first blocks of each stage: {counts[1:-1]})"
 
 
+SHOWN_RANKS = 8
+"""Pipeline ranks whose memory the report lists (a deep pipeline's others are elided)."""
+
+
 def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:
     """Lines with a prediction's step time, breakdown, throughput and memory."""
     b = pred.breakdown
@@ -62,9 +66,13 @@ def format_prediction(pred, usable_bytes: float | None = None) -> list[str]:
     lines.append(f"throughput: {pred.tflops_per_device:.1f} TFLOP/s per device, MFU {pred.mfu:.1%}")
     fits = "fits" if pred.fits else "DOES NOT FIT"
     usable = f" of {_gib(usable_bytes)} usable" if usable_bytes else ""
+    per_rank = list(pred.memory_per_device_bytes)
+    peak_rank = max(range(len(per_rank)), key=per_rank.__getitem__, default=0)
     lines.append(f"memory per device: {_gib(pred.peak_memory_bytes)} peak{usable} ({fits}); per pipeline rank: "
-                 + ", ".join(_gib(x) for x in pred.memory_per_device_bytes[:8])
-                 + (" ..." if len(pred.memory_per_device_bytes) > 8 else ""))
+                 + ", ".join(_gib(x) for x in per_rank[:SHOWN_RANKS])
+                 + (" ..." if len(per_rank) > SHOWN_RANKS else "")
+                 # the peak rank is named when the ranks shown do not hold it
+                 + (f" (peak: rank {peak_rank} of {len(per_rank)})" if peak_rank >= SHOWN_RANKS else ""))
     mb = pred.memory_breakdown
     if mb:
         lines.append("  " + "  ".join(f"{k} {_gib(v)}" for k, v in mb.items()))

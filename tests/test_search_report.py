@@ -22,3 +22,22 @@ def test_top_table_and_explain():
     text = format_result(res, explain=True)
     assert "top " in text and "why this plan: the runner-up" in text and "memory per device: runner-up" in text
     assert "search: " in text
+
+
+def _prediction(per_rank_gib):
+    from cost_model.prediction import Prediction
+    per_rank = tuple(int(g * 2**30) for g in per_rank_gib)
+    return Prediction(step_time_s=1.0, breakdown={"compute_s": 1.0}, peak_memory_bytes=max(per_rank),
+                      memory_per_device_bytes=per_rank, memory_breakdown={}, tflops_per_device=1.0, mfu=0.1,
+                      fits=True)
+
+
+def test_memory_line_names_a_peak_rank_beyond_those_listed():
+    from planner.report import format_prediction
+    # a 16-stage interleaved pipeline whose later ranks recompute fewer blocks and peak there (Llama-405B-shaped)
+    deep = format_prediction(_prediction([46.5] + [24.7] * 9 + [70.7, 69.0, 67.2, 65.4, 63.7, 61.1]))
+    line = next(l for l in deep if l.startswith("memory per device"))
+    assert line.startswith("memory per device: 70.70 GiB peak (fits); per pipeline rank: 46.50 GiB, 24.70 GiB")
+    assert line.endswith(" ... (peak: rank 10 of 16)")
+    shallow = format_prediction(_prediction([3.0, 5.0, 4.0]))
+    assert next(l for l in shallow if l.startswith("memory per device")).endswith("3.00 GiB, 5.00 GiB, 4.00 GiB")
