@@ -88,7 +88,7 @@ class _Where:
 
 
 def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: str | None = None,
-            debug: bool = False, notes: list[str] | None = None) -> list[str]:
+            debug: bool = False, notes: list[str] | None = None, on_stage=None) -> list[str]:
     """Apply `plan` to the model file's model on fake tensors under a fake process group and run one micro-batch's
     forward, backward and optimizer step on each representative rank (see the module docstring).
 
@@ -101,6 +101,8 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     `debug` (or SHARDWISE_DEBUG set): also print the failure's traceback. An op fake tensors cannot run (one
     whose result depends on tensor values, `.item()`, `nonzero`, or a kernel without a fake implementation) ends
     the check there without a problem: a line saying what was left unchecked is appended to `notes`.
+    `on_stage(stage, stages)` is called before each pipeline stage that runs (not for those skipped as like one
+    already run; never without pipelining): each of a large model's stages takes seconds.
     """
     import torch.distributed as dist
 
@@ -129,6 +131,8 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
         if _hashable(key) and key in done:  # a middle stage like one already run, on the same inputs
             boundary = done[key]
             continue
+        if on_stage is not None and stage is not None:
+            on_stage(stage, len(stages))
         gathered: list[str] = []
         out, where, error = _check_stage(run, mf, stage, boundary, gathered)
         if gathered and notes is not None and gathered[0] not in notes:
@@ -462,14 +466,17 @@ def _placement_text(path: str, strategies: dict[str, str]) -> str:
 
 
 def first_that_runs(plans: list[Plan], model: ModelFile | str, label: str, notes: list[str] | None = None,
-                    on_start=None) -> tuple[int | None, list[str]]:
+                    on_start=None, on_stage=None) -> tuple[int | None, list[str]]:
     """Dry-run `plans` in order until one passes: (its index, or None when none does; the failure lines of the
-    plans tried before it). `notes` as in `dry_run`; `on_start(i, plan)` is called before each."""
+    plans tried before it). `notes` as in `dry_run`; `on_start(i, plan)` is called before each, and
+    `on_stage(i, plan, stage, stages)` before each pipeline stage it runs (`dry_run`'s `on_stage`)."""
     failures: list[str] = []
     for i, plan in enumerate(plans):
         if on_start is not None:
             on_start(i, plan)
-        problems = dry_run(plan, model, label=label if i == 0 else f"{label} (candidate {i + 1})", notes=notes)
+        staged = None if on_stage is None else (lambda st, n, i=i, plan=plan: on_stage(i, plan, st, n))
+        problems = dry_run(plan, model, label=label if i == 0 else f"{label} (candidate {i + 1})", notes=notes,
+                           on_stage=staged)
         if not problems:
             return i, failures
         failures += problems

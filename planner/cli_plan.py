@@ -153,11 +153,14 @@ def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
     plans = [result.best] + [plan for plan, _ in result.candidates[1:]]
     unchecked: list[str] = []
 
-    def say(i: int, plan: Any) -> None:  # the dry run of a large model takes seconds: say what is running
+    def say(i: int, plan: Any, stage: int | None = None, stages: int = 0) -> None:
+        # the dry run of a large model takes seconds (minutes for a deep pipeline): say what is running
         if sys.stderr.isatty():
-            print(f"\rdry run: candidate {i + 1} on fake tensors at world {plan.world_size} ...", end="",
+            at = "" if stage is None else f", pipeline stage {stage + 1} of {stages}"
+            print(f"\r\033[Kdry run: candidate {i + 1} on fake tensors at world {plan.world_size}{at} ...", end="",
                   file=sys.stderr, flush=True)
-    i, failures = first_that_runs(plans, model_file, os.path.basename(output), notes=unchecked, on_start=say)
+    i, failures = first_that_runs(plans, model_file, os.path.basename(output), notes=unchecked, on_start=say,
+                                  on_stage=say)
     if sys.stderr.isatty():
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     took = time.perf_counter() - t0

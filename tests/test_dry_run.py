@@ -149,7 +149,9 @@ def test_world_4_meshes_dry_run(cpu2):
     for forced in ({"dp": 2, "tp": 2}, {"tp": 2, "pp": 2}, {"tp": 4, "sp": 1}):
         plan = _best(graph, mf, cluster, CostModel(cluster), forced)
         assert plan.world_size == 4
-        assert dry_run(plan, mf) == [], forced
+        stages: list[tuple[int, int]] = []  # what `plan`'s progress line names while a deep pipeline is checked
+        assert dry_run(plan, mf, on_stage=lambda st, n: stages.append((st, n))) == [], forced
+        assert stages == ([(0, 2), (1, 2)] if plan.mesh.pp == 2 else []), (forced, stages)
 
 
 @pytest.fixture
