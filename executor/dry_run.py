@@ -25,6 +25,8 @@ micro-batch; each later stage gets fresh tensors of the shapes and dtypes the pr
 stage computes the loss. Checked: every stage's forward and backward as parallelized, the boundary shapes, the
 tied-weight gradient exchange, the optimizer. Not checked: the schedule's P2P ordering and micro-batch splitting.
 Middle stages made of the same module types, on the same input shapes, run the same program: the first runs.
+Each rank run builds its own model; a model cut from its torch.export graph is exported once per dry run and the
+later ranks' models reuse that export over their own tensors (`executor.pipeline.shared_exports`).
 
 What a dry run cannot check: numerics (fake tensors have no values), real memory and time, and anything after an
 op fake tensors cannot run (`UNCHECKABLE`).
@@ -44,6 +46,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                           UnsupportedOperatorException, unset_fake_temporarily)
 
 from executor.errors import ExecutorError, first_line
+from executor.pipeline import shared_exports
 from planner.errors import ModelError
 from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
 from planner.plan import Plan
@@ -124,6 +127,13 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
         raise
     except Exception as e:  # noqa: BLE001 — stage_modules refusing the model: what apply_plan would say
         return [f"{head} (rank 0): {_describe(e, _Where(), mf)}"]
+    with shared_exports():  # each pipeline rank builds its own model; one torch.export serves them all
+        return _check_stages(run, m, mf, stages, head, debug, notes, on_stage)
+
+
+def _check_stages(run: Plan, m, mf: ModelFile, stages: list[tuple[int | None, tuple]], head: str, debug: bool,
+                  notes: list[str] | None, on_stage) -> list[str]:
+    """`dry_run`'s loop over the stages to run (see there); `m`: the plan's own mesh, which numbers the ranks."""
     boundary: tuple | None = None
     done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
     for stage, signature in stages:

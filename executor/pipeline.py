@@ -16,6 +16,9 @@ equal — Megatron-LM's treatment of shared embeddings.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import copy
 import inspect
 import operator
 
@@ -178,7 +181,7 @@ def _exported(model: nn.Module, keep: set[str], example: object,
     from executor.graph_ops import unflatten
     args, kwargs = export_call(example)
     try:
-        ep = torch.export.export(model, args, kwargs, strict=False)
+        ep = _export(model, args, kwargs)
         root = unflatten(ep)
     except Exception as e:  # noqa: BLE001 — said in one line below
         failed = f"torch.fx failed ({_said(fx_error)}) and so did torch.export" if fx_error is not None \
@@ -226,6 +229,76 @@ def _exported(model: nn.Module, keep: set[str], example: object,
     root.flat_graph = ep.graph  # the graph the plan's op names come from (`executor.graph_ops.place_exported_ops`)
     root.out_spec = ep.call_spec.out_spec  # how the last stage's flat outputs make the model's output
     return root, g
+
+
+_SHARED_EXPORTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("shardwise_shared_exports",
+                                                                            default=None)
+
+
+@contextlib.contextmanager
+def shared_exports():
+    """Within this block `split_model` exports each model structure once: a later model with the same parameters,
+    buffers and example shapes (another rank of the same plan, as the dry run builds one per pipeline rank) reuses
+    that export over its own tensors. torch.export is most of a pipeline rank's set-up (~20 s for a 405B Llama)."""
+    token = _SHARED_EXPORTS.set({})
+    try:
+        yield
+    finally:
+        _SHARED_EXPORTS.reset(token)
+
+
+def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+    """`torch.export.export(model, ...)`, or inside `shared_exports` the export of a model like it, rebound."""
+    cache = _SHARED_EXPORTS.get()
+    key = None if cache is None else _export_key(model, args, kwargs)
+    if key is not None and key in cache:
+        ep = _rebound(cache[key], model)
+        if ep is not None:
+            return ep
+    ep = torch.export.export(model, args, kwargs, strict=False)
+    if key is not None:
+        cache[key] = ep
+    return ep
+
+
+def _export_key(model: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+    """What an export depends on, as far as models built by one model file can differ: the classes and plain
+    attributes (flags, sizes, eps, dropout p, `training`) of every module, the parameters and buffers (names,
+    shapes, dtypes), the inputs' structure, shapes and dtypes. None when an input is neither a tensor nor a
+    hashable value."""
+    from torch.utils._pytree import tree_flatten
+    leaves, spec = tree_flatten((args, kwargs))
+    ins = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            ins.append((tuple(x.shape), x.dtype, x.requires_grad))
+        else:
+            try:
+                hash(x)
+            except TypeError:
+                return None
+            ins.append(("value", type(x), x))
+    params = tuple((n, tuple(p.shape), p.dtype, p.requires_grad)
+                   for n, p in model.named_parameters(remove_duplicate=False))
+    buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in model.named_buffers(remove_duplicate=False))
+    plain = (bool, int, float, str, type(None))
+    modules = tuple((n, type(m), tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, plain))))
+                    for n, m in model.named_modules(remove_duplicate=False))
+    return modules, params, buffers, str(spec), tuple(ins)
+
+
+def _rebound(ep: torch.export.ExportedProgram, model: nn.Module) -> torch.export.ExportedProgram | None:
+    """`ep`, exported from a model of `model`'s structure, over `model`'s own parameters and buffers (which
+    `torch.export.unflatten` clones into the modules it builds); None when `ep` holds a constant `model` does not
+    (a tensor made in the forward, of the other model's tensor mode): then export `model` itself."""
+    state = model.state_dict(keep_vars=True)
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    if not all(k in state for k in ep.state_dict) or not all(k in buffers for k in ep.constants):
+        return None
+    new = copy.copy(ep)  # graph, signature and call graph shared: unflatten deep-copies what it keeps
+    new._state_dict = {k: state[k] for k in ep.state_dict}
+    new._constants = {k: buffers[k] for k in ep.constants}
+    return new
 
 
 def _stage_graph(model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int], k: int) -> fx.GraphModule:
