@@ -295,7 +295,9 @@ def _rebound(ep: torch.export.ExportedProgram, model: nn.Module) -> torch.export
     buffers = dict(model.named_buffers(remove_duplicate=False))
     if not all(k in state for k in ep.state_dict) or not all(k in buffers for k in ep.constants):
         return None
-    new = copy.copy(ep)  # graph, signature and call graph shared: unflatten deep-copies what it keeps
+    # graph, signature and call graph shared: unflatten deep-copies what it keeps, and its one in-place pass
+    # (removing effect tokens, then dead code) leaves nothing to do when run again on the same graph
+    new = copy.copy(ep)
     new._state_dict = {k: state[k] for k in ep.state_dict}
     new._constants = {k: buffers[k] for k in ep.constants}
     return new
