@@ -37,14 +37,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_plan_matches_model(plan, build(model_file, "meta"))
     t0 = time.perf_counter()
     notes: list[str] = []
-    problems = dry_run(plan, model_file, label=os.path.basename(args.plan), debug=args.debug, notes=notes)
+    ran: list[int] = []
+    problems = dry_run(plan, model_file, label=os.path.basename(args.plan), debug=args.debug, notes=notes,
+                       on_stage=lambda stage, stages: ran.append(stage))
     if problems:
         print(f"plan check: {problems[0]}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     m = plan.mesh
-    stages = f"rank 0 of each of {m.pp * plan.virtual_stages} pipeline stages" if m.pp > 1 else "rank 0"
+    total = m.pp * plan.virtual_stages
+    if m.pp == 1:
+        stages = "rank 0"
+    elif len(ran) == total:
+        stages = f"rank 0 of each of {total} pipeline stages"
+    else:  # middle stages like one already run are skipped (or the check stopped early: see the note)
+        stages = f"rank 0 of {len(ran)} of the {total} pipeline stages" + (
+            "" if notes else " (each other one holds the same blocks, on the same inputs, as one of those)")
     ok = "ok (partly, see the note)" if notes else "ok"
     print(f"{ok}: {os.path.basename(args.plan)} ran on fake tensors at world {plan.world_size} (dp {m.dp} x tp "
           f"{m.tp} x pp {m.pp}): one micro-batch of {plan.microbatch_size}, forward, backward and optimizer step "

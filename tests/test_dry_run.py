@@ -496,6 +496,24 @@ def test_plan_check_ok_and_plan_o_says_the_dry_run_passed(tmp_path, capsys):
     assert said.startswith("ok: dp.json ran on fake tensors at world 2 (dp 2 x tp 1 x pp 1)"), said
 
 
+def test_plan_check_says_how_many_pipeline_stages_ran(tmp_path, capsys):
+    """12 blocks at pp=2, v=3: six stages of two blocks; the three middle ones before the last two hold the same
+    blocks on the same inputs, so the first of them runs and stands for the other two, and plan check says so."""
+    from planner.cli import main
+    model = tmp_path / "gpt12.py"
+    model.write_text(f"import sys\nsys.path.insert(0, {os.path.dirname(MODELS['gpt'])!r})\n"
+                     "from gpt import GPT, GPTConfig, sample_batch as _sb\nCFG = GPTConfig(n_layer=12)\n"
+                     "def build_model():\n    return GPT(CFG)\n"
+                     "def sample_batch(b):\n    return _sb(b, CFG)\n")
+    out = tmp_path / "g12.json"
+    assert main([str(model), "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32",
+                 "--force", "pp=2,schedule=interleaved,vp=3", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out), str(model)]) == 0
+    said = capsys.readouterr().out.strip()
+    assert "on rank 0 of 4 of the 6 pipeline stages (each other one holds the same blocks" in said, said
+
+
 def test_a_loss_that_cannot_take_sharded_logits_is_said_by_the_dry_run(tmp_path, capsys):
     """The runner gathers the logits when the loss function fails on vocabulary-sharded ones; the plan priced a
     vocabulary-parallel loss, so `plan check` says so instead of passing silently."""
