@@ -128,43 +128,37 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
     except Exception as e:  # noqa: BLE001 — stage_modules refusing the model: what apply_plan would say
         return [f"{head} (rank 0): {_describe(e, _Where(), mf)}"]
     with shared_exports():  # each pipeline rank builds its own model; one torch.export serves them all
-        return _check_stages(run, m, mf, stages, head, debug, notes, on_stage)
-
-
-def _check_stages(run: Plan, m, mf: ModelFile, stages: list[tuple[int | None, tuple]], head: str, debug: bool,
-                  notes: list[str] | None, on_stage) -> list[str]:
-    """`dry_run`'s loop over the stages to run (see there); `m`: the plan's own mesh, which numbers the ranks."""
-    boundary: tuple | None = None
-    done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
-    for stage, signature in stages:
-        key = (signature, boundary)
-        if _hashable(key) and key in done:  # a middle stage like one already run, on the same inputs
-            boundary = done[key]
-            continue
-        if on_stage is not None and stage is not None:
-            on_stage(stage, len(stages))
-        gathered: list[str] = []
-        out, where, error = _check_stage(run, mf, stage, boundary, gathered)
-        if gathered and notes is not None and gathered[0] not in notes:
-            notes.append(gathered[0])
-        if error is not None:
-            if isinstance(error, ModelError):
-                _raise_model_file_error(mf, run.microbatch_size)
-            if debug or os.environ.get("SHARDWISE_DEBUG"):
-                traceback.print_exception(error)
-            st = "" if stage is None else f", stage {stage}"
-            line = (f"{head} (rank {where.pp_rank * m.dp * m.tp + where.tp_rank}: pp {where.pp_rank} dp 0 tp "
-                    f"{where.tp_rank}{st}): ")
-            if not isinstance(error, UNCHECKABLE):
-                return [line + _describe(error, where, mf)]
-            if notes is not None:
-                notes.append(line + f"checked up to {_describe(error, where, mf)}; not beyond: fake tensors carry "
-                             "no values, so this op cannot run in a dry run")
-            return []
-        if _hashable(key):
-            done[key] = out
-        boundary = out
-    return []
+        boundary: tuple | None = None
+        done: dict[tuple, tuple | None] = {}  # (stage signature, its inputs) -> its outputs
+        for stage, signature in stages:
+            key = (signature, boundary)
+            if _hashable(key) and key in done:  # a middle stage like one already run, on the same inputs
+                boundary = done[key]
+                continue
+            if on_stage is not None and stage is not None:
+                on_stage(stage, len(stages))
+            gathered: list[str] = []
+            out, where, error = _check_stage(run, mf, stage, boundary, gathered)
+            if gathered and notes is not None and gathered[0] not in notes:
+                notes.append(gathered[0])
+            if error is not None:
+                if isinstance(error, ModelError):
+                    _raise_model_file_error(mf, run.microbatch_size)
+                if debug or os.environ.get("SHARDWISE_DEBUG"):
+                    traceback.print_exception(error)
+                st = "" if stage is None else f", stage {stage}"
+                line = (f"{head} (rank {where.pp_rank * m.dp * m.tp + where.tp_rank}: pp {where.pp_rank} dp 0 tp "
+                        f"{where.tp_rank}{st}): ")
+                if not isinstance(error, UNCHECKABLE):
+                    return [line + _describe(error, where, mf)]
+                if notes is not None:
+                    notes.append(line + f"checked up to {_describe(error, where, mf)}; not beyond: fake tensors carry "
+                                 "no values, so this op cannot run in a dry run")
+                return []
+            if _hashable(key):
+                done[key] = out
+            boundary = out
+        return []
 
 
 def _raise_model_file_error(mf: ModelFile, batch_size: int) -> None:

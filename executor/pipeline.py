@@ -30,7 +30,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from executor.errors import ExecutorError, shorten
 from executor.parallel import blocks
-from planner.blocks import layer_modules
+from planner.blocks import layer_modules, structure_signature
 from planner.layout import boundary_placements as block_output_placements
 from planner.plan import Plan, StageSpec
 
@@ -262,10 +262,10 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.Exporte
 
 
 def _export_key(model: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
-    """What an export depends on, as far as models built by one model file can differ: the classes and plain
-    attributes (flags, sizes, eps, dropout p, `training`) of every module, the parameters and buffers (names,
-    shapes, dtypes), the inputs' structure, shapes and dtypes. None when an input is neither a tensor nor a
-    hashable value."""
+    """What an export depends on, as far as models built by one model file can differ: the model's structure
+    (`planner.blocks.structure_signature`: class, parameters and buffers), the classes and plain attributes
+    (flags, sizes, eps, dropout p, `training`) of every module, the inputs' structure, shapes and dtypes. None when
+    an input is neither a tensor nor a hashable value."""
     from torch.utils._pytree import tree_flatten
     leaves, spec = tree_flatten((args, kwargs))
     ins = []
@@ -278,13 +278,10 @@ def _export_key(model: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
             except TypeError:
                 return None
             ins.append(("value", type(x), x))
-    params = tuple((n, tuple(p.shape), p.dtype, p.requires_grad)
-                   for n, p in model.named_parameters(remove_duplicate=False))
-    buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in model.named_buffers(remove_duplicate=False))
     plain = (bool, int, float, str, type(None))
     modules = tuple((n, type(m), tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, plain))))
                     for n, m in model.named_modules(remove_duplicate=False))
-    return modules, params, buffers, str(spec), tuple(ins)
+    return structure_signature(model), modules, str(spec), tuple(ins)
 
 
 def _rebound(ep: torch.export.ExportedProgram, model: nn.Module) -> torch.export.ExportedProgram | None:

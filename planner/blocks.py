@@ -26,7 +26,7 @@ def _can_be_block(module: nn.Module) -> bool:
     return next(module.children(), None) is not None and next(module.parameters(), None) is not None
 
 
-def _signature(module: nn.Module) -> Hashable:
+def structure_signature(module: nn.Module) -> Hashable:
     """Class plus parameter and buffer names/shapes/dtypes: equal signatures mean structurally identical."""
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters())
     buffers = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers())
@@ -44,7 +44,7 @@ def find_blocks(model: nn.Module) -> dict[str, str]:
             groups: dict[Hashable, list[str]] = {}
             for path, child in children:
                 if _can_be_block(child):
-                    groups.setdefault(_signature(child), []).append(path)
+                    groups.setdefault(structure_signature(child), []).append(path)
             repeated = [paths for paths in groups.values() if len(paths) >= 2]
             base = f"{prefix}.*" if prefix else "*"
             for paths in repeated:
