@@ -10,13 +10,37 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from hardware_profiles.schema import (Cluster, CollectiveCurve, DeviceSpec, LinkSpec, OpOverhead, PrecisionRates,
-                                      ProfileError)
+from hardware_profiles.schema import (Cluster, CollectiveCurve, DeviceSpec, LinkSpec, MatmulModel, OpOverhead,
+                                      PrecisionRates, ProfileError)
 
 
 def _efficiency(rates: Sequence[tuple[float, float]], peak: float) -> tuple[tuple[float, float], ...]:
     """[(size, rate / peak)]: fractions of the best measured rate, which is 1.0 at its size."""
     return tuple((float(s), min(1.0, r / peak)) for s, r in rates)
+
+
+GEMM_TILES = ((256, 128), (128, 128))
+"""Output tiles a probed GPU profile's GEMM-by-shape model picks among: the two largest of NVIDIA's "Matrix
+Multiplication Background User's Guide" (Sec. 2.3, the most efficient in cuBLAS), as the presets list them."""
+
+
+def gemm_depth_model(m: int, n: int, points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """(deep-K FLOP/s, k_overhead) of the GEMM depth sweep: its M x N GEMMs fill whole waves, so their seconds are a
+    line in K, t = a K + c (least squares of the relative misses, as timing noise is a share of each time, over
+    `points` [(K, seconds)]): 2MN / a is the rate of the K loop alone and c / a the elements of K each output tile
+    spends beyond it (pipeline fill, epilogue; `MatmulModel.k_overhead`, at least 0). None with fewer than two
+    depths or a slope that is not positive."""
+    if len({k for k, _ in points}) < 2 or any(t <= 0 for _, t in points):
+        return None
+    w = [1.0 / (t * t) for _, t in points]  # minimise sum ((a K + c - t) / t)^2
+    sw = sum(w)
+    mk = sum(wi * k for wi, (k, _) in zip(w, points)) / sw
+    mt = sum(wi * t for wi, (_, t) in zip(w, points)) / sw
+    a = sum(wi * (k - mk) * (t - mt) for wi, (k, t) in zip(w, points)) / \
+        sum(wi * (k - mk) ** 2 for wi, (k, _) in zip(w, points))
+    if a <= 0:
+        return None
+    return 2.0 * m * n / a, max(0.0, (mt - a * mk) / a)
 
 
 def _slug(text: str) -> str:
@@ -46,6 +70,10 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
     if low and low["linear"]:  # a bf16 linear forward (AMX) may beat the small square matmuls timed at bf16; not
         # its backward, a difference of two noisy times (under load it once came out at 3e16 FLOP/s)
         peaks["bf16"] = max(peaks["bf16"], *(f for _, f, _ in low["linear"]))
+    depth = raw.get("gemm_depths")
+    fitted = gemm_depth_model(depth["m"], depth["n"], depth["seconds"]) if depth else None
+    if fitted:  # a deep K loop may outrun every square matmul: the peak is the best rate measured either way
+        peaks["bf16"] = max(peaks["bf16"], fitted[0])
     bw_peak = max(r for _, r in raw["copy"])
     device = DeviceSpec(name=dev["name"], memory_bytes=int(dev["memory_bytes"]),
                         usable_memory_fraction=round(min(1.0, dev["usable_fraction"]), 4),
@@ -59,6 +87,8 @@ def build_cluster(raw: dict[str, Any], name: str | None = None, links_from: Clus
                         linear_backward_efficiency=_efficiency([(f, r) for f, _, r in raw.get("linear", [])],
                                                                peaks[main_dtype]),
                         sms=int(dev.get("sms", 0)), async_host=cuda, kernel_floor=float(raw.get("kernel_floor", 0.0)),
+                        matmul=MatmulModel(tiles=GEMM_TILES, best_efficiency=fitted[0] / peaks["bf16"],
+                                           k_overhead=fitted[1]) if fitted else None,
                         # gloo's collectives run on host threads beside the rank's compute thread(s), on its cores
                         threads=int(dev.get("threads", 0)), comm_shares_compute=not cuda,
                         sync_wait=tuple((float(x), float(y)) for x, y in raw.get("sync_wait", ())),
@@ -157,7 +187,11 @@ def header(raw: dict[str, Any], elapsed: float, links_from: Cluster | None = Non
              "[rows, width, parameters, function, fp32 (autocast runs norms in fp32), fwd s, bwd s]; reduce_shapes: "
              "its linears' bias gradients [rows, width, precision, s] (sum over the rows); expected "
              "device time (CUDA events around calls queued back to back on GPUs; wall clock minus op_overhead on "
-             "CPUs). kernel_floor (GPUs): device seconds per kernel of 64 one-element adds replayed as a CUDA graph.",
+             "CPUs). kernel_floor (GPUs): device seconds per kernel of 64 one-element adds replayed as a CUDA graph. "
+             "matmul (GPUs): GEMMs priced by shape (tile and wave quantization over `sms`); best_efficiency and "
+             "k_overhead from bf16 GEMMs of 1024 x (256 x sms) outputs (whole waves) at K = 512 .. 16384, whose times "
+             "are a line in K: the K loop's rate over the bf16 peak (which is that rate where it beats every square "
+             "matmul), and the intercept over the slope (the K each output tile spends beyond its loop).",
              "usable_memory_fraction: free / total memory when measured (GPUs: at most 0.9, the presets' reserve for "
              "NCCL buffers and allocator fragmentation, which an idle device does not show). links: bandwidth and "
              "latency fitted to "

@@ -167,6 +167,13 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
     for dt, sizes in plan.matmul_sizes.items():
         raw["matmul"][dt] = _gather_median(M.matmul_rates(dt, sizes, device, sync, plan))
         step(f"matmul {dt}")
+    if cuda:  # GEMMs by shape: K swept at whole waves (fit.gemm_depth_model)
+        from hardware_profiles import shapes as S
+        sms = raw["device"]["sms"]
+        m, n = S.depth_sweep_shape(sms)
+        raw["gemm_depths"] = {"m": m, "n": n,
+                              "seconds": _gather_median(S.gemm_depth_sweep(sms, device, sync, plan))}
+        step("GEMM depths")
     raw["copy"] = _gather_median(M.copy_rates(plan.copy_bytes, device, sync, plan))
     step("memory copy")
     raw["overhead"], raw["kernels"] = _overheads(device, sync, plan, world)
@@ -279,7 +286,8 @@ def _total_steps(cfg: dict[str, Any], levels: int) -> int:
     from hardware_profiles.measure import plan_for
     plan = plan_for(cfg["quick"], cfg["backend"] == "nccl")
     sync = cfg["backend"] != "nccl" and levels > 0
-    return len(plan.matmul_sizes) + 2 + bool(cfg.get("shapes")) + levels * len(plan.collectives) + sync
+    return (len(plan.matmul_sizes) + 2 + (cfg["backend"] == "nccl") + bool(cfg.get("shapes"))
+            + levels * len(plan.collectives) + sync)
 
 
 class _Bar:

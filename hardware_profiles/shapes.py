@@ -50,6 +50,29 @@ def gemm_seconds(shapes: Sequence[tuple], precision: str, device: torch.device, 
     return out
 
 
+GEMM_DEPTHS = (512, 1024, 2048, 4096, 8192, 16384)
+"""K of the GEMM depth sweep (`gemm_depth_sweep`), from where the K loop, not the bytes, sets a GEMM's time (at
+K = 512 the operands and output are ~0.6x the loop's time at HBM speed on an A100 or H100) to a loop deep enough to
+hide what each tile costs beyond it."""
+
+
+def depth_sweep_shape(sms: int) -> tuple[int, int]:
+    """(M, N) of the depth sweep's GEMMs: M = 1024, N = 256 x sms, so 256 x 128, 128 x 256 and 128 x 128 output
+    tiles all fill whole waves of `sms` thread blocks (8, 8 and 16 waves): no tile or wave quantization, only K
+    varies."""
+    return 1024, 256 * max(1, sms)
+
+
+def gemm_depth_sweep(sms: int, device: torch.device, sync: Callable[[], None], plan: MeasurePlan,
+                     depths: Sequence[int] = GEMM_DEPTHS) -> list[tuple[int, float]]:
+    """[(K, seconds)] of bf16 GEMMs of `depth_sweep_shape(sms)` at each depth K, operands laid out as F.linear reads
+    them (nt). Their times are a line in K whose intercept is what each output tile costs beyond its K loop
+    (pipeline fill, epilogue): `fit.gemm_depth_model`."""
+    m, n = depth_sweep_shape(sms)
+    rows = gemm_seconds([(1, m, n, k, "nt") for k in depths], "bf16", device, sync, plan)
+    return [(k, s) for (_, _, _, k, _, s, _) in rows]
+
+
 def attention_seconds(shapes: Sequence[tuple[int, int, int, int, bool]], precision: str, device: torch.device,
                       sync: Callable[[], None], plan: MeasurePlan, host_s: tuple[float, float] = (0.0, 0.0)
                       ) -> list[tuple]:

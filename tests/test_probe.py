@@ -247,3 +247,53 @@ def test_checkpoint_host_costs_are_timed_where_the_backward_runs():
     from hardware_profiles.measure_recompute import host_clock
     assert host_clock(torch.device("cpu")) is time.thread_time
     assert host_clock(torch.device("cuda", 0)) is time.perf_counter
+
+
+def _gpu_raw(depths):
+    """Rank 0's raw figures of a made-up 2-GPU probe: square bf16 matmuls at most 7e14 FLOP/s and a depth sweep."""
+    return {"world": 2, "local_world": 2, "backend": "nccl",
+            "device": {"name": "Test GPU", "memory_bytes": 80 * 2 ** 30, "usable_fraction": 0.9, "sms": 132,
+                       "link_kind": "nvswitch"},
+            "matmul": {"bf16": [(2.1e9, 3e14), (1.4e11, 7e14)], "fp32": [(2.1e9, 4e13), (1.4e11, 5e13)]},
+            "copy": [(2 ** 20, 5e11), (2 ** 30, 3e12)], "overhead": {}, "kernels": {},
+            "curves": {"intra_node": {"all_reduce": [(2 ** 20, 2e-5), (2 ** 30, 6e-3)]}}, "gemm_depths": depths}
+
+
+def test_a_gemm_depth_sweep_fits_the_shape_model_it_prices_with(tmp_path):
+    # seconds = 2MN (K + k_overhead) / rate: the fit recovers the rate of the K loop and the overhead, and the cost
+    # model, pricing by shape with what the probe wrote, gives each swept GEMM its measured time back
+    from cost_model.kernels import gemm_time
+    from hardware_profiles.fit import build_cluster, gemm_depth_model
+    from hardware_profiles.shapes import GEMM_DEPTHS, depth_sweep_shape
+    m, n = depth_sweep_shape(132)
+    assert (m, n) == (1024, 33792)
+    rate, over = 8e14, 190.0
+    points = [(k, 2.0 * m * n * (k + over) / rate) for k in GEMM_DEPTHS]
+    assert gemm_depth_model(m, n, points) == (pytest.approx(rate), pytest.approx(over))
+    noisy = [(k, t * (1.03 if i % 2 else 0.97)) for i, (k, t) in enumerate(points)]  # +-3 % per point
+    got_rate, got_over = gemm_depth_model(m, n, noisy)
+    assert got_rate == pytest.approx(rate, rel=0.03) and got_over == pytest.approx(over, abs=60)
+    assert gemm_depth_model(m, n, [(k, 1e-3 + 1e-9 * k) for k in GEMM_DEPTHS])[1] > 0
+    assert gemm_depth_model(m, n, [(k, 2.0 * m * n * k / rate - 1e-5) for k in GEMM_DEPTHS])[1] == 0.0  # never < 0
+    assert gemm_depth_model(m, n, points[:1]) is None and gemm_depth_model(m, n, [(256, 2e-3), (512, 1e-3)]) is None
+
+    cluster = build_cluster(_gpu_raw({"m": m, "n": n, "seconds": points}))
+    dev = cluster.device
+    assert dev.peak_flops["bf16"] == pytest.approx(rate)  # the K loop outran every square matmul
+    assert dev.matmul.best_efficiency == pytest.approx(1.0) and dev.matmul.k_overhead == pytest.approx(over)
+    assert dev.matmul_efficiency[-1][1] == pytest.approx(7e14 / rate)
+    for k, t in points:
+        assert gemm_time(dev, (1, m, n, k), "bf16") == pytest.approx(t, rel=1e-6)
+    path = tmp_path / "gpu.yaml"
+    save_cluster(cluster, path)
+    assert load_cluster(str(path)).device.matmul == dev.matmul
+    # no sweep (CPU ranks, older raw figures): no shape model, GEMMs priced by FLOPs as before
+    assert build_cluster(_gpu_raw(None)).device.matmul is None
+
+
+def test_the_gemm_depth_sweep_times_each_depth():
+    import torch
+
+    from hardware_profiles.shapes import gemm_depth_sweep
+    rows = gemm_depth_sweep(1, torch.device("cpu"), lambda: None, plan_for(True, False), depths=(8, 16))
+    assert [k for k, _ in rows] == [8, 16] and all(s > 0 for _, s in rows)
