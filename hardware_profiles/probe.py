@@ -404,7 +404,9 @@ def _summary(result: ProbeResult, path: str) -> str:
             f"{result.elapsed_s:.1f} s\n  intra-node link ({i.kind}): {i.bandwidth / 1e9:.3f} GB/s per rank, "
             f"{i.latency * 1e6:.1f} us per step\n  best matmul GFLOP/s per rank: {best}; memory copy "
             f"{c.device.memory_bandwidth / 1e9:.1f} GB/s" + (f"\n  ranks' wait at a collective: {_sync_wait_text(c)}"
-                                                             if c.device.sync_wait else ""))
+                                                             if c.device.sync_wait else "")
+            + (f"\n  GEMMs by shape: K loop at {c.device.matmul.best_efficiency:.3f} of the bf16 peak, "
+               f"{c.device.matmul.k_overhead:.0f} of K per output tile beyond it" if c.device.matmul else ""))
 
 
 def _sync_wait_text(c: Cluster) -> str:

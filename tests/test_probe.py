@@ -287,6 +287,9 @@ def test_a_gemm_depth_sweep_fits_the_shape_model_it_prices_with(tmp_path):
     path = tmp_path / "gpu.yaml"
     save_cluster(cluster, path)
     assert load_cluster(str(path)).device.matmul == dev.matmul
+    from hardware_profiles.probe import ProbeResult, _summary
+    said = _summary(ProbeResult(cluster=cluster, header="", elapsed_s=1.0, raw={}), str(path))
+    assert "GEMMs by shape: K loop at 1.000 of the bf16 peak, 190 of K per output tile beyond it" in said
     # no sweep (CPU ranks, older raw figures): no shape model, GEMMs priced by FLOPs as before
     assert build_cluster(_gpu_raw(None)).device.matmul is None
 
