@@ -168,11 +168,7 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         raw["matmul"][dt] = _gather_median(M.matmul_rates(dt, sizes, device, sync, plan))
         step(f"matmul {dt}")
     if cuda:  # GEMMs by shape: K swept at whole waves (fit.gemm_depth_model)
-        from hardware_profiles import shapes as S
-        sms = raw["device"]["sms"]
-        m, n = S.depth_sweep_shape(sms)
-        raw["gemm_depths"] = {"m": m, "n": n,
-                              "seconds": _gather_median(S.gemm_depth_sweep(sms, device, sync, plan))}
+        raw["gemm_depths"] = _gemm_depths(raw["device"]["sms"], device, sync, plan)
         step("GEMM depths")
     raw["copy"] = _gather_median(M.copy_rates(plan.copy_bytes, device, sync, plan))
     step("memory copy")
@@ -206,6 +202,15 @@ def run_rank(cfg: dict[str, Any], step: Callable[[str], None]) -> dict[str, Any]
         raw["sync_wait"] = C.sync_wait_points(device, plan, intra)
         step("sync wait")
     return raw if rank == 0 else None
+
+
+def _gemm_depths(sms: int, device: Any, sync: Callable[[], None], plan: Any,
+                 depths: Sequence[int] | None = None) -> dict[str, Any]:
+    """The GEMM depth sweep's shape and its [(K, seconds)] (median over ranks), for `fit.gemm_depth_model`."""
+    from hardware_profiles import shapes as S
+    m, n = S.depth_sweep_shape(sms)
+    rows = S.gemm_depth_sweep(sms, device, sync, plan, depths or S.GEMM_DEPTHS)
+    return {"m": m, "n": n, "seconds": _gather_median(rows)}
 
 
 def _bf16_rates(device: Any, sync: Callable[[], None], plan: Any, overhead: dict[str, float],

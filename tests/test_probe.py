@@ -295,8 +295,15 @@ def test_a_gemm_depth_sweep_fits_the_shape_model_it_prices_with(tmp_path):
 
 
 def test_the_gemm_depth_sweep_times_each_depth():
+    # what a GPU rank runs (on CPU here, tiny depths): the sweep's shape and its times, median over the ranks
     import torch
+    import torch.distributed as dist
 
-    from hardware_profiles.shapes import gemm_depth_sweep
-    rows = gemm_depth_sweep(1, torch.device("cpu"), lambda: None, plan_for(True, False), depths=(8, 16))
-    assert [k for k, _ in rows] == [8, 16] and all(s > 0 for _, s in rows)
+    from hardware_profiles import probe
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        got = probe._gemm_depths(1, torch.device("cpu"), lambda: None, plan_for(True, False), depths=(8, 16))
+    finally:
+        dist.destroy_process_group()
+    assert (got["m"], got["n"]) == (1024, 256)
+    assert [k for k, _ in got["seconds"]] == [8, 16] and all(s > 0 for _, s in got["seconds"])
