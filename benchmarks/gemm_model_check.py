@@ -42,6 +42,24 @@ def model_line(device: DeviceSpec) -> str:
             f"k_overhead {mm.k_overhead:.0f}")
 
 
+def report(device: DeviceSpec, top: int = 0) -> str:
+    """The GEMM model in use, each `matmul_shapes` row (or the `top` it misses most) beside it, and the misses."""
+    rows = checked_rows(device)
+    shown = sorted(rows, key=lambda r: -abs(r[1] / r[2] - 1))[:top] if top else rows
+    lines = [model_line(device),
+             f"{'batch':>5} {'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'layout':>6} {'measured us':>11} "
+             f"{'model us':>9} {'TFLOP/s':>8} {'error':>7}"]
+    for row, measured, model in shown:
+        b, m, n, k, prec = row[:5]
+        layout = row[6] if len(row) > 6 else "-"
+        lines.append(f"{b:>5} {m:>6} {n:>6} {k:>6} {prec:>5} {layout:>6} {measured * 1e6:>11.1f} "
+                     f"{model * 1e6:>9.1f} {2.0 * b * m * n * k / measured / 1e12:>8.1f} {measured / model - 1:>+7.1%}")
+    errors = [measured / model - 1 for _, measured, model in rows]
+    lines.append(f"{len(rows)} GEMMs: mean |error| {statistics.mean(abs(e) for e in errors):.1%}, signed mean "
+                 f"{statistics.mean(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", help="a profile written by `plan profile --model ...` (or a preset name)")
@@ -59,19 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.top < 0:
         print(f"gemm_model_check.py: error: --top {args.top}: must be 0 (all) or more", file=sys.stderr)
         return 2
-    rows = checked_rows(device)
-    shown = sorted(rows, key=lambda r: -abs(r[1] / r[2] - 1))[:args.top] if args.top else rows
-    print(model_line(device))
-    print(f"{'batch':>5} {'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'layout':>6} {'measured us':>11} {'model us':>9} "
-          f"{'TFLOP/s':>8} {'error':>7}")
-    for row, measured, model in shown:
-        b, m, n, k, prec = row[:5]
-        layout = row[6] if len(row) > 6 else "-"
-        print(f"{b:>5} {m:>6} {n:>6} {k:>6} {prec:>5} {layout:>6} {measured * 1e6:>11.1f} {model * 1e6:>9.1f} "
-              f"{2.0 * b * m * n * k / measured / 1e12:>8.1f} {measured / model - 1:>+7.1%}")
-    errors = [measured / model - 1 for _, measured, model in rows]
-    print(f"{len(rows)} GEMMs: mean |error| {statistics.mean(abs(e) for e in errors):.1%}, signed mean "
-          f"{statistics.mean(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
+    print(report(device, args.top))
     return 0
 
 

@@ -16,6 +16,7 @@ machine with one GPU:
    kernel family and idle time per step;
 5. for each GPT, the host's time to issue each op of its block at its shapes next to the probe's tiny ones
    (`host_calls.py`).
+After the profile it prints the models' GEMMs that miss the profile's GEMM model most (`gemm_model_check.py`).
 
 Prints one table (predicted, measured, error for step time and peak memory), then one per pass (forward, backward:
 the pass on the device between CUDA events, the predicted kernels alone, the host's time to issue it; a device pass
@@ -248,6 +249,11 @@ def main() -> int:
                 print(f"profile failed: {last_line(p)}")
                 return 1
             print(f"  profiled {', '.join(names)} in {time.perf_counter() - t0:.0f} s", flush=True)
+        from gemm_model_check import report as gemm_report  # its GEMM model against the models' own GEMMs
+        from hardware_profiles.load import load_cluster
+        profiled = load_cluster(cluster).device
+        if profiled.matmul_shapes:
+            print(gemm_report(profiled, top=12), flush=True)
     for name in names:
         jobs_for(name, files[name], cluster, models[name][2])
     # level by level (every model at the first level, then the next), the compiled run last: a deadline drops the
