@@ -60,23 +60,26 @@ def report(device: DeviceSpec, top: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _bad(what: str) -> int:
+    """Bad input: one line on stderr, exit status 2."""
+    print(f"gemm_model_check.py: error: {what}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", help="a profile written by `plan profile --model ...` (or a preset name)")
     ap.add_argument("--top", type=int, default=0, help="print only the N rows the model misses most (default: all)")
     args = ap.parse_args(argv)
+    if args.top < 0:
+        return _bad(f"--top {args.top}: must be 0 (all) or more")
     try:
         device = load_cluster(args.profile).device
     except ProfileError as e:
-        print(f"gemm_model_check.py: error: {e}", file=sys.stderr)
-        return 2
+        return _bad(str(e))
     if not device.matmul_shapes:
-        print(f"gemm_model_check.py: error: {args.profile} has no matmul_shapes; profile with `plan profile --model "
-              "MODEL.py` to time the model's own GEMMs", file=sys.stderr)
-        return 2
-    if args.top < 0:
-        print(f"gemm_model_check.py: error: --top {args.top}: must be 0 (all) or more", file=sys.stderr)
-        return 2
+        return _bad(f"{args.profile} has no matmul_shapes; profile with `plan profile --model MODEL.py` to time the "
+                    "model's own GEMMs")
     print(report(device, args.top))
     return 0
 
