@@ -80,7 +80,9 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         f"{plan.recompute}"
         + (" (each SDPA call re-run on its own in backward: its internals are not kept)"
            if plan.recompute == "attention" else "")
-        + (f" on the first blocks of each stage only {recompute_counts(plan)}" if plan.recompute_blocks else "")
+        + ((f", full on the first blocks of each stage {recompute_counts(plan)[5:]}" if plan.recompute == "selective"
+            else f" on the first blocks of each stage only {recompute_counts(plan)}") if plan.recompute_blocks
+           else "")
         + ", sequence parallel "
         + ("on (outside checkpointed blocks gathered inputs are saved as their shard, gathered again in "
            "backward)" if plan.sequence_parallel else "off") + "; in-flight "

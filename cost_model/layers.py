@@ -199,13 +199,14 @@ class LayerCoster:
         self._cache: dict = {}
 
     def policy(self, layer: Layer) -> str:
-        """The recompute policy `layer` runs under: the plan's on its blocks (under partial full recomputation,
-        `Plan.recompute_blocks`, only on the blocks it names), none elsewhere."""
+        """The recompute policy `layer` runs under: the plan's on its blocks, none elsewhere; with
+        `Plan.recompute_blocks`, full on the blocks they name and none (under `full`) or selective (under
+        `selective`) on the others."""
         if layer.block_type is None:
             return "none"
-        if self.plan.recompute == "full":
-            return "full" if layer.name in self.recomputed else "none"
-        return self.plan.recompute
+        if layer.name in self.recomputed:
+            return "full"
+        return "none" if self.plan.recompute == "full" else self.plan.recompute
 
     def cost(self, layer: Layer) -> LayerCost:
         """The cost of one layer (cached per block type and placement pattern)."""

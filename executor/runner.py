@@ -185,7 +185,8 @@ class Runner:
             if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
                 self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
                                   f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
-        parallel.apply_ac(module, plan.recompute, self.recomputed_paths)
+        for policy, paths in self.recomputed_paths.items():
+            parallel.apply_ac(module, policy, paths)
         if self.compile:
             parallel.apply_compile(module, self.block_paths, self.compile)
             note = (f"blocks compiled (torch.compile, backend {self.compile}); the prediction prices eager kernels, "
@@ -202,15 +203,19 @@ class Runner:
             return parallel.apply_replicate(module, self.mesh["dp"], self.block_paths, self.amp)
         return module
 
-    def _recomputed_paths(self, model: nn.Module) -> list[str]:
-        """The blocks activation checkpointing wraps: every block, or under partial full recomputation
-        (`Plan.recompute_blocks`) the first ones of each pipeline stage, as `Plan.recomputed_blocks` says."""
+    def _recomputed_paths(self, model: nn.Module) -> dict[str, list[str]]:
+        """The blocks activation checkpointing wraps, by policy: every block under the plan's; with
+        `Plan.recompute_blocks`, the first ones of each pipeline stage under full (as `Plan.recomputed_blocks`
+        says) and, under selective, the others under selective."""
         plan = self.plan
-        if plan.recompute != "full" or not plan.recompute_blocks:
-            return self.block_paths
+        if not plan.recompute_blocks:
+            return {plan.recompute: self.block_paths}
         mods = pipeline.stage_modules(model, plan) if plan.mesh.pp * plan.virtual_stages > 1 else [self.block_paths]
         chosen = plan.recomputed_blocks([[b for b in self.block_paths if b in held] for held in map(set, mods)])
-        return [b for b in self.block_paths if b in chosen]
+        out = {"full": [b for b in self.block_paths if b in chosen]}
+        if plan.recompute == "selective":
+            out["selective"] = [b for b in self.block_paths if b not in chosen]
+        return out
 
     def _place_ops(self, model: nn.Module, root: bool, root_specs: dict | None = None) -> str | None:
         """`graph_ops.place_ops` on `model` (pipelining: the whole model, before the cut: its blocks are what the

@@ -58,10 +58,10 @@ def parse_force(text: str | None) -> dict[str, Any]:
             raise PlanError(f"--force: schedule={v!r}; use gpipe, 1f1b or interleaved")
         out[key] = v
     if "recompute_blocks" in out:
-        if out.setdefault("recompute", "full") != "full":
-            raise PlanError(f"--force recompute_blocks={out['recompute_blocks']} needs recompute=full, not "
-                            f"recompute={out['recompute']} (it is how many blocks of each stage full recomputation "
-                            "re-runs)")
+        if out.setdefault("recompute", "full") not in ("full", "selective"):
+            raise PlanError(f"--force recompute_blocks={out['recompute_blocks']} needs recompute=full or selective, "
+                            f"not recompute={out['recompute']} (it is how many blocks of each stage full "
+                            "recomputation re-runs)")
     return out
 
 
@@ -231,8 +231,8 @@ def build_parser() -> ArgParser:
                         "attention: only the SDPA calls re-run, Megatron-LM's selective), schedule "
                         "(gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1), recompute_blocks (N: full "
                         "recomputation of only the first N blocks of each pipeline stage, as Megatron-LM's "
-                        "--recompute-method block; unforced, the search recomputes only the blocks each "
-                        "stage's memory needs)")
+                        "--recompute-method block, the others none, or selective with recompute=selective; "
+                        "unforced, the search recomputes only the blocks each stage's memory needs)")
     p.add_argument("--ignore-memory", action="store_true",
                    help="rank candidates as if device memory were unlimited and print the fastest with the memory "
                         "it needs: a what-if, e.g. the step time of a published run whose runtime (fused kernels) "

@@ -265,7 +265,7 @@ def check_forced_recompute_blocks(forced: Mapping[str, Any], num_blocks: int) ->
     """PlanError (one line) for `--force recompute_blocks=N` above the model's block count: no stage can have
     that many, whatever the pipeline."""
     n = forced.get("recompute_blocks")
-    if n is None or forced.get("recompute", "full") != "full" or n <= num_blocks:
+    if n is None or forced.get("recompute", "full") not in ("full", "selective") or n <= num_blocks:
         return
     if num_blocks == 0:
         raise PlanError(f"--force recompute_blocks={n}: the model has no repeated blocks to count; drop "
@@ -277,9 +277,10 @@ def check_forced_recompute_blocks(forced: Mapping[str, Any], num_blocks: int) ->
 
 def forced_recompute_blocks(forced: Mapping[str, Any], blocks: Sequence[int]) -> tuple[int, ...]:
     """`--force recompute_blocks=N`: N blocks of each of the plan's stages (Megatron-LM's `--recompute-method
-    block --recompute-num-layers N`), capped at each stage's block count (`blocks`) so the plan says what runs; ()
-    when not forced."""
-    if "recompute_blocks" not in forced or forced.get("recompute", "full") != "full":
+    block --recompute-num-layers N`; with recompute=selective, the blocks of each stage that run full
+    recomputation, the others selective), capped at each stage's block count (`blocks`) so the plan says what
+    runs; () when not forced."""
+    if "recompute_blocks" not in forced or forced.get("recompute", "full") not in ("full", "selective"):
         return ()
     n = int(forced["recompute_blocks"])
     return tuple(min(n, have) for have in blocks)

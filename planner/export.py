@@ -167,6 +167,11 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
         raise PlanError("cannot export to torchtitan: its activation checkpointing has no attention-only policy "
                         "(its selective one also re-runs every other linear); re-plan with --force "
                         "recompute=selective (or none, full) or export to megatron")
+    if plan.recompute == "selective" and plan.recompute_blocks:
+        raise PlanError("cannot export to torchtitan: its activation checkpointing runs one mode on every block, and "
+                        f"the plan runs full recomputation on the first blocks of each stage "
+                        f"{recompute_counts(plan)[5:]} and selective on the others; re-plan with --force "
+                        "recompute=selective (or full), or run the plan with shardwise's executor")
     ac: dict[str, object] = {"mode": plan.recompute}
     recompute_count(plan, facts, "torchtitan", uniform=False)  # its full mode wraps every block
     if plan.recompute == "selective":

@@ -111,9 +111,10 @@ class Plan:
     Megatron-LM's `--recompute-granularity selective`); selective (torchtitan's op-level policy); or full (each
     block's forward re-runs)."""
     recompute_blocks: tuple[int, ...] = field(default=(), metadata=_meta(items={"type": "integer", "minimum": 0}))
-    """With recompute `full`: how many blocks of each pipeline stage, its first ones, are recomputed (one count per
-    stage in model order; one count without pipelining); the others keep their activations (Megatron-LM's
-    `--recompute-method block --recompute-num-layers`, per stage). Empty: every block."""
+    """How many blocks of each pipeline stage, its first ones, run full recomputation (one count per stage in model
+    order; one count without pipelining). With recompute `full` the others keep their activations (Megatron-LM's
+    `--recompute-method block --recompute-num-layers`, per stage; empty: every block); with `selective` the
+    others run selective recomputation (empty: none runs full)."""
     schedule: str = field(default="1f1b", metadata=_meta(enum=list(SCHEDULES)))
     """Pipeline schedule: gpipe, 1f1b or interleaved."""
     virtual_stages: int = field(default=1, metadata=_meta(minimum=1))
@@ -183,8 +184,9 @@ class Plan:
                 f"{self.microbatch_size} x num_microbatches {self.num_microbatches} (= {expected})")
         if self.recompute_blocks:
             want = m.pp * self.virtual_stages
-            if self.recompute != "full":
-                raise PlanError(f"plan: recompute_blocks needs recompute 'full', got {self.recompute!r} (or drop it)")
+            if self.recompute not in ("full", "selective"):
+                raise PlanError(f"plan: recompute_blocks needs recompute 'full' or 'selective', got "
+                                f"{self.recompute!r} (or drop it)")
             if len(self.recompute_blocks) != want:
                 raise PlanError(f"plan: recompute_blocks gives {len(self.recompute_blocks)} counts, one per pipeline "
                                 f"stage needs {want}")
@@ -219,9 +221,9 @@ class Plan:
 
     def recomputed_blocks(self, stage_blocks: Sequence[Sequence[str]]) -> set[str]:
         """The blocks full recomputation re-runs, given each stage's blocks in model order (one list without
-        pipelining): the first `recompute_blocks[k]` of stage k, or all of them. The cost model and the executor
-        both ask this, so they recompute the same blocks."""
-        if self.recompute != "full":
+        pipelining): the first `recompute_blocks[k]` of stage k; without counts, all of them under `full` and none
+        under `selective`. The cost model and the executor both ask this, so they recompute the same blocks."""
+        if self.recompute not in ("full", "selective") or (self.recompute == "selective" and not self.recompute_blocks):
             return set()
         counts = self.recompute_blocks or tuple(len(b) for b in stage_blocks)
         return {b for blocks, n in zip(stage_blocks, counts) for b in list(blocks)[:n]}
@@ -437,12 +439,13 @@ def cluster_record(cluster) -> dict[str, Any]:
 
 
 def recompute_counts(plan: Plan) -> str:
-    """`Plan.recompute_blocks` in a few characters, `[3/2/1/0]` (the middle elided past 8 stages), or "" when
-    full recomputation covers every block."""
+    """`Plan.recompute_blocks` in a few characters, `[3/2/1/0]` (the middle elided past 8 stages; under selective
+    `+full[3/2/1/0]`, the blocks that run full recomputation), or "" when there are no counts."""
     n = [str(c) for c in plan.recompute_blocks]
     if not n:
         return ""
-    return "[" + "/".join(n if len(n) <= 8 else n[:3] + ["..."] + n[-2:]) + "]"
+    return ("+full" if plan.recompute == "selective" else "") + \
+        "[" + "/".join(n if len(n) <= 8 else n[:3] + ["..."] + n[-2:]) + "]"
 
 
 def model_fingerprint(named_shapes: "Iterable[tuple[str, Sequence[int]]]") -> str:

@@ -32,9 +32,11 @@ def _blocks(plan) -> str:
     counts = recompute_counts(plan)
     if not counts:
         return ""
+    counts = counts[counts.index("[") + 1:-1]
+    full = "full on " if plan.recompute == "selective" else ""
     if len(plan.recompute_blocks) == 1:
-        return f" (the first {counts[1:-1]} blocks)"
-    return f" (the first blocks of each stage: {counts[1:-1]})"
+        return f" ({full}the first {counts} blocks)"
+    return f" ({full}the first blocks of each stage: {counts})"
 
 
 SHOWN_RANKS = 8

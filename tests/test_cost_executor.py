@@ -570,6 +570,27 @@ def test_partial_full_recompute_prices_only_the_blocks_it_names(gpt):
     assert pred["full"].peak_memory_bytes <= pred["part"].peak_memory_bytes <= pred["none"].peak_memory_bytes
 
 
+def test_selective_with_full_blocks_prices_full_on_those_blocks_and_selective_on_the_rest(gpt):
+    # recompute=selective with Plan.recompute_blocks: the first 2 of 4 blocks run full recomputation, the others
+    # selective. Each block costs what it costs under that policy; recompute seconds, kept activations and the
+    # step lie between all-selective and all-full
+    cl = cluster(per_node=1)
+    cm = CostModel(cl)
+    blocks = [l for l in gpt.layers() if l.block_type]
+    plans = {rc: _plan(gpt, cl, 1, recompute=rc) for rc in ("selective", "full")}
+    plans["hybrid"] = dataclasses.replace(plans["selective"], recompute_blocks=(2,))
+    costs = {k: [LayerCoster(cm, gpt, p, cm.tp_group(1)).cost(b) for b in blocks] for k, p in plans.items()}
+    assert costs["hybrid"][:2] == costs["full"][:2] and costs["hybrid"][2:] == costs["selective"][2:]
+    assert costs["full"][0].act_bytes < costs["selective"][0].act_bytes
+    assert costs["selective"][0].recompute < costs["full"][0].recompute
+    pred = {k: cm.predict(gpt, p) for k, p in plans.items()}
+    rec = {k: p.breakdown["recompute_s"] for k, p in pred.items()}
+    assert rec["hybrid"] == pytest.approx((rec["full"] + rec["selective"]) / 2)
+    assert pred["selective"].step_time_s < pred["hybrid"].step_time_s < pred["full"].step_time_s
+    kept = {k: sum(c.act_bytes for c in cs) for k, cs in costs.items()}
+    assert kept["full"] < kept["hybrid"] < kept["selective"]
+
+
 @pytest.mark.parametrize("case", ["causal", "autocast", "gqa", "aten", "dropout"])
 def test_attention_recompute_call_gives_the_plain_calls_outputs_and_gradients(case):
     # recompute=attention's call (executor.parallel.recompute_call): forward keeps only the tensor inputs, backward

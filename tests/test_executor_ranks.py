@@ -322,9 +322,11 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     from torch.utils.checkpoint import checkpoint
     wrapped = sorted(n for n, m in mods.items()
                      if isinstance(m.__dict__.get("forward"), functools.partial) and m.forward.func is checkpoint)
+    selective = [n for n in wrapped if mods[n].forward.keywords.get("context_fn") is not None]
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, wrapped)
-    out["checkpointed"] = sorted({n for names in everyone for n in names})
+    dist.all_gather_object(everyone, (wrapped, selective))
+    out["checkpointed"] = sorted({n for names, _ in everyone for n in names})
+    out["selective_checkpointed"] = sorted({n for _, names in everyone for n in names})
     return out
 
 

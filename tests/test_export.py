@@ -189,6 +189,14 @@ def test_partial_recompute_exports_only_where_the_trainer_recomputes_as_planned(
     assert not any("recompute" in n for n in titan.notes)
     a = megatron_args(export(every, "megatron", FACTS).text)
     assert (a.recompute_method, a.recompute_num_layers) == ("uniform", 1)
+    # selective with full recomputation of the first blocks of each stage: no trainer runs that mix
+    hybrid = plan(dp=2, pp=2, recompute="selective", recompute_blocks=(1, 0))
+    with pytest.raises(PlanError, match=r"torchtitan: .*full recomputation on the first blocks of each stage \[1/0\] "
+                                        r"and selective on the others; re-plan with --force recompute=selective"):
+        export(hybrid, "torchtitan", FACTS)
+    for target in ("megatron", "deepspeed", "accelerate"):
+        with pytest.raises(PlanError, match="selective"):
+            export(plan(dp=2, recompute="selective", recompute_blocks=(1,)), target, FACTS)
 
 
 def test_torchtitan_selective_is_the_executors_op_policy():

@@ -58,7 +58,14 @@ def test_recompute_blocks_round_trip_and_checks(tmp_path):
     assert p.recomputed_blocks(stages) == {"h.0", "h.1", "h.2", "h.3"}
     assert _plan(recompute="full").recomputed_blocks(stages) == {f"h.{i}" for i in range(6)}
     assert _plan().recomputed_blocks(stages) == set()
-    for bad, match in (({"recompute_blocks": (1, 1, 1, 1)}, "needs recompute 'full'"),
+    # under selective the counted blocks run full recomputation and the rest selective; without counts none is full
+    hybrid = _plan(recompute="selective", recompute_blocks=(1, 0, 1, 1))
+    assert Plan.from_dict(hybrid.to_dict()) == hybrid
+    assert hybrid.recomputed_blocks(stages) == {"h.0", "h.3", "h.5"}
+    assert _plan(recompute="selective").recomputed_blocks(stages) == set()
+    for bad, match in (({"recompute": "none", "recompute_blocks": (1, 1, 1, 1)},
+                        "needs recompute 'full' or 'selective'"),
+                       ({"recompute": "attention", "recompute_blocks": (1, 1, 1, 1)}, "got 'attention'"),
                        ({"recompute": "full", "recompute_blocks": (1, 1)}, "gives 2 counts, one per pipeline stage "
                                                                           "needs 4")):
         with pytest.raises(PlanError, match=match):

@@ -100,3 +100,30 @@ def test_a_model_without_repeated_blocks_says_what_its_blocks_are(tmp_path, caps
     assert main(base + ["--force", "dp=2,recompute=attention"]) == 2
     err = capsys.readouterr().err
     assert "block emb makes none (no block repeats" in err and err.count("\n") == 1
+
+
+def test_search_runs_selective_on_the_blocks_full_recomputation_leaves(graph):
+    # where selective recomputation does not fit either, full recomputation of some blocks and selective on the
+    # others (recompute=selective with counts) fits between the two, faster than full recomputation everywhere
+    big = 2 ** 40
+    sel = _search(graph, big, recompute="selective").ranked[0]
+    full = _search(graph, big, recompute="full").ranked[0]
+    lo, hi = full.prediction.peak_memory_bytes, sel.prediction.peak_memory_bytes
+    assert lo < hi
+    res = _search(graph, (lo + hi) // 2)
+    hybrid = [s for s in res.ranked if s.plan.recompute == "selective" and s.plan.recompute_blocks]
+    assert hybrid and all(s.prediction.fits for s in hybrid)
+    assert 0 < sum(hybrid[0].plan.recompute_blocks) < 8
+    assert sel.prediction.step_time_s < hybrid[0].prediction.step_time_s < full.prediction.step_time_s
+    assert not any(s.plan.recompute == "selective" and not s.plan.recompute_blocks for s in res.ranked)
+
+
+def test_spread_blocks_shares_a_ranks_recomputed_blocks_over_its_stages():
+    # an interleaved rank's chunks take one more block each in turn (up to what each holds): rank 0 needs 3 of its
+    # 1 + 2 blocks, rank 1 one of its 2 + 2
+    from planner.plan import StageSpec
+    from planner.search.outer import spread_blocks
+    stages = [StageSpec(start_layer=k, end_layer=k + 1, rank=k % 2) for k in range(4)]
+    assert spread_blocks([3, 1], stages, [1, 2, 2, 2]) == [1, 1, 2, 0]
+    assert spread_blocks([2, 0], stages, [1, 2, 2, 2]) == [1, 0, 1, 0]
+    assert spread_blocks([9, 9], stages, [1, 2, 2, 2]) == [1, 2, 2, 2]  # no more than the stages hold

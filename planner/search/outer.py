@@ -35,7 +35,7 @@ import bisect
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from cost_model.ops import attention_recompute_problem
 from hardware_profiles.schema import UNFUSED_ATTENTION, Cluster
@@ -272,28 +272,37 @@ class OuterSearch:
         but not without: each pipeline rank re-runs the share of its stages' blocks its memory needs,
         (peak without - usable) / (peak without - peak with full recomputation), rounded up; a rank still over
         re-estimates its share from where it stands (at least one more block a stage) until the plan fits. Early
-        1F1B ranks hold more micro-batches, so they recompute more than late ones.
+        1F1B ranks hold more micro-batches, so they recompute more than late ones. The other blocks keep their
+        activations (`recompute=full` with counts) or, where selective recomputation was predicted and did not fit
+        either, run selective (`recompute=selective` with counts), which needs fewer blocks under full.
 
         A rank's peak without recomputation, where the sweep did not predict it, is its peak with full recomputation
         plus what recomputation saved it at the leanest ZeRO stage that did not fit (the activations, which ZeRO
         does not shard). Skipped when the recompute level is forced, and for a ZeRO stage that cannot enter the top
         `top_k`: its step is at least the bound without recomputation and at least its full-recompute step less the
-        recompute seconds (with a pipeline's fill and drain)."""
+        recompute seconds (with a pipeline's fill and drain), or its step under selective recomputation."""
         if "recompute" in self.forced:
             return []
         nblocks = [sum(1 for l in self.layers[s.start_layer:s.end_layer] if l.block_type) for s in stages]
         bound = max(lb, self.placed_bound(g, arrays, stages, "none"))
         if max(nblocks) < 2 or bound > kth:
             return []
+        return (self._partial_over("none", g, bound, placement, stages, preds, kth, nblocks)
+                + self._partial_over("selective", g, bound, placement, stages, preds, kth, nblocks))
+
+    def _partial_over(self, rest: str, g: Group, bound: float, placement: PlacementResult,
+                      stages: tuple[StageSpec, ...], preds: dict[tuple[int, str], Any], kth: float,
+                      nblocks: list[int]) -> list[Scored]:
+        """`_partial` with the blocks beyond the counts under `rest` (none or selective)."""
         usable = self.cluster.device.usable_memory_bytes
         out: list[Scored] = []
-        saved = None  # per rank: peak without recomputation - peak with full, at the last ZeRO stage predicted so
+        saved = None  # per rank: peak under `rest` - peak with full, at the last ZeRO stage predicted so
         for zero in zero_stages(g.dp, self.forced):  # leanest first
-            without = preds.get((zero, "none"))
+            without = preds.get((zero, rest))
             if without is not None and self.fits(without):
                 continue
-            if without is None and saved is None:
-                break  # the none level stopped before any ZeRO stage failed: nothing to estimate from
+            if without is None and (saved is None or rest != "none"):
+                break  # nothing to estimate from (selective's saving depends on the model's ops, not only ZeRO)
             if (zero, "full") not in preds:
                 preds[(zero, "full")] = self.predict(self.build(g, placement, stages, zero, "full"), bound)
             full = preds[(zero, "full")]
@@ -305,23 +314,28 @@ class OuterSearch:
             none = [b + d for b, d in zip(lo, saved)]
             # recompute seconds are m passes of one rank's; a pipeline's fill and drain repeat them pp - 1 times
             dropped = full.breakdown.get("recompute_s", 0.0) * (g.num_microbatches + g.pp - 1) / g.num_microbatches
-            if max(bound, full.step_time_s - dropped) > kth:
+            floor = without.step_time_s if rest == "selective" else full.step_time_s - dropped
+            if max(bound, floor) > kth:
                 continue
             share = [min(1.0, max(0.0, (hi - usable) / (hi - b))) if hi > b else 1.0 for hi, b in zip(none, lo)]
-            counts = [min(n, math.ceil(share[s.rank] * n - 1e-9)) for s, n in zip(stages, nblocks)]
-            base = self.build(g, placement, stages, zero, "full")
+            held = [sum(n for s, n in zip(stages, nblocks) if s.rank == r) for r in range(g.pp)]
+            need = [math.ceil(x * h - 1e-9) for x, h in zip(share, held)]
+            base = self.build(g, placement, stages, zero, "full" if rest == "none" else rest)
+            counts = spread_blocks(need, stages, nblocks)
             while counts != nblocks:
                 plan = replace(base, recompute_blocks=tuple(counts))
                 pred = self.predict(plan, bound)
                 if self.fits(pred):
                     out.append(Scored(plan, pred, bound))
                     break
-                # a rank still over: the same estimate from where it now stands, at least one more block a stage
+                # a rank still over: the same estimate from where it now stands, at least one more of its blocks
                 now = pred.memory_per_device_bytes
                 share = [x + (1 - x) * (b - usable) / (b - f) if b > usable and b > f else (1.0 if b > usable else x)
                          for x, b, f in zip(share, now, lo)]
-                counts = [min(n, max(c + (now[s.rank] > usable), math.ceil(share[s.rank] * n - 1e-9)))
-                          for s, n, c in zip(stages, nblocks, counts)]
+                need = [min(h, max(k + (b > usable), math.ceil(x * h - 1e-9)))
+                        for k, b, x, h in zip(need, now, share, held)]
+                if (counts := spread_blocks(need, stages, nblocks)) == list(plan.recompute_blocks):
+                    break  # no rank over that has a block left to re-run
         return out
 
     def _retry_leaner(self, g: Group, lb: float, placement: PlacementResult, arrays: LayerArrays,
@@ -467,7 +481,7 @@ class OuterSearch:
         """The Plan for one candidate (`batch` overrides the global batch, for one-replica probes)."""
         c = self.cluster
         blocks = forced_recompute_blocks(self.forced, stage_block_counts(self.layers, stages)) \
-            if recompute == "full" else ()
+            if recompute in ("full", "selective") else ()
         return Plan(mesh=Mesh(dp=g.dp, tp=g.tp, pp=g.pp), zero_stage=zero,
                     sequence_parallel=g.sp and placement.sequence_parallel, recompute=recompute,
                     recompute_blocks=blocks,
@@ -553,6 +567,21 @@ class OuterSearch:
         return out
 
 
+def spread_blocks(need: Sequence[int], stages: Sequence[StageSpec], nblocks: Sequence[int]) -> list[int]:
+    """Per stage, how many of its first blocks run full recomputation so that pipeline rank r recomputes `need[r]`
+    of its blocks: one more block a stage in turn over the rank's stages (in model order), each up to its own
+    count, so an interleaved rank's chunks share the re-run evenly rather than each rounding up on its own."""
+    counts = [0] * len(stages)
+    for r, want in enumerate(need):
+        mine = [k for k, s in enumerate(stages) if s.rank == r]
+        while want > 0 and any(counts[k] < nblocks[k] for k in mine):
+            for k in mine:
+                if want > 0 and counts[k] < nblocks[k]:
+                    counts[k] += 1
+                    want -= 1
+    return counts
+
+
 def _rank_key(s: Scored) -> tuple:
     """Fastest first; predictions equal to 6 significant digits go to the simpler plan (less ZeRO, less
     recompute, fewer pipeline and tensor splits), which is what a user would pick by hand."""
@@ -567,7 +596,7 @@ def candidate_label(plan: Plan) -> str:
     m = plan.mesh
     parts = [f"{m.dp}x{m.tp}x{m.pp}", f"Z{plan.zero_stage}", f"{plan.microbatch_size}x{plan.num_microbatches}"]
     if plan.recompute != "none":
-        short = {"attention": "attn", "selective": "sel"}
+        short = {"attention": "attn", "selective": f"sel{recompute_counts(plan)}"}
         parts.append(short.get(plan.recompute, f"full{recompute_counts(plan)}"))
     if m.pp > 1:
         parts.append(f"int{plan.virtual_stages}" if plan.schedule == "interleaved" else plan.schedule)
