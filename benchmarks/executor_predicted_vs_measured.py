@@ -55,6 +55,7 @@ MATRIX = [
     ("dp2 recompute", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full"),
     ("dp2 recompute 2/4", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute_blocks=2"),
     ("dp2 selective", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=selective"),
+    ("dp2 sel+full 2/4", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=selective,recompute_blocks=2"),
     ("dp2 attention", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=attention"),
     ("dp2 clip", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=none", ["--max-grad-norm", "1.0"]),
 ]
