@@ -42,13 +42,20 @@ def _search(graph, memory, **forced):
     return OuterSearch(graph, cl, CostModel(cl), batch_size=32, forced={**FORCED, **forced}, top_k=20).run()
 
 
-def test_search_recomputes_only_the_blocks_memory_needs(graph):
+def _halfway(graph, level):
+    """The best plans at `level` and at full recomputation with memory unlimited, and the unforced search on a
+    device whose memory lies halfway between their peaks."""
     big = 2 ** 40
-    none = _search(graph, big, recompute="none").ranked[0]
+    at = _search(graph, big, recompute=level).ranked[0]
     full = _search(graph, big, recompute="full").ranked[0]
-    lo, hi = full.prediction.peak_memory_bytes, none.prediction.peak_memory_bytes
+    lo, hi = full.prediction.peak_memory_bytes, at.prediction.peak_memory_bytes
     assert lo < hi
-    res = _search(graph, (lo + hi) // 2)
+    return at, full, _search(graph, (lo + hi) // 2)
+
+
+def test_search_recomputes_only_the_blocks_memory_needs(graph):
+    none, full, res = _halfway(graph, "none")
+    lo, hi = full.prediction.peak_memory_bytes, none.prediction.peak_memory_bytes
     best = res.ranked[0]
     assert best.plan.recompute == "full" and best.prediction.fits
     counts = best.plan.recompute_blocks
@@ -105,12 +112,7 @@ def test_a_model_without_repeated_blocks_says_what_its_blocks_are(tmp_path, caps
 def test_search_runs_selective_on_the_blocks_full_recomputation_leaves(graph):
     # where selective recomputation does not fit either, full recomputation of some blocks and selective on the
     # others (recompute=selective with counts) fits between the two, faster than full recomputation everywhere
-    big = 2 ** 40
-    sel = _search(graph, big, recompute="selective").ranked[0]
-    full = _search(graph, big, recompute="full").ranked[0]
-    lo, hi = full.prediction.peak_memory_bytes, sel.prediction.peak_memory_bytes
-    assert lo < hi
-    res = _search(graph, (lo + hi) // 2)
+    sel, full, res = _halfway(graph, "selective")
     hybrid = [s for s in res.ranked if s.plan.recompute == "selective" and s.plan.recompute_blocks]
     assert hybrid and all(s.prediction.fits for s in hybrid)
     assert 0 < sum(hybrid[0].plan.recompute_blocks) < 8
