@@ -40,6 +40,7 @@ SPECS_2 = [
     # the tied wte / lm_head weight left out of the optimizer: its copies' gradients accumulate over steps
     {"name": "pp_tied_not_optimized", "pp": 2, "nmb": 2, "schedule": "1f1b", "clip": CLIP, "skip": "wte"},
     {"name": "pp_partial_recompute", "pp": 2, "nmb": 2, "schedule": "1f1b", "rc": "full", "rcb": [1, 0]},
+    {"name": "pp_selective_full_blocks", "pp": 2, "nmb": 2, "schedule": "1f1b", "rc": "selective", "rcb": [1, 0]},
     {"name": "save_zero3", "dp": 2, "zero": 3, "stop": 2, "save": True},
     {"name": "tp_bf16", "tp": 2, "precision": "bf16"},
     {"name": "pp_bf16", "pp": 2, "nmb": 2, "precision": "bf16"},
@@ -228,6 +229,10 @@ def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
     assert wrapped("zero1_selective_full_blocks") == blocks and wrapped("zero1_selective") == blocks
     assert [".".join(p.split(".")[-2:]) for p in hybrid["selective_checkpointed"]] == blocks[2:]
     assert [".".join(p.split(".")[-2:]) for p in sel["selective_checkpointed"]] == blocks
+    # with two stages of two blocks: the first block of stage 0 full, the other three selective
+    assert wrapped("pp_selective_full_blocks") == blocks
+    assert [".".join(p.split(".")[-2:]) for p in results["pp_selective_full_blocks"]["selective_checkpointed"]] \
+        == blocks[1:]
     assert hybrid["activations"] < sel["activations"], (hybrid["activations"], sel["activations"])
 
 
