@@ -6,7 +6,7 @@ from typing import Any
 from cost_model.compute import ComputeModel
 from cost_model.memory import DDP_BUCKET_BYTES
 from hardware_profiles.schema import UNFUSED_ATTENTION
-from planner.plan import recompute_counts
+from planner.plan import block_counts, recompute_counts
 
 
 def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
@@ -80,7 +80,7 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
         f"{plan.recompute}"
         + (" (each SDPA call re-run on its own in backward: its internals are not kept)"
            if plan.recompute == "attention" else "")
-        + ((f", full on the first blocks of each stage {recompute_counts(plan)[5:]}" if plan.recompute == "selective"
+        + ((f", full on the first blocks of each stage [{block_counts(plan)}]" if plan.recompute == "selective"
             else f" on the first blocks of each stage only {recompute_counts(plan)}") if plan.recompute_blocks
            else "")
         + ", sequence parallel "

@@ -60,7 +60,7 @@ from typing import Sequence
 from planner.errors import PlanError
 from planner.export_checks import (ModelFacts, check_stage_ranks, model_facts, recompute_count, refuse_tp_layout,
                                    require_language_model, stage_blocks)
-from planner.plan import Plan, recompute_counts
+from planner.plan import Plan, block_counts, recompute_counts
 
 TARGETS = ("torchtitan", "megatron", "deepspeed", "accelerate")
 """Frameworks `plan export` writes for."""
@@ -170,7 +170,7 @@ def to_torchtitan(plan: Plan, facts: ModelFacts | None) -> Export:
     if plan.recompute == "selective" and plan.recompute_blocks:
         raise PlanError("cannot export to torchtitan: its activation checkpointing runs one mode on every block, and "
                         f"the plan runs full recomputation on the first blocks of each stage "
-                        f"{recompute_counts(plan)[5:]} and selective on the others; re-plan with --force "
+                        f"[{block_counts(plan)}] and selective on the others; re-plan with --force "
                         "recompute=selective (or full), or run the plan with shardwise's executor")
     ac: dict[str, object] = {"mode": plan.recompute}
     recompute_count(plan, facts, "torchtitan", uniform=False)  # its full mode wraps every block

@@ -223,7 +223,7 @@ class Plan:
         """The blocks full recomputation re-runs, given each stage's blocks in model order (one list without
         pipelining): the first `recompute_blocks[k]` of stage k; without counts, all of them under `full` and none
         under `selective`. The cost model and the executor both ask this, so they recompute the same blocks."""
-        if self.recompute not in ("full", "selective") or (self.recompute == "selective" and not self.recompute_blocks):
+        if self.recompute != "full" and not self.recompute_blocks:  # counts go only with full or selective
             return set()
         counts = self.recompute_blocks or tuple(len(b) for b in stage_blocks)
         return {b for blocks, n in zip(stage_blocks, counts) for b in list(blocks)[:n]}
@@ -438,14 +438,18 @@ def cluster_record(cluster) -> dict[str, Any]:
             "device": cluster.device.name, "link": cluster.intra_node.kind}
 
 
-def recompute_counts(plan: Plan) -> str:
-    """`Plan.recompute_blocks` in a few characters, `[3/2/1/0]` (the middle elided past 8 stages; under selective
-    `+full[3/2/1/0]`, the blocks that run full recomputation), or "" when there are no counts."""
+def block_counts(plan: Plan) -> str:
+    """`Plan.recompute_blocks` in a few characters, `3/2/1/0` (the middle elided past 8 stages), or "" when there
+    are no counts."""
     n = [str(c) for c in plan.recompute_blocks]
-    if not n:
-        return ""
-    return ("+full" if plan.recompute == "selective" else "") + \
-        "[" + "/".join(n if len(n) <= 8 else n[:3] + ["..."] + n[-2:]) + "]"
+    return "/".join(n if len(n) <= 8 else n[:3] + ["..."] + n[-2:])
+
+
+def recompute_counts(plan: Plan) -> str:
+    """`block_counts` as a label's suffix: `[3/2/1/0]`, under selective `+full[3/2/1/0]` (the blocks that run full
+    recomputation), or ""."""
+    n = block_counts(plan)
+    return f"{'+full' if plan.recompute == 'selective' else ''}[{n}]" if n else ""
 
 
 def model_fingerprint(named_shapes: "Iterable[tuple[str, Sequence[int]]]") -> str:

@@ -6,7 +6,7 @@ import os
 
 from typing import Any
 
-from planner.plan import recompute_counts
+from planner.plan import block_counts, recompute_counts
 
 
 def _gib(n: float) -> str:
@@ -29,10 +29,9 @@ def format_plan(plan) -> str:
 
 def _blocks(plan) -> str:
     """Partial full recomputation's blocks per stage, as format_plan says them."""
-    counts = recompute_counts(plan)
+    counts = block_counts(plan)
     if not counts:
         return ""
-    counts = counts[counts.index("[") + 1:-1]
     full = "full on " if plan.recompute == "selective" else ""
     if len(plan.recompute_blocks) == 1:
         return f" ({full}the first {counts} blocks)"

@@ -311,13 +311,13 @@ class OuterSearch:
             lo = full.memory_per_device_bytes
             if without is not None:
                 saved = [hi - b for hi, b in zip(without.memory_per_device_bytes, lo)]
-            none = [b + d for b, d in zip(lo, saved)]
+            hi = [b + d for b, d in zip(lo, saved)]  # each rank's peak under `rest`
             # recompute seconds are m passes of one rank's; a pipeline's fill and drain repeat them pp - 1 times
             dropped = full.breakdown.get("recompute_s", 0.0) * (g.num_microbatches + g.pp - 1) / g.num_microbatches
             floor = without.step_time_s if rest == "selective" else full.step_time_s - dropped
             if max(bound, floor) > kth:
                 continue
-            share = [min(1.0, max(0.0, (hi - usable) / (hi - b))) if hi > b else 1.0 for hi, b in zip(none, lo)]
+            share = [min(1.0, max(0.0, (h - usable) / (h - b))) if h > b else 1.0 for h, b in zip(hi, lo)]
             held = [sum(n for s, n in zip(stages, nblocks) if s.rank == r) for r in range(g.pp)]
             need = [math.ceil(x * h - 1e-9) for x, h in zip(share, held)]
             base = self.build(g, placement, stages, zero, "full" if rest == "none" else rest)
