@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from executor import tp
 from executor.errors import ExecutorError
-from planner.plan import Plan, model_fingerprint
+from planner.plan import Plan, model_fingerprint, schedule_problem
 
 
 def load_plan(plan_or_path: Plan | str | os.PathLike) -> Plan:
@@ -65,14 +65,12 @@ def check_example(plan: Plan, example_inputs: Any) -> None:
 
 
 def check_runnable(plan: Plan) -> None:
-    """Plan properties the executor needs beyond `Plan.validate` (pipeline schedules' micro-batch counts)."""
-    pp = plan.mesh.pp
-    if pp > 1 and plan.schedule in ("1f1b", "interleaved") and plan.num_microbatches < pp:
-        raise ExecutorError(f"schedule {plan.schedule} needs num_microbatches >= pp ({plan.num_microbatches} < {pp});"
-                            " raise num_microbatches or use schedule gpipe")
-    if plan.schedule == "interleaved" and pp > 1 and plan.num_microbatches % pp:
-        raise ExecutorError(f"interleaved schedule needs num_microbatches ({plan.num_microbatches}) divisible by "
-                            f"pp ({pp})")
+    """Plan properties the executor needs beyond `Plan.validate`: the pipeline schedule's micro-batch count
+    (`planner.plan.schedule_problem`)."""
+    problem = schedule_problem(plan.schedule, plan.mesh.pp, plan.num_microbatches)
+    if problem:
+        raise ExecutorError(f"{problem}; raise num_microbatches (a larger global batch or a smaller micro-batch) or "
+                            "use schedule gpipe")
 
 
 def check_tp_plan(plan: Plan, model: nn.Module) -> None:

@@ -20,7 +20,8 @@ from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
 from planner.graph import OpGraph
 from planner.layout import parameter_placements
-from planner.plan import Mesh, OpPlacement, Plan, StageSpec, cluster_record, model_fingerprint
+from planner.plan import (Mesh, OpPlacement, Plan, StageSpec, cluster_record, model_fingerprint,
+                          schedule_problem)
 from planner.shard_flow import split_problems
 from planner.strategies import strategies_for
 
@@ -310,10 +311,10 @@ def default_plan(graph: OpGraph, cluster: Cluster, batch_size: int, precision: s
             raise PlanError("schedule=interleaved needs pp > 1")
         if "vp" not in forced:
             vp = 2
-        if m % mesh.pp:
-            raise PlanError(f"schedule=interleaved needs the micro-batch count ({m} = batch {batch_size} / "
-                            f"(dp {mesh.dp} x mbs {mbs})) to be a multiple of pp={mesh.pp}; change the batch size "
-                            "or mbs, or use schedule=1f1b")
+    problem = schedule_problem(schedule, mesh.pp, m)
+    if problem:
+        raise PlanError(f"{problem} (batch {batch_size} / (dp {mesh.dp} x mbs {mbs})); change the batch size or mbs, "
+                        "or use schedule=gpipe")
     sp = bool(forced.get("sp", 0))
     if sp and mesh.tp == 1:
         raise PlanError("sp=1 (sequence parallelism) needs tp > 1")

@@ -397,6 +397,10 @@ def _check_file_plan(plan: Plan, where: str) -> None:
         raise PlanError(f"{where}: mesh: dp x tp x pp = {m.dp} x {m.tp} x {m.pp} = {m.world_size} but the plan's "
                         f"cluster has {devices} devices ({int(nodes)} node{'s' if int(nodes) != 1 else ''} x "
                         f"{int(per_node)}); make the product {devices} or re-plan for the cluster with `plan ... -o`")
+    problem = schedule_problem(plan.schedule, m.pp, plan.num_microbatches)
+    if problem:  # the executor would stop at launch; the planner writes no such plan
+        raise PlanError(f"{where}: num_microbatches: {problem}; raise global_batch_size or lower microbatch_size, "
+                        "use schedule gpipe, or re-plan with `plan ... -o`")
     moved = next((k for k, s in enumerate(plan.stages) if s.rank != k % m.pp), None)
     if moved is not None:  # the executor runs stage k on rank k % pp whatever the file says, and export refuses it
         raise PlanError(f"{where}: stages[{moved}].rank: {plan.stages[moved].rank}, but stage k runs on pipeline rank "
@@ -424,6 +428,20 @@ def _check_file_plan(plan: Plan, where: str) -> None:
     if not isinstance(per_device, (list, tuple)) or any(_bad_number(x) for x in per_device):
         raise PlanError(f"{where}: predicted.memory_per_device_bytes: expected a list of finite numbers >= 0, got "
                         f"{_show(per_device)}; drop `predicted` or re-plan with `plan ... -o`")
+
+
+def schedule_problem(schedule: str, pp: int, microbatches: int) -> str | None:
+    """Why the executor cannot run `schedule` over pp pipeline ranks with this many micro-batches per step, or None
+    when it can: 1F1B needs at least pp of them (torch.distributed.pipelining's Schedule1F1B raises otherwise), the
+    interleaved schedule a multiple of pp (Megatron-LM's rule, which the cost model's schedule follows). The search,
+    `--force` and the executor all ask this."""
+    if pp <= 1 or schedule == "gpipe":
+        return None
+    if schedule == "1f1b" and microbatches < pp:
+        return f"schedule 1f1b needs at least pp={pp} micro-batches per step, got {microbatches}"
+    if schedule == "interleaved" and microbatches % pp:
+        return f"schedule interleaved needs a micro-batch count that is a multiple of pp={pp}, got {microbatches}"
+    return None
 
 
 def fsdp_mixed_precision(precision: str, dp: int, tp: int, pp: int, zero_stage: int) -> bool:

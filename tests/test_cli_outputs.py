@@ -11,7 +11,7 @@ import pytest
 
 from planner.cli import main
 from planner.errors import PlanError
-from planner.plan import check_output, write_atomic
+from planner.plan import check_output, schedule_problem, write_atomic
 from planner.search.space import MAX_MICROBATCHES, groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,6 +102,18 @@ def test_huge_batches_keep_the_micro_batch_count_bounded():
     assert per_group and max(g.num_microbatches for g in per_group) <= MAX_MICROBATCHES
     with pytest.raises(PlanError, match="micro-batches per step"):
         groups((2, 1, 2), 10 ** 11, 6, {"mbs": 1})
+
+
+def test_the_search_offers_only_schedules_the_executor_runs(capsys):
+    # torch's Schedule1F1B stops at launch below pp micro-batches: the search ranked such 1F1B plans (GPT-2 XL at
+    # dp4 pp4 mbs4 of a batch of 16, third of four), and a forced one was caught only by the dry run of -o
+    offered = {(g.mbs, g.schedule, g.vp) for g in groups((4, 1, 4), 16, 48, {})}
+    assert (4, "gpipe", 1) in offered and (4, "1f1b", 1) not in offered and (1, "1f1b", 1) in offered
+    assert all(schedule_problem(s, 4, 16 // (4 * mbs)) is None for mbs, s, _ in offered)
+    gpt = os.path.join(ROOT, "examples", "gpt.py")
+    assert main([gpt] + PLAN[1:] + ["--force", "pp=2,mbs=8,schedule=1f1b", "--no-check"]) == 2
+    assert _one_line(capsys).endswith("schedule 1f1b needs at least pp=2 micro-batches per step, got 1 (--batch-size "
+                                      "8 / (dp 1 x mbs 8)); raise --batch-size, lower mbs or use schedule=gpipe")
 
 
 def test_cluster_file_that_is_not_text_or_not_a_file(tmp_path, capsys):

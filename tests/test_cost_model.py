@@ -170,6 +170,8 @@ def test_default_plan_errors():
         default_plan(g, cl, 12, "bf16", {"dp": 8, "mbs": 1}, "m")
     with pytest.raises(PlanError, match="divide"):
         default_plan(g, cl, 8, "bf16", {"tp": 8, "dp": 1}, "m")  # 4 heads
+    with pytest.raises(PlanError, match=r"1f1b needs at least pp=2 micro-batches per step, got 1 \(batch 4 / \(dp 4"):
+        default_plan(g, cl, 4, "bf16", {"dp": 4, "pp": 2, "tp": 1}, "m")  # torch's Schedule1F1B refuses it
     notes: list[str] = []
     plan = default_plan(g, cluster(nodes=2, per_node=2), 4, "bf16", {"tp": 4, "dp": 1}, "m", notes=notes)
     assert plan.mesh.tp == 4 and any("spans 2 nodes" in n for n in notes)

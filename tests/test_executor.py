@@ -416,6 +416,18 @@ def test_world_size_mismatch_before_process_group(monkeypatch):
     assert not torch.distributed.is_initialized()
 
 
+def test_a_schedule_torch_would_refuse_stops_before_process_group(monkeypatch):
+    # the rule the search and plan files use (`planner.plan.schedule_problem`), in the executor's words
+    from executor import apply_plan
+    from executor.errors import ExecutorError
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan = Plan(mesh=Mesh(pp=2), schedule="1f1b", global_batch_size=2, microbatch_size=2, num_microbatches=1)
+    with pytest.raises(ExecutorError, match=r"^schedule 1f1b needs at least pp=2 micro-batches per step, got 1; raise "
+                                            r"num_microbatches .* or use schedule gpipe$"):
+        apply_plan(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)), plan)
+    assert not torch.distributed.is_initialized()
+
+
 def test_split_model_matches_whole_model():
     """The fx stage cut computes exactly the model's forward, keeps parameter names, and finds the tied weight."""
     from gpt import GPT, GPTConfig

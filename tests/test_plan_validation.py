@@ -85,6 +85,13 @@ BROKEN = [
     (lambda d: d["stages"][0].update(start_layer=1), r"stages\[0\] covers layers \[1, 3\)"),
     (lambda d: d.update(max_grad_norm=-1), r"max_grad_norm: expected a number >= 0, got -1$"),
     (lambda d: d.update(max_grad_norm=float("nan")), r"max_grad_norm must be a finite number >= 0 \(0: no clipping\)"),
+    # torch's Schedule1F1B raises at launch below pp micro-batches; `plan` offered such plans
+    (lambda d: d.update(schedule="1f1b"),
+     r"num_microbatches: schedule 1f1b needs at least pp=2 micro-batches per step, got 1; raise global_batch_size"),
+    (lambda d: d.update(schedule="interleaved", virtual_stages=2, global_batch_size=24, microbatch_size=8,
+                        num_microbatches=3, stages=[{"start_layer": a, "end_layer": b, "modules": [], "rank": k % 2}
+                                                    for k, (a, b) in enumerate([(0, 2), (2, 3), (3, 5), (5, 6)])]),
+     r"num_microbatches: schedule interleaved needs a micro-batch count that is a multiple of pp=2, got 3; "),
 ]
 
 
@@ -93,7 +100,7 @@ BROKEN = [
     "stage0-no-modules", "stage1-no-modules", "mesh-vs-devices", "mesh-vs-nodes", "param-sharded-at-tp1",
     "negative-step-time", "string-step-time", "infinite-memory", "nan-memory", "deep-prediction", "stage-rank",
     "string-breakdown", "nan-memory-breakdown", "list-memory-breakdown", "string-tflops", "stage-overlap",
-    "stage-gap", "stage-from-1", "negative-clip", "nan-clip"])
+    "stage-gap", "stage-from-1", "negative-clip", "nan-clip", "1f1b-too-few", "interleaved-not-multiple"])
 def test_a_broken_plan_file_is_refused_at_load(tmp_path, edit, message):
     data = _good()
     edit(data)

@@ -49,7 +49,8 @@ from planner.search.ilp import ILPError
 from planner.search.layer_costs import LayerArrays, LayerCosts
 from planner.search.placement import PlacementResult, PlacementSolver
 from planner.search.space import (MAX_MICROBATCHES, Group, check_batch_size, check_forced, check_forced_stages,
-                                   divisors, groups, meshes, recomputes, zero_stages)
+                                   divisors, forced_schedule_problem, groups, meshes, recomputes,
+                                   zero_stages)
 from planner.search.stages import cut_stages, inflight_microbatches, min_pipeline_bound, pipeline_bound
 from planner.strategies import plan_tp_problems
 
@@ -152,9 +153,13 @@ class OuterSearch:
         if self.forced.get("recompute") == "attention" and self._attention_problem:
             raise PlanError(self._attention_problem)
         todo = []
-        for mesh in meshes(self.cluster, len(self.layers), self.batch, self.forced):
+        mesh_list = meshes(self.cluster, len(self.layers), self.batch, self.forced)
+        for mesh in mesh_list:
             todo += groups(mesh, self.batch, len(self.layers), self.forced)
         if not todo:
+            problem = forced_schedule_problem(mesh_list, self.batch, self.forced)
+            if problem:
+                raise PlanError(problem)
             raise PlanError(f"no micro-batch size / schedule fits --batch-size {self.batch} with the forced keys "
                             f"{self.forced} and at most {MAX_MICROBATCHES} micro-batches per step; relax --force or "
                             "lower --batch-size")

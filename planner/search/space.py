@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
-from planner.plan import RECOMPUTE
+from planner.plan import RECOMPUTE, schedule_problem
 
 MAX_MICROBATCHES = 8192
 """Micro-batches per step a candidate may have: the pipeline simulation and the dp timing are linear in them, so a
@@ -175,19 +175,36 @@ def groups(mesh: tuple[int, int, int], batch_size: int, num_layers: int, forced:
 
 
 def _schedules(pp: int, m: int, num_layers: int, forced: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """The (schedule, virtual stages) pairs to try at pp ranks and m micro-batches: those the executor runs
+    (`schedule_problem`), and interleaved only at depths that leave each chunk a layer."""
     if pp == 1:
         return [("1f1b", 1)]
     names = [forced["schedule"]] if "schedule" in forced else (
         ["interleaved"] if forced.get("vp", 1) > 1 else ["gpipe", "1f1b", "interleaved"])
     out = []
     for name in names:
+        if schedule_problem(name, pp, m):
+            continue
         if name != "interleaved":
             out.append((name, 1))
             continue
         vps = [forced["vp"]] if "vp" in forced else list(INTERLEAVE_DEPTHS)
-        # Megatron-LM's interleaved schedule needs the micro-batch count to be a multiple of pp
-        out += [("interleaved", v) for v in vps if v > 1 and pp * v <= num_layers and m % pp == 0]
+        out += [("interleaved", v) for v in vps if v > 1 and pp * v <= num_layers]
     return out
+
+
+def forced_schedule_problem(mesh_list: list[tuple[int, ...]], batch_size: int, forced: Mapping[str, Any]) -> str | None:
+    """Why a forced schedule and micro-batch size run on none of the meshes (`schedule_problem` for the first, with
+    the micro-batch count spelled out), or None: the reason `groups` found nothing to try."""
+    if "schedule" not in forced or "mbs" not in forced:
+        return None
+    for dp, _, pp in mesh_list:
+        m = batch_size // (dp * forced["mbs"])
+        problem = schedule_problem(forced["schedule"], pp, m)
+        if problem:
+            return (f"{problem} (--batch-size {batch_size} / (dp {dp} x mbs {forced['mbs']})); raise --batch-size, "
+                    f"lower mbs or use schedule=gpipe")
+    return None
 
 
 def zero_stages(dp: int, forced: Mapping[str, Any]) -> list[int]:
