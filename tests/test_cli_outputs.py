@@ -406,10 +406,18 @@ def test_a_model_files_warning_before_an_error_leaves_one_line(tmp_path, capsys)
 
 
 def test_a_batch_no_dp_divides_is_named_as_the_cause(capsys):
-    """Batch 7 on 8 devices leaves dp=1 meshes only (their tp skipped on the tiny GPT): the error said 'with the
-    forced keys {} ... relax --force' though nothing was forced, and never named the batch."""
+    """Batch 7 on 8 devices leaves dp=1 meshes only, whose tp the tiny GPT gives no weight worth sharding: the error
+    said 'with the forced keys {} ... relax --force' though nothing was forced, and never named the batch. Those tp
+    are now solved sharded (a plan beats none), and a note names the batch as what ruled out data parallelism."""
     gpt = os.path.join(ROOT, "examples", "gpt.py")
-    assert main([gpt, "--cluster", "dgx-a100-80gb", "--batch-size", "7"]) == 2
+    assert main([gpt, "--cluster", "dgx-a100-80gb", "--batch-size", "7", "--json", "--no-check"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["mesh"]["dp"] == 1 and report["plan"]["mesh"]["tp"] > 1
+    note = next(n for n in report["notes"] if n.startswith("--batch-size 7"))
+    assert "divides over no dp > 1 of the 8 devices" in note and "2 or 4 or 8" in note and "forced" not in note
+    # with tp=1 forced no mesh is left: one line naming the batch and the forced key
+    assert main([gpt, "--cluster", "dgx-a100-80gb", "--batch-size", "7", "--force", "tp=1"]) == 2
     line = _one_line(capsys)
-    assert "--batch-size 7 divides over no dp > 1 of the 8 devices" in line and "2 or 4 or 8" in line
-    assert "forced" not in line and "--force" not in line
+    assert "with dp dividing --batch-size 7" in line and "(forced: tp=1)" in line
+
+

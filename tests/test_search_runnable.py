@@ -124,6 +124,25 @@ def test_an_all_replicated_tp_is_skipped_unless_forced():
     assert any("sp=1 is forced: solved again with at least one Linear of every block" in n for n in res.notes)
 
 
+def test_an_all_replicated_tp_is_solved_sharded_when_no_other_plan_exists():
+    """A batch of 1 on 2 devices without a pipeline leaves only dp=1 x tp=2, where the ILP shards nothing: the
+    search said "no candidate plan could be built" (a tiny Llama on 4 DGX H100 at batch 12 met it); it now solves
+    that tp as a forced one and says so."""
+    from test_search_fakes import RESHARD, FakeCostModel, fake_cluster, tiny_gpt
+    from planner.search.outer import OuterSearch
+    search = OuterSearch(tiny_gpt(2), fake_cluster(nodes=1, devices_per_node=2),
+                         FakeCostModel(default_time=1e-3, reshard=RESHARD), batch_size=1, forced={"pp": 1})
+    res = search.run()
+    assert res.ranked and all(s.plan.mesh.tp == 2 for s in res.ranked)
+    for s in res.ranked:
+        assert dict(s.plan.ops) == dict(search.placer.solve(2, 1, "bf16", s.plan.sequence_parallel,
+                                                            shard_a_linear=True).ops)
+    assert any("tp=2: the placement ILP found no weight worth sharding (first seen at micro-batch size 1), but no "
+               "plan without it was found: solved again with at least one Linear of every block" in n
+               for n in res.notes)
+    assert not any(n.endswith("skipped") for n in res.notes), res.notes  # the first pass's note is withdrawn
+
+
 def test_ilp_failure_and_layout_problems_skip_the_tp_with_one_note(monkeypatch):
     from planner.search.ilp import ILPError
     from planner.search.outer import OuterSearch

@@ -131,6 +131,9 @@ class OuterSearch:
         self._problems: dict[tuple, list[str]] = {}
         self._noted: set[tuple] = set()
         self._skipped: list[str] = []  # notes saying a tp was skipped, for infeasible_message
+        # set when no candidate was built because every tp the meshes need sharded no weight: those tp are then
+        # solved as a forced tp is (a plan the cluster can run beats none)
+        self._shard_idle = False
         # recompute=attention re-runs the blocks' SDPA calls: possible only where every block makes them, and tried
         # unforced only where SDPA is priced unfused, whose s x s scores it frees (Korthikanti et al.); a fused
         # kernel's call frees only its log-sum-exp, a re-run for almost nothing
@@ -167,6 +170,32 @@ class OuterSearch:
         self.stats["groups"] = len(bounds)
         if self.on_progress:
             self.on_progress(0, len(bounds), math.inf)
+        ranked = self._visit(bounds, start)
+        idle = sorted({k[1] for k in self._noted if k[0] == "idle"})
+        if not ranked and idle:
+            # every mesh of the cluster whose dp divides the batch needs tp > 1 (or a pipeline deeper than the
+            # layers), and at those tp the ILP shards nothing: solve them as a forced tp, once
+            self._shard_idle = True
+            self.stats["groups_evaluated"] = 0
+            if self._batch_hint():
+                self.notes.append(self._batch_hint())
+            gone = {t for t in self._skipped if "no weight worth sharding" in t}
+            self._skipped = [t for t in self._skipped if t not in gone]
+            self.notes = [n for n in self.notes if n not in gone]
+            for cache in (self._placed, self._tight):
+                for key in [k for k, v in cache.items() if v is None and k[0] in idle]:
+                    del cache[key]
+            ranked = self._visit(bounds, start)
+        self.stats["ilp_solves"] = self.placer.solves
+        self.stats["seconds"] = time.monotonic() - start
+        if not ranked:
+            raise PlanError(self.infeasible_message())
+        ranked.sort(key=_rank_key)
+        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats, evaluated=self.evaluated)
+
+    def _visit(self, bounds: list[tuple[float, int, Group]], start: float) -> list[Scored]:
+        """Evaluate the groups best bound first until the bound passes the best step found or the budget ends;
+        the fitting candidates."""
         ranked: list[Scored] = []
         best = math.inf
         for k, (lb, _, g) in enumerate(bounds):
@@ -187,12 +216,7 @@ class OuterSearch:
                 self.on_progress(k + 1, len(bounds), best)
         if self.on_progress:
             self.on_progress(len(bounds), len(bounds), best)
-        self.stats["ilp_solves"] = self.placer.solves
-        self.stats["seconds"] = time.monotonic() - start
-        if not ranked:
-            raise PlanError(self.infeasible_message())
-        ranked.sort(key=_rank_key)
-        return OuterResult(ranked=ranked, notes=self.notes, stats=self.stats, evaluated=self.evaluated)
+        return ranked
 
     # ---- bounds ---------------------------------------------------------------------------------------------------
     def lower_bound(self, g: Group) -> float:
@@ -397,13 +421,15 @@ class OuterSearch:
         try:
             res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
             if res is not None and _shards_nothing(res):
-                forced = f"tp={tp}" if "tp" in self.forced else "sp=1" if self.forced.get("sp") else ""
+                forced = f"tp={tp}" if "tp" in self.forced else "sp=1" if self.forced.get("sp") else \
+                    "no plan without it was found" if self._shard_idle else ""
                 if not forced:
                     self._note(("idle", tp), f"tp={tp}: the placement ILP found no weight worth sharding at tp={tp} on "
                                              f"this cluster (first seen at {at}); skipped")
                     return None
                 self._note(("forced", tp), f"tp={tp}: the placement ILP found no weight worth sharding (first seen at "
-                                           f"{at}), but {forced} is forced: solved again with at least one Linear "
+                                           f"{at}), but {forced}{'' if self._shard_idle else ' is forced'}: "
+                                           "solved again with at least one Linear "
                                            "of every block sharded (the cheapest such layout: the ILP picks which "
                                            "Linears, colwise or rowwise, and the layout between)")
                 res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_a_linear=True)
@@ -522,16 +548,21 @@ class OuterSearch:
         self.evaluated.append(Evaluated(pred.step_time_s, pred.peak_memory_bytes, pred.fits, candidate_label(plan)))
         return pred
 
+    def _batch_hint(self) -> str:
+        """What the batch rules out when no dp > 1 divides it (empty otherwise, or when dp is forced)."""
+        world = self.cluster.world_size
+        dps = divisors(world)[1:]
+        if "dp" in self.forced or any(self.batch % d == 0 for d in dps):
+            return ""
+        return (f"--batch-size {self.batch} divides over no dp > 1 of the {world} devices, so only dp=1 meshes were "
+                f"tried: a batch divisible by {' or '.join(map(str, dps[:3]))} allows data parallelism")
+
     def infeasible_message(self) -> str:
         """Why nothing fits: the leanest candidate's memory per device against the device, and what would help."""
         usable = self.cluster.device.usable_memory_bytes
         if self._leanest is None:
             why = self._skipped[0] if self._skipped else ""
-            world = self.cluster.world_size
-            dps = divisors(world)[1:]
-            batch = "" if "dp" in self.forced or any(self.batch % d == 0 for d in dps) else \
-                (f"--batch-size {self.batch} divides over no dp > 1 of the {world} devices, so only dp=1 meshes were "
-                 f"tried: a batch divisible by {' or '.join(map(str, dps[:3]))} allows data parallelism")
+            batch = self._batch_hint()
             forced = f" with the forced keys {', '.join(f'{k}={v}' for k, v in self.forced.items())}" \
                 if self.forced else ""
             fixes = "; ".join(filter(None, [batch, "relax --force" if self.forced else ""]))
