@@ -137,7 +137,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
     (reshard_after_forward=False), ZeRO-3 the root module's (not resharded after forward:
     executor.parallel.apply_fsdp) and a block being computed plus the next one's all-gather output; ZeRO-0 through
-    FSDP2's `replicate` (tp or pp, with dp or over a one-rank mesh) its 16-bit copies of all parameters. Without FSDP2
+    FSDP2's `replicate` (tp or pp, with dp or over a one-rank mesh) its unsharded copies of all parameters (16-bit,
+    or fp32 copies at fp32: `plan measure` on 4 CPU ranks measured twice the parameters). Without FSDP2
     (DDP, one device), autocast keeps a bf16 copy of the linears' weights per forward (counted with the activations):
     cached while the forward runs, saved for backward outside checkpointed blocks, made again by a checkpointed
     block's re-run, all kept under pipelining (one autocast region for the schedule step). So under recomputation the
@@ -162,7 +163,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         gathered = psi * unsharded
     elif z == 3:
         gathered, gather_buffer = (root + biggest_block) * unsharded, biggest_block * unsharded
-    elif w.replicate and amp:  # FSDP2's replicate (tp or pp): 16-bit copies of the whole parameters
+    elif w.replicate:  # FSDP2's replicate (tp or pp): unsharded copies of the whole parameters, 16-bit or, at
+        # fp32, fp32 (FSDPParam all-gathers into a buffer of its own even over a one-rank shard group)
         gathered = psi * unsharded
     # autocast's 16-bit weight copies (fp32 parameters): cached until the autocast region ends (the forward and loss;
     # under pipelining the whole schedule step) and saved for backward by each linear outside checkpointed blocks

@@ -208,6 +208,21 @@ def test_sequence_parallel_shards_norms_and_recompute_saves_memory(results):
     assert 0 < results["dp_full_recompute"]["activations"] < results["dp"]["activations"] / 2
 
 
+def test_replicate_holds_an_unsharded_copy_of_every_parameter_at_fp32_too(results):
+    # dp with tp or pp at ZeRO-0 runs FSDP2's replicate: its all-gather output is a buffer of its own even over a
+    # one-rank shard group, so the parameters live twice at the peak (the cost model priced this only at 16 bits);
+    # DDP (dp alone) and FSDP2's ZeRO-3 hold other amounts
+    for name in ("dp_tp", "dp_pp"):
+        r = results[name]
+        assert r["param_bytes_at_peak"] == 2 * r["local_param_bytes"], (name, r["param_bytes_at_peak"])
+    r = results["dp"]
+    assert r["param_bytes_at_peak"] == r["local_param_bytes"]
+    from cost_model.memory import peak_memory
+    from test_memory_measured import _layer, _work
+    mem = peak_memory(_work(params=100.0, layers=((_layer(100.0),),), dp=2, replicate=True))
+    assert mem["parameters"] == 2 * 100.0 * 4
+
+
 def test_partial_recompute_checkpoints_the_first_blocks_of_each_stage(results):
     # Plan.recompute_blocks: the first 2 of 4 blocks without pipelining; with two stages of two blocks, the first
     # block of stage 0 and none of stage 1. The bytes autograd saves lie between full recompute's and none's

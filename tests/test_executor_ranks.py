@@ -288,6 +288,10 @@ def run_spec(spec, ref_losses, ref_params, ckpt, ref_evals=()):
     out.update(scheduler_loaded=scheduler_loaded, lr_loaded=lr_loaded, wrong_key=wrong_key)
     mem = runner.memory_bytes()
     out["activations"] = mem["activations"]
+    # parameter bytes live at the tracked peak against the rank's own (local shards): FSDP2's unsharded copies
+    out["param_bytes_at_peak"] = mem["parameters"]
+    out["local_param_bytes"] = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
+                                   for part in runner.parts for p in part.parameters())
     out["saved"] = mem["saved_activations"]
     out["report_ok"] = "step time" in runner.report(warmup=1)
     mods = dict(m for part in runner.parts for m in part.named_modules())
