@@ -231,8 +231,8 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
             own = new * (FP32 if z == 0 else unsharded)
             # a block's FSDP2 unit is reduced at its first block (blocks sharing a module together)
             rs_input = (w.units[c][i] if w.units and l.block else l.param_elems) * FP32 if reduces else 0.0
-            if w.microbatches > 1:
-                during, after = accumulated, accumulated
+            if w.microbatches > 1:  # a later micro-batch: the sum so far, and (reduced per layer) this one's fresh
+                during, after = accumulated + (own if per_layer else 0.0), accumulated
             elif per_layer:
                 during, after = fresh + own, fresh
             else:

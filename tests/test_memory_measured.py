@@ -105,6 +105,17 @@ def test_zero3_holds_the_root_and_two_blocks_gathered():
     assert mem["temporaries"] >= 100.0 * 4  # the next block's all-gather output
 
 
+def test_a_later_micro_batch_backward_holds_the_sum_and_the_layers_fresh_gradient():
+    """ZeRO-2/3 reduce each micro-batch's gradients layer by layer: while a layer's backward runs, the sharded sum
+    of the earlier micro-batches and that layer's fresh unsharded gradient are both alive (the model held only the
+    sum; a Llama under ZeRO-3 with full recomputation, 2 micro-batches on 2 CPU ranks, measured 16 % over the
+    prediction then, 10 % after)."""
+    act = 10_000.0  # activations large enough that a backward phase is the peak
+    for z, during in ((3, 100.0 * 4 / 2 + 100.0 * 4), (2, 100.0 * 4 / 2 + 100.0 * 4), (1, 100.0 * 4)):
+        w = _work(params=100.0, layers=((_layer(100.0, act),),), dp=2, zero_stage=z, microbatches=2)
+        assert peak_memory(w)["gradients"] == during, z  # ZeRO-1: the whole fp32 sum, nothing reduced per layer
+
+
 RANK_PROGRAM = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {examples!r})
