@@ -421,15 +421,14 @@ class OuterSearch:
         try:
             res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale)
             if res is not None and _shards_nothing(res):
-                forced = f"tp={tp}" if "tp" in self.forced else "sp=1" if self.forced.get("sp") else \
-                    "no plan without it was found" if self._shard_idle else ""
-                if not forced:
+                reason = f"tp={tp} is forced" if "tp" in self.forced else "sp=1 is forced" if self.forced.get("sp") \
+                    else "no plan without it was found" if self._shard_idle else ""
+                if not reason:
                     self._note(("idle", tp), f"tp={tp}: the placement ILP found no weight worth sharding at tp={tp} on "
                                              f"this cluster (first seen at {at}); skipped")
                     return None
                 self._note(("forced", tp), f"tp={tp}: the placement ILP found no weight worth sharding (first seen at "
-                                           f"{at}), but {forced}{'' if self._shard_idle else ' is forced'}: "
-                                           "solved again with at least one Linear "
+                                           f"{at}), but {reason}: solved again with at least one Linear "
                                            "of every block sharded (the cheapest such layout: the ILP picks which "
                                            "Linears, colwise or rowwise, and the layout between)")
                 res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_a_linear=True)
