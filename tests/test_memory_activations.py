@@ -218,3 +218,41 @@ def test_in_flight_micro_batches():
         held = sum(in_flight("interleaved", p, v, m, 0).values())
         # chunk-micro-batches x layers per chunk (L / (p v)) = L (1 + (p-1)/(p v)) on the first stage
         assert held / (p * v) == pytest.approx(1 + (p - 1) / (p * v))
+
+
+def test_sdpa_with_dropout_on_cpu_ranks_keeps_what_torchs_math_path_keeps():
+    """torch runs SDPA with dropout on CPU as its math path (the CPU flash kernel takes no dropout): it keeps the
+    probabilities, the dropout noise (fp32, at::dropout's input * noise) and the dropped-out probabilities, each
+    (b, h, s, s); the model counted none of them (HF GPT-2, attention dropout 0.1, measured 12-23 % over the
+    predicted peak on 2 CPU ranks, 2-5 % after). GPUs run fused kernels that keep none."""
+    import torch
+    import torch.nn.functional as F
+
+    from hardware_profiles.load import load_cluster
+    from planner.model_file import ModelFile, default_loss
+    from planner.trace import trace_model
+    b, h, s, d = 2, 4, 64, 32
+    q = torch.randn(b, h, s, d, requires_grad=True)
+    scores_saved = []
+
+    def pack(t):
+        if tuple(t.shape[-2:]) == (s, s):
+            scores_saved.append(t.numel() * t.element_size())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
+    torch_bytes = sum(scores_saved)
+    assert torch_bytes == 3 * b * h * s * s * 4  # probabilities, noise, dropped-out probabilities
+
+    from gpt import GPT, GPTConfig, sample_batch  # examples/ is on sys.path (tests/conftest.py)
+    extra = {}
+    for dropout in (0.0, 0.1):
+        cfg = GPTConfig(n_layer=1, n_embd=h * d, n_head=h, vocab_size=64, block_size=s, dropout=dropout)
+        model_file = ModelFile(path="gpt.py", build_model=lambda: GPT(cfg),
+                               sample_batch=lambda n: sample_batch(n, cfg), loss_fn=default_loss)
+        g = trace_model(model_file, batch_size=1, progress=False)
+        op = next(o for o in g.ops if o.kind == "attention")
+        for name in ("cpu-local", "dgx-a100-80gb"):
+            extra[dropout, name] = CostModel(load_cluster(name)).op_memory(op, None, 1, b, "fp32")[1]
+    assert extra[0.1, "cpu-local"] - extra[0.0, "cpu-local"] == torch_bytes
+    assert extra[0.1, "dgx-a100-80gb"] == extra[0.0, "dgx-a100-80gb"]  # FlashAttention keeps no s x s tensor
