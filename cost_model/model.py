@@ -232,16 +232,17 @@ class CostModel:
             d = placement.inputs[k] if placement is not None and k < len(placement.inputs) else "R"
             total += tensor_bytes(op.input_meta[i], dtypes.inputs[i]) * scale / (tp if d.startswith("S") and tp > 1
                                                                                   else 1)
-        # torch runs SDPA with dropout on CPU ranks as its math path (the CPU flash kernel takes no dropout), which
-        # keeps what unfused attention keeps, its dropout noise in the scores' dtype (at::dropout: input * noise)
-        cpu_math = self.cluster.cpu_ranks and attention_dropout(op)
-        if op.kind == "attention" and (self.compute.unfused_attention or cpu_math) and len(metas) >= 2 \
-                and not inputs_only:
-            # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
-            # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither
-            scores = kernel_elems(op, acts, scale, tp if split and tp > 1 else 1)
-            mask = bytes_per if cpu_math else 1  # fused softmax-dropout kernels keep a 1-byte mask
-            total += scores * (2 * bytes_per + mask if attention_dropout(op) else bytes_per)
+        if op.kind == "attention" and len(metas) >= 2 and not inputs_only:
+            # torch runs SDPA with dropout on CPU ranks as its math path (the CPU flash kernel takes no dropout),
+            # which keeps what unfused attention keeps, its dropout noise in the scores' dtype (input * noise)
+            dropout = attention_dropout(op)
+            cpu_math = self.cluster.cpu_ranks and dropout
+            if self.compute.unfused_attention or cpu_math:
+                # unfused attention keeps the probabilities for its backward (and, with dropout, the mask and the
+                # dropped-out probabilities the p v GEMM read); the trace saw the fused kernel, which keeps neither
+                scores = kernel_elems(op, acts, scale, tp if split and tp > 1 else 1)
+                mask = bytes_per if cpu_math else 1  # fused softmax-dropout kernels keep a 1-byte mask
+                total += scores * (2 * bytes_per + mask if dropout else bytes_per)
         return par, total
 
     # ---- whole plans ----------------------------------------------------------------------------------------

@@ -177,8 +177,8 @@ class OuterSearch:
             # layers), and at those tp the ILP shards nothing: solve them as a forced tp, once
             self._shard_idle = True
             self.stats["groups_evaluated"] = 0
-            if self._batch_hint():
-                self.notes.append(self._batch_hint())
+            if hint := self._batch_hint():
+                self.notes.append(hint)
             gone = {t for t in self._skipped if "no weight worth sharding" in t}
             self._skipped = [t for t in self._skipped if t not in gone]
             self.notes = [n for n in self.notes if n not in gone]

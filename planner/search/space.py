@@ -193,7 +193,8 @@ def _schedules(pp: int, m: int, num_layers: int, forced: Mapping[str, Any]) -> l
     return out
 
 
-def forced_schedule_problem(mesh_list: list[tuple[int, ...]], batch_size: int, forced: Mapping[str, Any]) -> str | None:
+def forced_schedule_problem(mesh_list: list[tuple[int, ...]], batch_size: int,
+                            forced: Mapping[str, Any]) -> str | None:
     """Why a forced schedule and micro-batch size run on none of the meshes (`schedule_problem` for the first, with
     the micro-batch count spelled out), or None: the reason `groups` found nothing to try."""
     if "schedule" not in forced or "mbs" not in forced:
