@@ -116,6 +116,16 @@ def test_the_search_offers_only_schedules_the_executor_runs(capsys):
                                       "8 / (dp 1 x mbs 8)); raise --batch-size, lower mbs or use schedule=gpipe")
 
 
+def test_the_schedule_error_names_a_mesh_the_micro_batch_size_fits():
+    # on 8 devices pp=2 leaves dp 4, 2 or 1: mbs 8 of a batch of 8 fits dp 1 only, where 1F1B lacks micro-batches
+    # (the message named dp 4, "got 0", which the micro-batch size had ruled out)
+    from planner.search.space import forced_schedule_problem
+    forced = {"pp": 2, "mbs": 8, "schedule": "1f1b"}
+    assert forced_schedule_problem([(4, 1, 2), (2, 2, 2), (1, 4, 2)], 8, forced).endswith(
+        "got 1 (--batch-size 8 / (dp 1 x mbs 8)); raise --batch-size, lower mbs or use schedule=gpipe")
+    assert forced_schedule_problem([(4, 1, 2)], 8, forced) is None
+
+
 def test_cluster_file_that_is_not_text_or_not_a_file(tmp_path, capsys):
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe\x00")

@@ -200,6 +200,8 @@ def forced_schedule_problem(mesh_list: list[tuple[int, ...]], batch_size: int,
     if "schedule" not in forced or "mbs" not in forced:
         return None
     for dp, _, pp in mesh_list:
+        if batch_size % (dp * forced["mbs"]):
+            continue  # this mesh is out for the micro-batch size, not the schedule
         m = batch_size // (dp * forced["mbs"])
         problem = schedule_problem(forced["schedule"], pp, m)
         if problem:
