@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from executor import tp
 from executor.errors import ExecutorError
 from planner.autocast import AUTOCAST_LOWER_KINDS
+from planner.exporting import export_training
 from planner.op_kinds import callee_name, function_kind
 from planner.plan import Plan
 
@@ -420,7 +421,7 @@ def exported(model: nn.Module, example: Any, plan: Plan) -> tuple[nn.Module, tor
     graph whose node names the plan's ops use. ExecutorError when the export lacks an op the plan names (a plan
     made for another model, torch or transformers version)."""
     from executor.pipeline import export_call
-    ep = torch.export.export(model, *export_call(example), strict=False)
+    ep = export_training(model, *export_call(example))
     require_ops(plan, ep.graph)
     return unflatten(ep), ep.graph
 

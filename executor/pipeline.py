@@ -31,6 +31,7 @@ from torch.distributed.pipelining import PipelineStage
 from executor.errors import ExecutorError, shorten
 from executor.parallel import blocks
 from planner.blocks import layer_modules, structure_signature
+from planner.exporting import export_training
 from planner.layout import boundary_placements as block_output_placements
 from planner.plan import Plan, StageSpec
 
@@ -255,7 +256,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.Exporte
         ep = _rebound(cache[key], model)
         if ep is not None:
             return ep
-    ep = torch.export.export(model, args, kwargs, strict=False)
+    ep = export_training(model, args, kwargs)
     if key is not None:
         cache[key] = ep
     return ep

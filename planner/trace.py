@@ -29,6 +29,7 @@ from planner import op_kinds
 from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
+from planner.exporting import export_training
 from planner.model_file import ModelFile, batch, build, default_loss, frame_in_file
 from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
 
@@ -162,7 +163,7 @@ def _quiet() -> Iterator[None]:
 def _trace_export(model: nn.Module, args: tuple, kwargs: dict) -> _Traced:
     from torch.export.graph_signature import InputKind, OutputKind
     with _quiet():
-        ep = torch.export.export(model, args, kwargs, strict=False)
+        ep = export_training(model, args, kwargs)
     sig = ep.graph_signature
     user = iter(tree_flatten((args, kwargs))[0])
     values: dict[str, Any] = {}

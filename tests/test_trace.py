@@ -196,7 +196,8 @@ def test_fx_failure_falls_back_to_export_and_unused_parameters_are_kept(tmp_path
 @pytest.mark.parametrize("mask", [False, True])
 def test_grouped_query_attention_saves_k_and_v_as_flash_keeps_them(tmp_path, mask):
     # enable_gqa without a mask: flash reads the 2 shared k/v heads in place and saves them at that size (the
-    # tracer used to expand them to the 8 query heads, 4x the k/v bytes); with a mask they are expanded
+    # tracer used to expand them to the 8 query heads, 4x the k/v bytes); with a mask (here a sliding window) they
+    # are expanded
     path = tmp_path / "gqa.py"
     path.write_text(textwrap.dedent(f"""
         import torch
@@ -212,7 +213,7 @@ def test_grouped_query_attention_saves_k_and_v_as_flash_keeps_them(tmp_path, mas
                 b, s, _ = x.shape
                 q = self.q(x).view(b, s, 8, 8).transpose(1, 2)
                 k, v = self.kv(x).view(b, s, 2, 2, 8).permute(2, 0, 3, 1, 4)
-                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril() if {mask} else None
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril().triu(-4) if {mask} else None
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
                 return y.transpose(1, 2).reshape(b, s, 64)
 
