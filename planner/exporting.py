@@ -17,7 +17,9 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
-_ASSERT_METADATA = getattr(torch.ops.aten, "_assert_tensor_metadata").default
+_SDPA_OPTIONS = (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False))
+"""SDPA's arguments after query, key and value that may be given by position, with their defaults."""
+_ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
 _MAX_MASK_ELEMENTS = 1 << 30
 """Masks larger than this (a micro-batch of 16 at 8k tokens) are not evaluated to be checked, and stay."""
 
@@ -34,36 +36,38 @@ def export_training(model: nn.Module, args: tuple, kwargs: dict) -> torch.export
 def causal_masks_to_flags(graph: fx.Graph) -> int:
     """Rewrite, in place, each SDPA node whose `attn_mask` is computed from constants only and equals the causal
     mask into `is_causal=True` with no mask, and erase the nodes that computed only masks. How many were rewritten."""
+    causal: dict[fx.Node, bool] = {}  # per mask node: the layers of a model share one, evaluated once
     rewritten = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not _SDPA:
             continue
-        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
-        if not isinstance(mask, fx.Node) or _is_causal_flag(node):
+        mask, dropout_p, is_causal = (node.args[3 + i] if len(node.args) > 3 + i else node.kwargs.get(name, default)
+                                      for i, (name, default) in enumerate(_SDPA_OPTIONS))
+        if not isinstance(mask, fx.Node) or is_causal or not _fits(mask, node):
             continue
-        with unset_fake_temporarily():  # real values, also inside a dry run's fake tensor mode
-            try:
-                value = _constant_value(mask)
-                causal = value is not None and _is_causal_mask(value, node)
-            except Exception:  # noqa: BLE001 — a mask that cannot be evaluated here stays a mask
-                causal = False
-        if not causal:
+        if mask not in causal:
+            with unset_fake_temporarily():  # real values, also inside a dry run's fake tensor mode
+                try:
+                    value = _constant_value(mask)
+                    causal[mask] = value is not None and _is_causal_mask(value)
+                except Exception:  # noqa: BLE001 — a mask that cannot be evaluated here stays a mask
+                    causal[mask] = False
+        if not causal[mask]:
             continue
-        args = list(node.args) + [None] * max(0, 6 - len(node.args))
-        args[3], args[5] = None, True
-        if len(node.args) <= 4 and "dropout_p" not in node.kwargs:
-            args[4] = 0.0
-        kwargs = {k: v for k, v in node.kwargs.items() if k not in ("attn_mask", "is_causal", "dropout_p")}
-        if "dropout_p" in node.kwargs:
-            args[4] = node.kwargs["dropout_p"]
-        node.args, node.kwargs = tuple(args), kwargs
+        node.args = (*node.args[:3], None, dropout_p, True)
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k not in dict(_SDPA_OPTIONS)}
         _erase_unused(mask)
         rewritten += 1
     return rewritten
 
 
-def _is_causal_flag(node: fx.Node) -> bool:
-    return bool(node.args[5] if len(node.args) > 5 else node.kwargs.get("is_causal", False))
+def _fits(mask: fx.Node, sdpa: fx.Node) -> bool:
+    """Whether the mask's last two dims are this call's (query length, key length), over more than one query (where
+    `is_causal` means what a lower-triangular mask does)."""
+    m, q, k = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in (mask, *sdpa.args[:2]))
+    if not all(isinstance(t, torch.Tensor) for t in (m, q, k)) or m.dim() < 2:
+        return False
+    return tuple(m.shape[-2:]) == (q.shape[-2], k.shape[-2]) and q.shape[-2] > 1
 
 
 def _constant_value(mask: fx.Node) -> torch.Tensor | None:
@@ -75,7 +79,7 @@ def _constant_value(mask: fx.Node) -> torch.Tensor | None:
     def visit(n: fx.Node) -> bool:
         if n in seen:
             return True
-        if n.op != "call_function" or not callable(n.target) or getattr(n, "is_impure", lambda: False)():
+        if n.op != "call_function" or n.is_impure():
             return False
         if not all(visit(a) for a in n.all_input_nodes):
             return False
@@ -101,16 +105,10 @@ def _constant_value(mask: fx.Node) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _is_causal_mask(mask: torch.Tensor, sdpa: fx.Node) -> bool:
+def _is_causal_mask(mask: torch.Tensor) -> bool:
     """Whether `mask`, as SDPA reads it (bool: True attends; float: added to the scores), is SDPA's `is_causal`
-    mask, the lower triangle of (query length, key length), in every batch and head it broadcasts over."""
-    q, k = (a.meta.get("val") if isinstance(a, fx.Node) else None for a in sdpa.args[:2])
-    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or mask.dim() < 2:
-        return False
-    lq, lk = q.shape[-2], k.shape[-2]
-    if tuple(mask.shape[-2:]) != (lq, lk) or lq <= 1:
-        return False
-    tril = torch.ones(lq, lk, dtype=torch.bool).tril()
+    mask, the lower triangle of its last two dims (query, key), in every batch and head it broadcasts over."""
+    tril = torch.ones(mask.shape[-2:], dtype=torch.bool).tril()
     if mask.dtype == torch.bool:
         allowed = mask
     elif mask.is_floating_point():

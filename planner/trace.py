@@ -28,8 +28,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from planner import op_kinds
 from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
-from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
 from planner.exporting import export_training
+from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
 from planner.model_file import ModelFile, batch, build, default_loss, frame_in_file
 from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
 
