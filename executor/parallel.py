@@ -290,6 +290,20 @@ def _attention_checkpointed(inner, path: str):
     return forward
 
 
+def _recomputable(inner):
+    """`inner` (a block's forward), which, run as a recomputation in backward, leaves no shared redistribution
+    behind when it ends, also when checkpointing stops it early (`tp.forget_recomputed`)."""
+    from executor import tp
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            tp.forget_recomputed()
+    return forward
+
+
 def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
     """Activation checkpointing on every repeated block, keeping module paths unchanged (the block's forward is
     wrapped in place, so checkpoints and placements keep their names).
@@ -309,6 +323,8 @@ def apply_ac(model: nn.Module, recompute: str, block_paths: list[str]) -> None:
     for path in [p for p in block_paths if p in mods]:
         block = mods[path]
         inner = block.forward
+        if recompute in ("full", "selective"):
+            inner = _recomputable(inner)
         if recompute == "full":
             block.forward = partial(checkpoint, inner, use_reentrant=False)  # type: ignore[method-assign]
         elif recompute == "attention":

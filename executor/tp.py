@@ -325,6 +325,15 @@ _LAST: Any = None
 (`_shared_redistribute`)."""
 
 
+def forget_recomputed() -> None:
+    """End of a recomputation inside backward: drop the shared redistribution it made. Its result carries the
+    recomputed graph, which holds what the recomputation saved; kept, that would stay alive through the next
+    block's backward (one block's activations more at the peak)."""
+    global _LAST
+    if torch._C._current_graph_task_id() != -1:
+        _LAST = None
+
+
 def forget_gathered() -> None:
     """Start and end of a forward: drop the shared redistribution (`_shared_redistribute`), so a gathered tensor
     lives only as long as something holds it, and the gathers `keep_shards` may find."""
