@@ -539,6 +539,7 @@ class Runner:
                 with self._sync(model, last=k == n - 1), self._autocast(), record(pass_name("F", k)):
                     out = model(**x) if isinstance(x, dict) else model(*as_args(x))
                     loss = self._loss(out, y) / n
+                del out  # the model's outputs (the logits): what backward needs of them the loss's graph holds
                 tp.forget_gathered()
                 _mark(clock, "B")
                 with self._sync(model, last=k == n - 1), record(pass_name("B", k)):

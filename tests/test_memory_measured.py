@@ -270,10 +270,11 @@ TP_RANK_PROGRAM = textwrap.dedent("""
 
 
 def test_recomputation_under_tp_holds_one_block_at_a_time(tmp_path, capsys):
-    """tp2 with dropout, full and selective recomputation, on 2 CPU ranks: measured activations within 15 % of the
-    prediction (one block's recomputed working set on top of the blocks' inputs). A recomputation's shared
+    """tp2 with dropout on 2 CPU ranks, without, with full and with selective recomputation: measured peak within
+    5 % of the prediction, activations within 15 %. Two leaks this catches: a recomputation's shared
     redistribution, kept until the next one, held that recomputation's whole graph through the next block's
-    backward: +113 % activations (+43 % peak) measured under full recomputation before."""
+    backward (+113 % activations, +43 % peak under full recomputation); the model's output (the logits), held by
+    the runner through the backward, +9 % peak."""
     from planner.cli import main
     model = tmp_path / "gpt_dropout.py"
     model.write_text(DROPOUT_MODEL.format(examples=os.path.join(ROOT, "examples")))
@@ -291,8 +292,9 @@ def test_recomputation_under_tp_holds_one_block_at_a_time(tmp_path, capsys):
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
+    for rc in ("none", "full", "selective"):
+        assert abs(rows[rc]["peak"]["error"]) <= 0.05, (rc, rows[rc]["peak"])
+        assert abs(rows[rc]["activations"]["error"]) <= 0.15, (rc, rows[rc]["activations"])
     for rc in ("full", "selective"):
         acts = rows[rc]["activations"]
-        assert abs(acts["error"]) <= 0.15, (rc, acts)
-        assert abs(rows[rc]["peak"]["error"]) <= 0.15, (rc, rows[rc]["peak"])
         assert acts["measured"] < 0.6 * rows["none"]["activations"]["measured"], (rc, acts, rows["none"])
