@@ -98,6 +98,10 @@ class DeviceWork:
     """Per chunk, bytes of the output gradient one micro-batch's backward receives from the next stage (held for
     that backward: executor.pipeline.RecvOnDemandStage). A received activation is the stage's input, counted with
     the activations."""
+    stage_outputs: tuple = ()
+    """Per chunk (pipelining), bytes of one micro-batch's stage output, which the schedule keeps from that forward
+    to the end of its backward (torch.distributed.pipelining's `fwd_cache`) and autograd does not save: the
+    boundary activation sent on, or on the last stage the model's output (the logits) the loss reads."""
     largest_tensor: float = 0.0
     """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
     units: tuple = ()
@@ -119,7 +123,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     """Peak bytes on one device by part — parameters, gradients, optimizer, activations, buffers (persistent:
     DDP's buckets) and temporaries — at the worst of three phases, not a sum of maxima:
 
-    - backward start (forward end): activations of every in-flight micro-batch, plus the fp32 logits' gradient
+    - backward start (forward end): activations of every in-flight micro-batch (pipelined: with its stage output,
+      `DeviceWork.stage_outputs`), plus the fp32 logits' gradient
       and the log-softmax input's gradient (2 x logits x 4 bytes: cross-entropy runs in fp32 under autocast;
       aten::_log_softmax_backward_data reads the output gradient nll_loss_backward wrote); the first backward has
       no gradients yet (zero_grad(set_to_none=True)), a later one (gradient accumulation, pipeline steady state)
@@ -180,7 +185,8 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     else:
         accumulated = grads_step
     static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
-    acts_mb = [sum(l.act_bytes for l in ch) for ch in w.layers]
+    acts_mb = [sum(l.act_bytes for l in ch) + (w.stage_outputs[c] if c < len(w.stage_outputs) else 0.0)
+               for c, ch in enumerate(w.layers)]
     held = sum(k * acts_mb[c] for c, k in w.held.items())
     loss_tmp = 2 * w.logits * FP32
     phases = [_phase(**static, activations=held + cast_weights, temporaries=loss_tmp + gather_buffer)]
@@ -255,6 +261,9 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     stage = [c * sp.pp + r for c in range(len(chunks))]
     # the gradient of the chunk's output, received for each backward (none on the last stage)
     grad_recv = [chunks[c].layers[-1].out_full_bytes if i < n_stages - 1 else 0.0 for c, i in enumerate(stage)]
+    logits = loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0
+    outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1
+               else logits * _logit_bytes(sp) for c, i in enumerate(stage)] if sp.pp > 1 else []
     tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
     tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
     work = DeviceWork(
@@ -265,8 +274,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
-        logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
-        grad_recv=tuple(grad_recv), largest_tensor=max(tensors, default=0.0),
+        logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs), largest_tensor=max(tensors, default=0.0),
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
@@ -275,6 +283,31 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     out = peak_memory(work)
     out["headroom"] = cl.device.memory_bytes - cl.device.usable_memory_bytes
     return out
+
+
+def _stage_output_bytes(sp: Any, stage: int, sent: float) -> float:
+    """Bytes of a non-last stage's output per micro-batch (`DeviceWork.stage_outputs`): `sent`, what it sends
+    (whole when a sharded output is gathered before the send); 0 where its producing op saves a tensor of the
+    output's shape and dtype for its own backward (then it is counted with the activations already)."""
+    layer = sp.layers[sp.stage_ranges[stage][1] - 1]
+    op = sp.graph.ops[layer.ops[-1]] if layer.ops else None
+    if op is not None and op.output_meta and any(t.shape == op.output_meta[0].shape and t.dtype ==
+                                                 op.output_meta[0].dtype for t in op.saved):
+        return 0.0
+    return sent
+
+
+def _logit_bytes(sp: Any) -> float:
+    """Bytes per element of the model's output the loss reads: the precision autocast leaves it in."""
+    from cost_model.dtypes import autocast_dtypes
+    from cost_model.kernels import PRECISION_BYTES
+    plan, graph = sp.plan, sp.graph
+    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    if loss is None or not loss.inputs:
+        return 4.0
+    d = autocast_dtypes(graph, plan.precision, plan.precision if plan.fsdp_mixed_precision else "fp32",
+                        sp.cm.cluster.cpu_ranks).get(loss.inputs[0])
+    return float(PRECISION_BYTES[d.output]) if d is not None else 4.0
 
 
 def loss_input_elems(graph: OpGraph, plan: Plan) -> float:
