@@ -100,8 +100,12 @@ class DeviceWork:
     the activations."""
     stage_outputs: tuple = ()
     """Per chunk (pipelining), bytes of one micro-batch's stage output, which the schedule keeps from that forward
-    to the end of its backward (torch.distributed.pipelining's `fwd_cache`) and autograd does not save: the
-    boundary activation sent on, or on the last stage the model's output (the logits) the loss reads."""
+    to the end of its backward (torch.distributed.pipelining's `fwd_cache`: the root of that backward) and
+    autograd does not save: the boundary activation sent on; none on the last stage, whose backward starts from
+    the loss."""
+    schedule_output: float = 0.0
+    """Bytes of the model's output (the logits of one micro-batch) that the pipeline schedule holds on the last
+    stage from a forward to the next one (the `output` it computes the loss from), backwards included."""
     largest_tensor: float = 0.0
     """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
     units: tuple = ()
@@ -187,7 +191,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
     acts_mb = [sum(l.act_bytes for l in ch) + (w.stage_outputs[c] if c < len(w.stage_outputs) else 0.0)
                for c, ch in enumerate(w.layers)]
-    held = sum(k * acts_mb[c] for c, k in w.held.items())
+    held = sum(k * acts_mb[c] for c, k in w.held.items()) + w.schedule_output
     loss_tmp = 2 * w.logits * FP32
     phases = [_phase(**static, activations=held + cast_weights, temporaries=loss_tmp + gather_buffer)]
     if all_casts > cast_weights:  # forward end, inside autocast: the checkpointed blocks' copies still cached
@@ -261,9 +265,9 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     stage = [c * sp.pp + r for c in range(len(chunks))]
     # the gradient of the chunk's output, received for each backward (none on the last stage)
     grad_recv = [chunks[c].layers[-1].out_full_bytes if i < n_stages - 1 else 0.0 for c, i in enumerate(stage)]
-    logits = loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0
-    outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1
-               else logits * _logit_bytes(sp) for c, i in enumerate(stage)] if sp.pp > 1 else []
+    # (the last stage's output, the logits, is not kept: executor.pipeline.RecvOnDemandStage.forward_one_chunk)
+    outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1 else 0.0
+               for c, i in enumerate(stage)] if sp.pp > 1 else []
     tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
     tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
     work = DeviceWork(
@@ -274,7 +278,10 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
-        logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs), largest_tensor=max(tensors, default=0.0),
+        logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
+        grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
+        schedule_output=loss_input_elems(sp.graph, plan) * _logit_bytes(sp) if sp.pp > 1 and (n_stages - 1) in stage
+        else 0.0, largest_tensor=max(tensors, default=0.0),
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
@@ -298,16 +305,14 @@ def _stage_output_bytes(sp: Any, stage: int, sent: float) -> float:
 
 
 def _logit_bytes(sp: Any) -> float:
-    """Bytes per element of the model's output the loss reads: the precision autocast leaves it in."""
+    """Bytes per element of the model's output the loss reads, in the precision autocast leaves it."""
     from cost_model.dtypes import autocast_dtypes
     from cost_model.kernels import PRECISION_BYTES
     plan, graph = sp.plan, sp.graph
     loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
-    if loss is None or not loss.inputs:
-        return 4.0
     d = autocast_dtypes(graph, plan.precision, plan.precision if plan.fsdp_mixed_precision else "fp32",
-                        sp.cm.cluster.cpu_ranks).get(loss.inputs[0])
-    return float(PRECISION_BYTES[d.output]) if d is not None else 4.0
+                        sp.cm.cluster.cpu_ranks).get(loss.inputs[0]) if loss is not None and loss.inputs else None
+    return float(PRECISION_BYTES[d.output]) if d is not None else FP32
 
 
 def loss_input_elems(graph: OpGraph, plan: Plan) -> float:

@@ -490,6 +490,17 @@ class RecvOnDemandStage(PipelineStage):
         self._allocate(getattr(self, "grad_recv_info", {}).get(bwd_chunk_id))
         return super().get_bwd_recv_ops(bwd_chunk_id)
 
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if self.is_last and fwd_chunk_id in self.fwd_cache:
+            # the last stage's backward starts from the loss (`backward_one_chunk` reads the loss, never the stage
+            # output), so its output — the logits — need not wait there for the backward: kept, every micro-batch
+            # in flight held its logits (all of them at once under GPipe); the schedule computes the loss from
+            # the `output` returned here
+            _, inputs = self.fwd_cache[fwd_chunk_id]
+            self.fwd_cache[fwd_chunk_id] = ((), inputs)
+        return output
+
     def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs):
         out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
         self._release(self.args_recv_info.get(bwd_chunk_id))
