@@ -265,6 +265,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     stage = [c * sp.pp + r for c in range(len(chunks))]
     # the gradient of the chunk's output, received for each backward (none on the last stage)
     grad_recv = [chunks[c].layers[-1].out_full_bytes if i < n_stages - 1 else 0.0 for c, i in enumerate(stage)]
+    logits = loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0
     # (the last stage's output, the logits, is not kept: executor.pipeline.RecvOnDemandStage.forward_one_chunk)
     outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1 else 0.0
                for c, i in enumerate(stage)] if sp.pp > 1 else []
@@ -278,10 +279,8 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
-        logits=loss_input_elems(sp.graph, plan) if (n_stages - 1) in stage else 0.0,
-        grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
-        schedule_output=loss_input_elems(sp.graph, plan) * _logit_bytes(sp) if sp.pp > 1 and (n_stages - 1) in stage
-        else 0.0, largest_tensor=max(tensors, default=0.0),
+        logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
+        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 else 0.0, largest_tensor=max(tensors, default=0.0),
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
