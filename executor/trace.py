@@ -16,6 +16,7 @@ on every group under a `shardwise group LABEL` span, and the threads or streams 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Iterable, Mapping
 
 TRACKS = ("compute", "tp comm", "dp comm", "pp comm", "bubble", "optimizer")
@@ -29,6 +30,9 @@ GROUP_SPAN = "shardwise group"
 MARKS_PER_GROUP = 8
 """Marker all-reduces per group: issued together, so each of a gloo group's worker threads (2 by default) runs one
 (4 once went all to one thread in a CI run of the suite, its two workers and the job's two ranks on 2 cores)."""
+GLOO_MARK_DELAY_S = 0.05
+"""How late the other ranks of a gloo group join each marking round (`mark_groups`): marker all-reduces issued at
+once still went all to one worker thread in CI runs of the suite (two pytest workers and two ranks on 2 cores)."""
 MARK_ELEMS = 2**18
 """Elements of each marker all-reduce: 1 MiB of fp32, about 1-3 ms on gloo between local ranks, so that a worker
 thread busy with one leaves the next to another thread, which has long woken up by then (tiny ones were once all
@@ -92,12 +96,18 @@ def mark_groups(groups: Mapping[str, Iterable]) -> dict[str, str]:
         for g in gs:
             names[g.group_name] = label
             with record(f"{GROUP_SPAN} {label}"):
-                t = [torch.zeros(MARK_ELEMS, device=_device(g)) for _ in range(MARKS_PER_GROUP)]
-                works = [dist.all_reduce(x, group=g, async_op=True) for x in t]
-                for w in works:
-                    w.wait()
-                if t[0].is_cuda:
-                    torch.cuda.synchronize()
+                # gloo: one round per rank of the group, the others joining GLOO_MARK_DELAY_S late, so that on the
+                # early rank the first marker blocks a worker thread and the next ones go to the other workers
+                rounds = dist.get_world_size(g) if dist.get_backend(g) == "gloo" else 1
+                for early in range(rounds):
+                    if rounds > 1 and dist.get_rank(g) != early:
+                        time.sleep(GLOO_MARK_DELAY_S)
+                    t = [torch.zeros(MARK_ELEMS, device=_device(g)) for _ in range(MARKS_PER_GROUP)]
+                    works = [dist.all_reduce(x, group=g, async_op=True) for x in t]
+                    for w in works:
+                        w.wait()
+                    if t[0].is_cuda:
+                        torch.cuda.synchronize()
     return names
 
 
