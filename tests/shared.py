@@ -8,6 +8,22 @@ import textwrap
 
 import torch
 
+def gpt_model_file(**config) -> str:
+    """The text of a model file for examples/gpt.py's GPT with `GPTConfig(**config)` (`{examples!r}` left to
+    format, as in SMALL_GPT)."""
+    cfg = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    return textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {{examples!r}})
+        from gpt import GPTConfig, build_model as _build, sample_batch as _batch
+        CFG = GPTConfig({cfg})
+        def build_model():
+            return _build(CFG)
+        def sample_batch(batch_size):
+            return _batch(batch_size, CFG)
+    """)
+
+
 SMALL_GPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {examples!r})
