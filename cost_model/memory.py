@@ -280,7 +280,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
         logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
-        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 else 0.0, largest_tensor=max(tensors, default=0.0),
+        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits else 0.0, largest_tensor=max(tensors, default=0.0),
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
