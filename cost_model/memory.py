@@ -199,8 +199,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     if w.microbatches > 1:
         # a later backward: one micro-batch at a time without pipelining, or the 1F1B steady state, holds as
         # much as the first; GPipe has released one micro-batch
-        steady = not w.pipelined or w.microbatches > sum(w.held.values())
-        later = held if steady else held - max(acts_mb, default=0.0)
+        later = held if _steady(w) else held - max(acts_mb, default=0.0)
         phases.append(_phase(**static, gradients=accumulated, activations=later + cast_weights,
                              temporaries=loss_tmp + gather_buffer))
     phases += _backward_phases(w, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
@@ -210,49 +209,75 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     return max(phases, key=lambda p: p["total"])
 
 
+def _steady(w: DeviceWork) -> bool:
+    """Whether a backward after the first holds as many micro-batches as the first: without pipelining (one at a
+    time), and in a pipeline schedule's steady state, where each backward is followed by another forward (1F1B and
+    interleaved with more forwards to run than the rank holds at its first backward). Else (GPipe, or a 1F1B rank
+    that holds every micro-batch) each backward holds one micro-batch fewer than the one before."""
+    return not w.pipelined or w.microbatches * len(w.layers) > sum(w.held.values())
+
+
 def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded,
                      z) -> list[dict[str, float]]:
-    """Two phases per layer of each chunk's first backward (see `peak_memory`): while it runs (its full working
-    set and its fresh gradient) and while its gradients are reduced (its activations freed; FSDP2's foreach_reduce
-    copies the unsharded gradients into an fp32 reduce-scatter input, replicate into an all-reduce buffer)."""
+    """Two phases per layer of each chunk's backward (see `peak_memory`): while it runs (its full working set and
+    its fresh gradient) and while its gradients are reduced (its activations freed; FSDP2's foreach_reduce copies
+    the unsharded gradients into an fp32 reduce-scatter input, replicate into an all-reduce buffer). With several
+    micro-batches a backward after the first holds the gradients summed so far and the layer's fresh ones until
+    they are added: autograd adds each tensor's as it is made (one tensor at a time), FSDP2 at 16 bits a unit's at
+    its post-backward (FSDPParam.accumulate_unsharded_grad_if_needed). The 1F1B steady state holds as many
+    micro-batches then as at the first backward; GPipe's first backward holds every micro-batch and no gradient
+    yet, its second one micro-batch fewer and the sum."""
     n = max(1, w.dp)
+    if w.microbatches == 1:
+        rounds = [(held, False)]
+    elif _steady(w):
+        rounds = [(held, True)]
+    else:
+        rounds = [(held, False), (held - max(acts_mb, default=0.0), True)]
+    # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole gradients
+    # (DDP, replicate) or unsharded ones until the last micro-batch
+    per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
+    reduces = z >= 1 or w.replicate
+    unit_grads = reduces and w.precision != "fp32"  # FSDP2 at 16 bits: a unit's fresh gradients wait together
     out = []
-    for c, layers in enumerate(w.layers):
-        if not w.held.get(c):
-            continue
-        others = held - acts_mb[c]
-        below = acts_mb[c]
-        recv = w.grad_recv[c] if c < len(w.grad_recv) else 0.0  # the output gradient this backward received
-        fresh = 0.0  # gradients held once the layers after this one are done
-        # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole
-        # gradients (DDP, replicate) or unsharded ones until the last micro-batch
-        per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
-        reduces = z >= 1 or w.replicate
-        done: set[str] = set()  # parameters whose gradient a later layer's backward already made
-        for i in reversed(range(len(layers))):
-            l = layers[i]
-            below -= l.act_bytes
-            # a weight tied to a later layer (GPT's embedding, read again by the LM head): its second gradient is
-            # a dense tensor of its own until autograd adds it to the first
-            again = sum(e for name, e in l.params.items() if name in done)
-            tied = again * (FP32 if z == 0 else unsharded)
-            done.update(l.params)
-            new = l.param_elems - again if l.block else l.param_elems  # a shared module's gradient is there already
-            own = new * (FP32 if z == 0 else unsharded)
-            # a block's FSDP2 unit is reduced at its first block (blocks sharing a module together)
-            rs_input = (w.units[c][i] if w.units and l.block else l.param_elems) * FP32 if reduces else 0.0
-            if w.microbatches > 1:  # a later micro-batch: the sum so far, and (reduced per layer) this one's fresh
-                during, after = accumulated + (own if per_layer else 0.0), accumulated
-            elif per_layer:
-                during, after = fresh + own, fresh
-            else:
-                during = after = min(fresh + own, accumulated)
-            recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
-            out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
-                              + cast_weights + recast, temporaries=gather_buffer + recv + tied))
-            out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
-                              temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
-            fresh = fresh + new * FP32 / n if per_layer else min(fresh + own, accumulated)
+    for total, later in rounds:
+        for c, layers in enumerate(w.layers):
+            if not w.held.get(c):
+                continue
+            others = total - acts_mb[c]
+            below = acts_mb[c]
+            recv = w.grad_recv[c] if c < len(w.grad_recv) else 0.0  # the output gradient this backward received
+            fresh = 0.0  # gradients held once the layers after this one are done
+            done: set[str] = set()  # parameters whose gradient a later layer's backward already made
+            for i in reversed(range(len(layers))):
+                l = layers[i]
+                below -= l.act_bytes
+                # a weight tied to a later layer (GPT's embedding, read again by the LM head): its second gradient
+                # is a dense tensor of its own until autograd adds it to the first
+                again = sum(e for name, e in l.params.items() if name in done)
+                tied = again * (FP32 if z == 0 else unsharded)
+                done.update(l.params)
+                new = l.param_elems - again if l.block else l.param_elems  # a shared module's gradient is there
+                own = new * (FP32 if z == 0 else unsharded)
+                # a block's FSDP2 unit is reduced at its first block (blocks sharing a module together)
+                rs_input = (w.units[c][i] if w.units and l.block else l.param_elems) * FP32 if reduces else 0.0
+                adding = 0.0  # a later backward's fresh gradients not yet added (autograd's: temporaries)
+                if later and per_layer:
+                    during, after = accumulated + own, accumulated
+                elif later:  # the sum so far, and this layer's fresh gradient (see the docstring)
+                    during = after = accumulated
+                    one = l.largest_param * (FP32 if z == 0 else unsharded)
+                    adding = new * unsharded if unit_grads else min(own, one)
+                elif per_layer:
+                    during, after = fresh + own, fresh
+                else:
+                    during = after = min(fresh + own, accumulated)
+                recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
+                out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
+                                  + cast_weights + recast, temporaries=gather_buffer + recv + tied + adding))
+                out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
+                                  temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
+                fresh = fresh + new * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
 
 
@@ -269,8 +294,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     # (the last stage's output, the logits, is not kept: executor.pipeline.RecvOnDemandStage.forward_one_chunk)
     outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1 else 0.0
                for c, i in enumerate(stage)] if sp.pp > 1 else []
-    tensors = [v for ch in chunks for l in ch.layers for v in l.params.values()]
-    tensors += [l.param_elems / max(1, len(l.tensors)) for ch in chunks for l in ch.layers if l.block]
+    tensors = [l.largest_param for ch in chunks for l in ch.layers]
     work = DeviceWork(
         params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
         held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
