@@ -161,7 +161,7 @@ def test_an_interleaved_rank_holding_more_than_m_micro_batches_is_steady():
 
 
 RANK_PROGRAM = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     sys.path.insert(0, {examples!r})
     import torch, torch.distributed as dist
     from gpt import GPT, GPTConfig, sample_batch
@@ -188,8 +188,11 @@ RANK_PROGRAM = textwrap.dedent("""
         dist.all_gather_object(per, m)
         out[name] = per
     if dist.get_rank() == 0:
-        json.dump(out, open(sys.argv[1], "w"))
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f)
+    dist.barrier()  # neither rank tears gloo down while the other is still in it
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown, where a gloo worker thread can abort the rank after the work is done
 """)
 
 
@@ -302,8 +305,11 @@ RANK_PROGRAM_PER_PLAN = textwrap.dedent("""
         worst = max(per_rank, key=lambda m: m["peak_memory_bytes"])  # as `plan measure` reports it
         out[os.path.basename(path)] = memory_by_category(plan.predicted, worst)
     if dist.get_rank() == 0:
-        json.dump(out, open(sys.argv[2], "w"))
+        with open(sys.argv[2], "w") as f:
+            json.dump(out, f)
+    dist.barrier()  # neither rank tears gloo down while the other is still in it
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown, where a gloo worker thread can abort the rank after the work is done
 """)
 
 
