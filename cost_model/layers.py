@@ -100,9 +100,9 @@ class LayerCost:
     """For layers outside blocks: parameter name to its local elements, so that a weight tied between the first
     and the last layer (embedding and LM head) counts once on a rank that holds both. Empty for blocks, whose
     parameters are their own."""
-    largest_param: float = 0.0
-    """Local elements of the layer's largest parameter tensor (its gradient is what autograd adds to the sum one
-    tensor at a time; the single-tensor Adam's temporaries are sized by the largest)."""
+    param_sizes: tuple = ()
+    """(name, local elements) of each parameter tensor the layer reads, in the order its ops first read them: what
+    autograd adds to the gradients' sum one tensor at a time, and what the single-tensor AdamW steps through."""
     block: bool = False
     """Whether the layer is one of the model's repeated blocks (the executor wraps each in its own FSDP2 unit)."""
     tensors: dict = field(default_factory=dict)
@@ -340,7 +340,7 @@ class LayerCoster:
         out_full, boundary = self._boundary(layer, out_bytes)
         return LayerCost(fwd_compute=fwd, bwd_compute=bwd, tp_fwd=tp_fwd, tp_bwd=tp_bwd, recompute=rec + rec_tp,
                          recompute_tp=rec_tp, act_bytes=act, act_full_bytes=act_full, out_bytes=out_bytes,
-                         param_elems=sum(params.values()), largest_param=max(params.values(), default=0.0),
+                         param_elems=sum(params.values()), param_sizes=tuple(params.items()),
                          params={} if layer.block_type else params, block=layer.block_type is not None,
                          tensors=tensors, partial_elems=partial_elems, kernels=(kern_f, kern_b + rec_k),
                          host=(host_f, host_b + rec_h),

@@ -106,8 +106,13 @@ class DeviceWork:
     schedule_output: float = 0.0
     """Bytes of the model's output (the logits of one micro-batch) that the pipeline schedule holds on the last
     stage from a forward to the next one (the `output` it computes the loss from), backwards included."""
-    largest_tensor: float = 0.0
-    """Elements of the largest parameter tensor (what the single-tensor Adam's temporaries are sized by)."""
+    sends_held: tuple = (0.0, 0.0)
+    """Bytes of the stage outputs the rank sends in a step's forwards, and of the input gradients it sends in its
+    backwards, each held to the step's end where the schedule keeps every send's Work until then (torch's runtime
+    schedules: interleaved) and the Work keeps its tensor (gloo; a completed NCCL send's tensors are released
+    without a wait): CPU ranks."""
+    adam_temp_elems: float = 0.0
+    """Elements of the single-tensor AdamW's temporaries at its worst parameter (`adam_temp_elems`)."""
     units: tuple = ()
     """Per chunk, the parameter elements of each layer's FSDP2 unit (`StepPredictor.unit_elems`: blocks sharing a
     module are one unit, at the first); empty: each block its own."""
@@ -140,7 +145,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
       foreach_reduce);
     - the optimizer step: gradients and AdamW's temporaries (the fused kernel on GPUs: none;
       `_single_tensor_adam` on CPU: `exp_avg_sq.sqrt() / bias_correction` while the previous tensor's denominator
-      is alive, ~3 x the largest tensor).
+      is alive: the previous tensor + 2 x this one at the worst, on the dp shard under ZeRO; `adam_temp_elems`).
 
     Parameters are fp32 (torch.autocast keeps them; FSDP2 keeps fp32 shards, `MixedPrecisionPolicy(param_dtype)`
     gathers bf16 copies): ZeRO-1/2 hold the unsharded parameters from forward to the last backward
@@ -201,12 +206,23 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
         # much as the first; GPipe has released one micro-batch
         later = held if _steady(w) else held - max(acts_mb, default=0.0)
         phases.append(_phase(**static, gradients=accumulated, activations=later + cast_weights,
-                             temporaries=loss_tmp + gather_buffer))
+                             temporaries=loss_tmp + gather_buffer + _sends(w)[0]))
     phases += _backward_phases(w, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
-    opt_tmp = 0.0 if w.fused else 3 * w.largest_tensor * FP32
+    opt_tmp = 0.0 if w.fused else w.adam_temp_elems * FP32
     phases.append(_phase(parameters=resident, optimizer=opt, buffers=buffers, gradients=grads_step,
                          temporaries=opt_tmp))
     return max(phases, key=lambda p: p["total"])
+
+
+def _sends(w: DeviceWork) -> tuple[float, float]:
+    """Bytes of sent tensors held (`DeviceWork.sends_held`) at the steady state's last backward (every forward's
+    output sent, and the backwards' gradients but for those of the micro-batches still held) and at the step's
+    last backward (all of them)."""
+    fwd, bwd = w.sends_held
+    if not fwd and not bwd:
+        return 0.0, 0.0
+    in_flight_share = sum(w.held.values()) / (w.microbatches * len(w.layers))
+    return fwd + bwd * max(0.0, 1.0 - in_flight_share), fwd + bwd
 
 
 def _steady(w: DeviceWork) -> bool:
@@ -229,22 +245,25 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
     yet, its second one micro-batch fewer and the sum."""
     n = max(1, w.dp)
     if w.microbatches == 1:
-        rounds = [(held, False)]
+        rounds = [(held, False, 0.0)]
     elif _steady(w):
-        rounds = [(held, True)]
+        rounds = [(held, True, 0.0)]
     else:
-        rounds = [(held, False), (held - max(acts_mb, default=0.0), True)]
+        rounds = [(held, False, 0.0), (held - max(acts_mb, default=0.0), True, 0.0)]
+    steady_sent, all_sent = _sends(w)
+    if all_sent:  # then the last backwards, one micro-batch each, beside every tensor sent
+        rounds = [(total, later, steady_sent) for total, later, _ in rounds] + [(None, True, all_sent)]
     # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole gradients
     # (DDP, replicate) or unsharded ones until the last micro-batch
     per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
     reduces = z >= 1 or w.replicate
     unit_grads = reduces and w.precision != "fp32"  # FSDP2 at 16 bits: a unit's fresh gradients wait together
     out = []
-    for total, later in rounds:
+    for total, later, sent in rounds:
         for c, layers in enumerate(w.layers):
             if not w.held.get(c):
                 continue
-            others = total - acts_mb[c]
+            others = 0.0 if total is None else total - acts_mb[c]
             below = acts_mb[c]
             recv = w.grad_recv[c] if c < len(w.grad_recv) else 0.0  # the output gradient this backward received
             fresh = 0.0  # gradients held once the layers after this one are done
@@ -266,7 +285,7 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                     during, after = accumulated + own, accumulated
                 elif later:  # the sum so far, and this layer's fresh gradient (see the docstring)
                     during = after = accumulated
-                    one = l.largest_param * (FP32 if z == 0 else unsharded)
+                    one = max((e for _, e in l.param_sizes), default=0.0) * (FP32 if z == 0 else unsharded)
                     adding = new * unsharded if unit_grads else min(own, one)
                 elif per_layer:
                     during, after = fresh + own, fresh
@@ -274,11 +293,18 @@ def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_wei
                     during = after = min(fresh + own, accumulated)
                 recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
                 out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
-                                  + cast_weights + recast, temporaries=gather_buffer + recv + tied + adding))
+                                  + cast_weights + recast, temporaries=gather_buffer + recv + tied + adding + sent))
                 out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
-                                  temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0)))
+                                  temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0) + sent))
                 fresh = fresh + new * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
+
+
+def adam_temp_elems(sizes: list[float]) -> float:
+    """Elements torch's single-tensor AdamW (`_single_tensor_adam`, what CPU tensors take) holds as temporaries at
+    its worst parameter, for local parameter `sizes` in the order it steps through them: `exp_avg_sq.sqrt()` and
+    its quotient by the bias correction (2 x the tensor), while the previous tensor's `denom` is still bound."""
+    return max((prev + 2 * cur for prev, cur in zip([0.0] + sizes, sizes)), default=0.0)
 
 
 def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
@@ -294,7 +320,17 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     # (the last stage's output, the logits, is not kept: executor.pipeline.RecvOnDemandStage.forward_one_chunk)
     outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1 else 0.0
                for c, i in enumerate(stage)] if sp.pp > 1 else []
-    tensors = [l.largest_param for ch in chunks for l in ch.layers]
+    order, seen = [], set()  # the rank's parameters in model order, a tied one once (as its optimizer holds them)
+    for ch in chunks:
+        for l in ch.layers:
+            order += [e for name, e in l.param_sizes if name not in seen]
+            seen.update(name for name, _ in l.param_sizes)
+    shards = sp.dp if sp.dp > 1 and plan.zero_stage >= 1 else 1  # FSDP2 steps each parameter's dim-0 shard
+    sends = (0.0, 0.0)  # stage outputs and input gradients this rank sends, per micro-batch (`DeviceWork.sends_held`)
+    if cl.cpu_ranks and plan.schedule == "interleaved":
+        def sent(i: int) -> float:  # stage i's output, as it is sent (its gradient: the next stage's input's)
+            return sp.chunks[i % sp.pp][i // sp.pp].layers[-1].out_full_bytes
+        sends = (sum(sent(i) for i in stage if i < n_stages - 1), sum(sent(i - 1) for i in stage if i > 0))
     work = DeviceWork(
         params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
         held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
@@ -304,7 +340,8 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
         logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
-        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits else 0.0, largest_tensor=max(tensors, default=0.0),
+        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits else 0.0, sends_held=(sp.m * sends[0], sp.m * sends[1]),
+        adam_temp_elems=adam_temp_elems([e / shards for e in order]),
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
