@@ -320,12 +320,15 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     # (the last stage's output, the logits, is not kept: executor.pipeline.RecvOnDemandStage.forward_one_chunk)
     outputs = [_stage_output_bytes(sp, i, chunks[c].layers[-1].out_full_bytes) if i < n_stages - 1 else 0.0
                for c, i in enumerate(stage)] if sp.pp > 1 else []
-    order, seen = [], set()  # the rank's parameters in model order, a tied one once (as its optimizer holds them)
-    for ch in chunks:
-        for l in ch.layers:
-            order += [e for name, e in l.param_sizes if name not in seen]
-            seen.update(name for name, _ in l.param_sizes)
-    shards = sp.dp if sp.dp > 1 and plan.zero_stage >= 1 else 1  # FSDP2 steps each parameter's dim-0 shard
+    adam = 0.0  # CPU ranks' single-tensor AdamW temporaries (GPUs run the fused AdamW: none)
+    if cl.cpu_ranks:
+        order, seen = [], set()  # the rank's parameters in model order, a tied one once (as its optimizer has them)
+        for ch in chunks:
+            for l in ch.layers:
+                order += [e for name, e in l.param_sizes if name not in seen]
+                seen.update(name for name, _ in l.param_sizes)
+        shards = sp.dp if sp.dp > 1 and plan.zero_stage >= 1 else 1  # FSDP2 steps each parameter's dim-0 shard
+        adam = adam_temp_elems([e / shards for e in order])
     sends = (0.0, 0.0)  # stage outputs and input gradients this rank sends, per micro-batch (`DeviceWork.sends_held`)
     if cl.cpu_ranks and plan.schedule == "interleaved":
         def sent(i: int) -> float:  # stage i's output, as it is sent (its gradient: the next stage's input's)
@@ -340,8 +343,8 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
         logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
-        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits else 0.0, sends_held=(sp.m * sends[0], sp.m * sends[1]),
-        adam_temp_elems=adam_temp_elems([e / shards for e in order]),
+        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits else 0.0,
+        sends_held=(sp.m * sends[0], sp.m * sends[1]), adam_temp_elems=adam,
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like

@@ -24,6 +24,21 @@ def gpt_model_file(**config) -> str:
     """)
 
 
+
+def rank_program_end(out_path: str) -> str:
+    """The end of a rank program (which imported json, os and torch.distributed as dist): rank 0 writes `out` as
+    JSON to `out_path` (a Python expression, e.g. `sys.argv[1]`); every rank leaves gloo before any tears it
+    down; and none runs interpreter teardown, where a gloo worker thread still holding a Work's tensors can abort
+    the rank ("terminate called without an active exception", about 1 run in 10) after the work is done."""
+    return textwrap.dedent(f"""
+        if dist.get_rank() == 0:
+            with open({out_path}, "w") as f:
+                json.dump(out, f)
+        dist.barrier()
+        dist.destroy_process_group()
+        os._exit(0)
+    """)
+
 SMALL_GPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {examples!r})

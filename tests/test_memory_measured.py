@@ -15,7 +15,7 @@ from cost_model.layers import LayerCost
 from cost_model.memory import DeviceWork, adam_temp_elems, peak_memory
 from executor.measure import format_report, memory_by_category
 from planner.plan import Mesh, Plan
-from shared import gpt_model_file
+from shared import gpt_model_file, rank_program_end
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,13 +215,7 @@ RANK_PROGRAM = textwrap.dedent("""
         per = [None] * dist.get_world_size()
         dist.all_gather_object(per, m)
         out[name] = per
-    if dist.get_rank() == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(out, f)
-    dist.barrier()  # neither rank tears gloo down while the other is still in it
-    dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown, where a gloo worker thread can abort the rank after the work is done
-""")
+""") + rank_program_end("sys.argv[1]")
 
 
 @pytest.fixture(scope="module")
@@ -332,13 +326,7 @@ RANK_PROGRAM_PER_PLAN = textwrap.dedent("""
         dist.all_gather_object(per_rank, runner.measurement(warmup=1))
         worst = max(per_rank, key=lambda m: m["peak_memory_bytes"])  # as `plan measure` reports it
         out[os.path.basename(path)] = memory_by_category(plan.predicted, worst)
-    if dist.get_rank() == 0:
-        with open(sys.argv[2], "w") as f:
-            json.dump(out, f)
-    dist.barrier()  # neither rank tears gloo down while the other is still in it
-    dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown, where a gloo worker thread can abort the rank after the work is done
-""")
+""") + rank_program_end("sys.argv[2]")
 
 
 def _measure_plans(tmp_path, model_text: str, forced: list[str], batch: int) -> dict[str, dict]:

@@ -8,6 +8,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from executor import tp
+from shared import rank_program_end
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +66,7 @@ for keep in (False, True):
     alive = gathered() is not None  # held for backward, or not
     loss.backward()
     out[str(keep)] = {"alive": alive, "dx": t.grad.full_tensor().tolist(), "dw": W.grad.full_tensor().tolist()}
-if dist.get_rank() == 0:
-    json.dump(out, open(sys.argv[1], "w"))
-dist.barrier()  # neither rank tears gloo down while the other is still in it
-dist.destroy_process_group()
-os._exit(0)  # skip interpreter teardown: about 1 run in 10 aborts there ("terminate called"), after the work is done
-"""
+""" + rank_program_end("sys.argv[1]")
 
 
 def test_sequence_parallel_gathers_are_saved_as_their_shard(tmp_path):
