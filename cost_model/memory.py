@@ -60,6 +60,25 @@ def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> Counter:
     return held
 
 
+def backward_mixes(schedule: str, p: int, v: int, m: int, rank: int) -> tuple[tuple, ...]:
+    """Each backward of `rank` in schedule order: (its chunk, micro-batches of each chunk held as it starts, its
+    own included, forwards and backwards of each chunk run before it). Under the interleaved schedule the mix
+    shifts between chunks as the step goes on (a pp2 rank of two chunks, 4 micro-batches: {0: 2, 1: 1} at its
+    first backward, of chunk 1, and {0: 3} at its first of chunk 0)."""
+    from cost_model.simulator import schedule_sequence
+    held, fwds, bwds = Counter(), Counter(), Counter()
+    out = []
+    for is_b, chunk, _ in schedule_sequence(schedule, p, v, m, rank):
+        if is_b:
+            out.append((chunk, +held, +fwds, +bwds))
+            held[chunk] -= 1
+            bwds[chunk] += 1
+        else:
+            held[chunk] += 1
+            fwds[chunk] += 1
+    return tuple(out)
+
+
 ADAM_STATE_BYTES = 8.0
 """fp32 exp_avg and exp_avg_sq per local parameter element (torch.optim.AdamW's state; the parameters themselves
 stay fp32 under autocast and FSDP2 keeps fp32 shards)."""
@@ -76,6 +95,9 @@ class DeviceWork:
     """Per chunk, the `LayerCost`s of its layers in model order."""
     held: Counter
     """Micro-batches of each chunk whose activations the device holds at its peak (`in_flight`)."""
+    mixes: tuple = ()
+    """Interleaved schedules: each backward's chunk, the micro-batches of each chunk held as it starts and the
+    passes run before it (`backward_mixes`); empty: every backward holds `held` (one chunk a rank)."""
     microbatches: int
     """Micro-batches per step."""
     dp: int
@@ -106,11 +128,11 @@ class DeviceWork:
     schedule_output: float = 0.0
     """Bytes of the model's output (the logits of one micro-batch) that the pipeline schedule holds on the last
     stage from a forward to the next one (the `output` it computes the loss from), backwards included."""
-    sends_held: tuple = (0.0, 0.0)
-    """Bytes of the stage outputs the rank sends in a step's forwards, and of the input gradients it sends in its
-    backwards, each held to the step's end where the schedule keeps every send's Work until then (torch's runtime
-    schedules: interleaved) and the Work keeps its tensor (gloo; a completed NCCL send's tensors are released
-    without a wait): CPU ranks."""
+    sends: tuple = ()
+    """Per chunk, bytes of the stage output one micro-batch's forward sends and of the input gradient its backward
+    sends, each held to the step's end where the schedule keeps every send's Work until then (torch's runtime
+    schedule: interleaved, with `mixes`) and the Work keeps its tensor (gloo; a completed NCCL send's tensors are
+    released without a wait): CPU ranks."""
     adam_temp_elems: float = 0.0
     """Elements of the single-tensor AdamW's temporaries at its worst parameter (`adam_temp_elems`)."""
     units: tuple = ()
@@ -196,33 +218,53 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
     acts_mb = [sum(l.act_bytes for l in ch) + (w.stage_outputs[c] if c < len(w.stage_outputs) else 0.0)
                for c, ch in enumerate(w.layers)]
-    held = sum(k * acts_mb[c] for c, k in w.held.items()) + w.schedule_output
-    loss_tmp = 2 * w.logits * FP32
-    phases = [_phase(**static, activations=held + cast_weights, temporaries=loss_tmp + gather_buffer)]
+    held = _held_bytes(w, w.held, acts_mb)
+    starts = _backward_starts(w, held, acts_mb)
+    phases = []
     if all_casts > cast_weights:  # forward end, inside autocast: the checkpointed blocks' copies still cached
         phases.append(_phase(**static, activations=held + all_casts, temporaries=gather_buffer))
-    if w.microbatches > 1:
-        # a later backward: one micro-batch at a time without pipelining, or the 1F1B steady state, holds as
-        # much as the first; GPipe has released one micro-batch
-        later = held if _steady(w) else held - max(acts_mb, default=0.0)
-        phases.append(_phase(**static, gradients=accumulated, activations=later + cast_weights,
-                             temporaries=loss_tmp + gather_buffer + _sends(w)[0]))
-    phases += _backward_phases(w, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
+    # each backward's start; the loss's (the rank's last chunk) adds the fp32 logits' and log-softmax input's
+    # gradients
+    loss_chunk, loss_tmp = len(w.layers) - 1, 2 * w.logits * FP32
+    phases += [_phase(**static, gradients=accumulated if later else 0.0, activations=total + cast_weights,
+                      temporaries=(loss_tmp if c == loss_chunk else 0.0) + gather_buffer + sent)
+               for (c, later), (total, sent) in starts.items()]
+    phases += _backward_phases(w, static, starts, acts_mb, accumulated, cast_weights, gather_buffer, unsharded, z)
     opt_tmp = 0.0 if w.fused else w.adam_temp_elems * FP32
     phases.append(_phase(parameters=resident, optimizer=opt, buffers=buffers, gradients=grads_step,
                          temporaries=opt_tmp))
     return max(phases, key=lambda p: p["total"])
 
 
-def _sends(w: DeviceWork) -> tuple[float, float]:
-    """Bytes of sent tensors held (`DeviceWork.sends_held`) at the steady state's last backward (every forward's
-    output sent, and the backwards' gradients but for those of the micro-batches still held) and at the step's
-    last backward (all of them)."""
-    fwd, bwd = w.sends_held
-    if not fwd and not bwd:
-        return 0.0, 0.0
-    in_flight_share = sum(w.held.values()) / (w.microbatches * len(w.layers))
-    return fwd + bwd * max(0.0, 1.0 - in_flight_share), fwd + bwd
+def _backward_starts(w: DeviceWork, held: float, acts_mb: list[float]) -> dict[tuple, tuple[float, float]]:
+    """(chunk, later) -> (activation bytes held as a backward of that chunk starts, its own micro-batch included;
+    bytes of sent tensors still held then), at the worst such backward. `later`: gradients summed from earlier
+    micro-batches are there. Interleaved: walked backward by backward (`DeviceWork.mixes`). Else one chunk: a
+    later backward holds as much as the first without pipelining (one micro-batch at a time) and in the 1F1B
+    steady state; GPipe's first holds every micro-batch and no gradient yet, its second one fewer and the sum."""
+    if w.mixes:
+        out: dict[tuple, tuple[float, float]] = {}
+        for i, (c, mix, fwds, bwds) in enumerate(w.mixes):
+            total = _held_bytes(w, mix, acts_mb)
+            sent = sum(fwds[k] * w.sends[k][0] + bwds[k] * w.sends[k][1] for k in range(len(w.sends)))
+            key = (c, i > 0 and w.microbatches > 1)
+            if key not in out or total + sent > sum(out[key]):
+                out[key] = (total, sent)
+        return out
+    chunks = [c for c in range(len(w.layers)) if w.held.get(c)]
+    if w.microbatches == 1:
+        rounds = [(held, False)]
+    elif _steady(w):
+        rounds = [(held, True)]
+    else:
+        rounds = [(held, False), (held - max(acts_mb, default=0.0), True)]
+    return {(c, later): (total, 0.0) for total, later in rounds for c in chunks}
+
+
+def _held_bytes(w: DeviceWork, mix: Counter, acts_mb: list[float]) -> float:
+    """Activation bytes a backward holds as it starts, for `mix` (micro-batches of each chunk), with the model
+    output the schedule keeps (`DeviceWork.schedule_output`)."""
+    return sum(k * acts_mb[c] for c, k in mix.items()) + w.schedule_output
 
 
 def _steady(w: DeviceWork) -> bool:
@@ -233,70 +275,58 @@ def _steady(w: DeviceWork) -> bool:
     return not w.pipelined or w.microbatches * len(w.layers) > sum(w.held.values())
 
 
-def _backward_phases(w: DeviceWork, static, held, acts_mb, accumulated, cast_weights, gather_buffer, unsharded,
+def _backward_phases(w: DeviceWork, static, starts, acts_mb, accumulated, cast_weights, gather_buffer, unsharded,
                      z) -> list[dict[str, float]]:
     """Two phases per layer of each chunk's backward (see `peak_memory`): while it runs (its full working set and
     its fresh gradient) and while its gradients are reduced (its activations freed; FSDP2's foreach_reduce copies
     the unsharded gradients into an fp32 reduce-scatter input, replicate into an all-reduce buffer). With several
     micro-batches a backward after the first holds the gradients summed so far and the layer's fresh ones until
     they are added: autograd adds each tensor's as it is made (one tensor at a time), FSDP2 at 16 bits a unit's at
-    its post-backward (FSDPParam.accumulate_unsharded_grad_if_needed). The 1F1B steady state holds as many
-    micro-batches then as at the first backward; GPipe's first backward holds every micro-batch and no gradient
-    yet, its second one micro-batch fewer and the sum."""
+    its post-backward (FSDPParam.accumulate_unsharded_grad_if_needed). What each chunk's backward holds as it
+    starts: `starts` (`_backward_starts`)."""
     n = max(1, w.dp)
-    if w.microbatches == 1:
-        rounds = [(held, False, 0.0)]
-    elif _steady(w):
-        rounds = [(held, True, 0.0)]
-    else:
-        rounds = [(held, False, 0.0), (held - max(acts_mb, default=0.0), True, 0.0)]
-    steady_sent, all_sent = _sends(w)
-    if all_sent:  # then the last backwards, one micro-batch each, beside every tensor sent
-        rounds = [(total, later, steady_sent) for total, later, _ in rounds] + [(None, True, all_sent)]
     # reduced layer by layer in every micro-batch (ZeRO-2/3; ZeRO-1 with one micro-batch), else whole gradients
     # (DDP, replicate) or unsharded ones until the last micro-batch
     per_layer = not w.pipelined and (z >= 2 or (z == 1 and w.microbatches == 1))
     reduces = z >= 1 or w.replicate
     unit_grads = reduces and w.precision != "fp32"  # FSDP2 at 16 bits: a unit's fresh gradients wait together
     out = []
-    for total, later, sent in rounds:
-        for c, layers in enumerate(w.layers):
-            if not w.held.get(c):
-                continue
-            others = 0.0 if total is None else total - acts_mb[c]
-            below = acts_mb[c]
-            recv = w.grad_recv[c] if c < len(w.grad_recv) else 0.0  # the output gradient this backward received
-            fresh = 0.0  # gradients held once the layers after this one are done
-            done: set[str] = set()  # parameters whose gradient a later layer's backward already made
-            for i in reversed(range(len(layers))):
-                l = layers[i]
-                below -= l.act_bytes
-                # a weight tied to a later layer (GPT's embedding, read again by the LM head): its second gradient
-                # is a dense tensor of its own until autograd adds it to the first
-                again = sum(e for name, e in l.params.items() if name in done)
-                tied = again * (FP32 if z == 0 else unsharded)
-                done.update(l.params)
-                new = l.param_elems - again if l.block else l.param_elems  # a shared module's gradient is there
-                own = new * (FP32 if z == 0 else unsharded)
-                # a block's FSDP2 unit is reduced at its first block (blocks sharing a module together)
-                rs_input = (w.units[c][i] if w.units and l.block else l.param_elems) * FP32 if reduces else 0.0
-                adding = 0.0  # a later backward's fresh gradients not yet added (autograd's: temporaries)
-                if later and per_layer:
-                    during, after = accumulated + own, accumulated
-                elif later:  # the sum so far, and this layer's fresh gradient (see the docstring)
-                    during = after = accumulated
-                    one = max((e for _, e in l.param_sizes), default=0.0) * (FP32 if z == 0 else unsharded)
-                    adding = new * unsharded if unit_grads else min(own, one)
-                elif per_layer:
-                    during, after = fresh + own, fresh
-                else:
-                    during = after = min(fresh + own, accumulated)
-                recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
-                out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
-                                  + cast_weights + recast, temporaries=gather_buffer + recv + tied + adding + sent))
-                out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
-                                  temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0) + sent))
-                fresh = fresh + new * FP32 / n if per_layer else min(fresh + own, accumulated)
+    for (c, later), (total, sent) in starts.items():
+        layers = w.layers[c]
+        others = total - acts_mb[c]
+        below = acts_mb[c]
+        recv = w.grad_recv[c] if c < len(w.grad_recv) else 0.0  # the output gradient this backward received
+        fresh = 0.0  # gradients held once the layers after this one are done
+        done: set[str] = set()  # parameters whose gradient a later layer's backward already made
+        for i in reversed(range(len(layers))):
+            l = layers[i]
+            below -= l.act_bytes
+            # a weight tied to a later layer (GPT's embedding, read again by the LM head): its second gradient
+            # is a dense tensor of its own until autograd adds it to the first
+            again = sum(e for name, e in l.params.items() if name in done)
+            tied = again * (FP32 if z == 0 else unsharded)
+            done.update(l.params)
+            new = l.param_elems - again if l.block else l.param_elems  # a shared module's gradient is there
+            own = new * (FP32 if z == 0 else unsharded)
+            # a block's FSDP2 unit is reduced at its first block (blocks sharing a module together)
+            rs_input = (w.units[c][i] if w.units and l.block else l.param_elems) * FP32 if reduces else 0.0
+            adding = 0.0  # a later backward's fresh gradients not yet added (autograd's: temporaries)
+            if later and per_layer:
+                during, after = accumulated + own, accumulated
+            elif later:  # the sum so far, and this layer's fresh gradient (see the docstring)
+                during = after = accumulated
+                one = max((e for _, e in l.param_sizes), default=0.0) * (FP32 if z == 0 else unsharded)
+                adding = new * unsharded if unit_grads else min(own, one)
+            elif per_layer:
+                during, after = fresh + own, fresh
+            else:
+                during = after = min(fresh + own, accumulated)
+            recast = l.cast_weight_bytes if l.checkpointed and not w.pipelined else 0.0  # its re-run's copies
+            out.append(_phase(**static, gradients=during, activations=others + below + l.act_full_bytes
+                              + cast_weights + recast, temporaries=gather_buffer + recv + tied + adding + sent))
+            out.append(_phase(**static, gradients=after, activations=others + below + cast_weights,
+                              temporaries=gather_buffer + recv + rs_input + (own if per_layer else 0.0) + sent))
+            fresh = fresh + new * FP32 / n if per_layer else min(fresh + own, accumulated)
     return out
 
 
@@ -329,22 +359,26 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
                 seen.update(name for name, _ in l.param_sizes)
         shards = sp.dp if sp.dp > 1 and plan.zero_stage >= 1 else 1  # FSDP2 steps each parameter's dim-0 shard
         adam = adam_temp_elems([e / shards for e in order])
-    sends = (0.0, 0.0)  # stage outputs and input gradients this rank sends, per micro-batch (`DeviceWork.sends_held`)
-    if cl.cpu_ranks and plan.schedule == "interleaved":
+    interleaved = plan.schedule == "interleaved"
+    sends = ()  # per chunk, the stage output and input gradient one micro-batch sends (`DeviceWork.sends`)
+    if cl.cpu_ranks and interleaved:
         def sent(i: int) -> float:  # stage i's output, as it is sent (its gradient: the next stage's input's)
             return sp.chunks[i % sp.pp][i // sp.pp].layers[-1].out_full_bytes
-        sends = (sum(sent(i) for i in stage if i < n_stages - 1), sum(sent(i - 1) for i in stage if i > 0))
+        sends = tuple((sent(i) if i < n_stages - 1 else 0.0, sent(i - 1) if i > 0 else 0.0) for i in stage)
     work = DeviceWork(
         params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
         held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
+        mixes=backward_mixes(plan.schedule, sp.pp, sp.v, sp.m, r) if interleaved else (),
         zero_stage=plan.zero_stage if sp.dp > 1 else 0, precision=plan.precision, pipelined=sp.pp > 1,
         # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,
         replicate=(sp.dp > 1 and plan.zero_stage == 0 and (sp.tp > 1 or sp.pp > 1))
         or (sp.dp == 1 and plan.fsdp_mixed_precision),
         logits=logits, grad_recv=tuple(grad_recv), stage_outputs=tuple(outputs),
-        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits else 0.0,
-        sends_held=(sp.m * sends[0], sp.m * sends[1]), adam_temp_elems=adam,
+        # (torch's runtime schedule, interleaved, computes the loss inside `_perform_action`, whose `output` goes
+        # when it returns; the single-stage schedules keep theirs to the next forward)
+        schedule_output=logits * _logit_bytes(sp) if sp.pp > 1 and logits and not interleaved else 0.0,
+        sends=sends, adam_temp_elems=adam,
         units=tuple(tuple(sp.unit_elems(ch.layers)) for ch in chunks),
         # GPUs run the executor's fused AdamW; CPU ranks (gloo over loopback) torch's default, which is the
         # single-tensor path there (torch.optim.optimizer._default_to_fused_or_foreach: foreach only on CUDA-like
