@@ -16,9 +16,12 @@ first stage (Korthikanti et al. 2022 Sec 4.2.3; formulas.csv activation_memory_t
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from planner.graph import OpGraph
 from planner.plan import Plan
@@ -44,9 +47,10 @@ def model_state_bytes(num_params: float, zero_stage: int, dp: int, precision: st
     }
 
 
+@functools.lru_cache(maxsize=4096)
 def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> Counter:
     """Micro-batches of each chunk whose activations `rank` holds at its peak (forwards run before its first
-    backward, plus the one that backward frees)."""
+    backward, plus the one that backward frees). Cached: callers must not change the Counter."""
     from cost_model.simulator import schedule_sequence
     if schedule == "1f1b" and v == 1:
         return Counter({0: min(p - rank, m)})
@@ -60,23 +64,40 @@ def in_flight(schedule: str, p: int, v: int, m: int, rank: int) -> Counter:
     return held
 
 
-def backward_mixes(schedule: str, p: int, v: int, m: int, rank: int) -> tuple[tuple, ...]:
-    """Each backward of `rank` in schedule order: (its chunk, micro-batches of each chunk held as it starts, its
-    own included, forwards and backwards of each chunk run before it). Under the interleaved schedule the mix
-    shifts between chunks as the step goes on (a pp2 rank of two chunks, 4 micro-batches: {0: 2, 1: 1} at its
-    first backward, of chunk 1, and {0: 3} at its first of chunk 0)."""
+class Mixes(NamedTuple):
+    """A rank's backwards (`backward_mixes`), one row each: `chunk` (n,), and per chunk (n, chunks) the
+    micro-batches `held` as the backward starts (its own included) and the forwards `fwds` and backwards `bwds`
+    run before it."""
+    chunk: np.ndarray
+    held: np.ndarray
+    fwds: np.ndarray
+    bwds: np.ndarray
+
+
+@functools.lru_cache(maxsize=4096)
+def backward_mixes(schedule: str, p: int, v: int, m: int, rank: int, passes: bool = False) -> Mixes:
+    """The backwards of `rank` in schedule order. Under the interleaved schedule the micro-batches a rank holds
+    shift between its chunks as the step goes on (a pp2 rank of two chunks, 4 micro-batches: {0: 2, 1: 1} at its
+    first backward, of chunk 1, and {0: 3} at its first of chunk 0). Without `passes` (no sends to count: GPUs) the
+    first backward, then each later (chunk, held) once: the search prices thousands of plans, and a 1T mesh's rank
+    runs 1024 backwards a step, of a few hundred mixes. Cached: callers must not change the arrays."""
     from cost_model.simulator import schedule_sequence
-    held, fwds, bwds = Counter(), Counter(), Counter()
-    out = []
+    held, fwds, bwds = [0] * v, [0] * v, [0] * v
+    rows: list[tuple] = []
+    seen: set[tuple] = set()  # later backwards' (chunk, held) already listed
     for is_b, chunk, _ in schedule_sequence(schedule, p, v, m, rank):
         if is_b:
-            out.append((chunk, +held, +fwds, +bwds))
+            key = (chunk, *held)
+            if passes or not rows or key not in seen:
+                seen.update([key] if rows else [])
+                rows.append((chunk, tuple(held), tuple(fwds), tuple(bwds)))
             held[chunk] -= 1
             bwds[chunk] += 1
         else:
             held[chunk] += 1
             fwds[chunk] += 1
-    return tuple(out)
+    per_chunk = (np.array([r[i] for r in rows], dtype=np.int64).reshape(len(rows), v) for i in (1, 2, 3))
+    return Mixes(np.array([r[0] for r in rows], dtype=np.int64), *per_chunk)
 
 
 ADAM_STATE_BYTES = 8.0
@@ -95,9 +116,9 @@ class DeviceWork:
     """Per chunk, the `LayerCost`s of its layers in model order."""
     held: Counter
     """Micro-batches of each chunk whose activations the device holds at its peak (`in_flight`)."""
-    mixes: tuple = ()
-    """Interleaved schedules: each backward's chunk, the micro-batches of each chunk held as it starts and the
-    passes run before it (`backward_mixes`); empty: every backward holds `held` (one chunk a rank)."""
+    mixes: Mixes | None = None
+    """Interleaved schedules: the rank's backwards, each with the micro-batches of each chunk held as it starts and
+    the passes run before it (`backward_mixes`); None: every backward holds `held` (one chunk a rank)."""
     microbatches: int
     """Micro-batches per step."""
     dp: int
@@ -242,14 +263,23 @@ def _backward_starts(w: DeviceWork, held: float, acts_mb: list[float]) -> dict[t
     micro-batches are there. Interleaved: walked backward by backward (`DeviceWork.mixes`). Else one chunk: a
     later backward holds as much as the first without pipelining (one micro-batch at a time) and in the 1F1B
     steady state; GPipe's first holds every micro-batch and no gradient yet, its second one fewer and the sum."""
-    if w.mixes:
+    mx = w.mixes
+    if mx is not None:
+        totals = mx.held @ np.asarray(acts_mb, dtype=float) + w.schedule_output
+        sends = np.asarray(w.sends, dtype=float).reshape(-1, 2)
+        sent = mx.fwds @ sends[:, 0] + mx.bwds @ sends[:, 1] if len(sends) else np.zeros(len(totals))
+        later = np.arange(len(totals)) > 0 if w.microbatches > 1 else np.zeros(len(totals), dtype=bool)
         out: dict[tuple, tuple[float, float]] = {}
-        for i, (c, mix, fwds, bwds) in enumerate(w.mixes):
-            total = _held_bytes(w, mix, acts_mb)
-            sent = sum(fwds[k] * w.sends[k][0] + bwds[k] * w.sends[k][1] for k in range(len(w.sends)))
-            key = (c, i > 0 and w.microbatches > 1)
-            if key not in out or total + sent > sum(out[key]):
-                out[key] = (total, sent)
+        for c in np.unique(mx.chunk):
+            for flag in (False, True):
+                rows = np.flatnonzero((mx.chunk == c) & (later == flag))
+                if len(rows):
+                    i = rows[np.argmax(totals[rows] + sent[rows])]
+                    out[int(c), flag] = (float(totals[i]), float(sent[i]))
+        for (c, flag), (total, s) in list(out.items()):  # a later backward holding as much, with the gradients'
+            # sum, dominates the first
+            if not flag and (c, True) in out and out[c, True][0] >= total and out[c, True][1] >= s:
+                del out[c, flag]
         return out
     chunks = [c for c in range(len(w.layers)) if w.held.get(c)]
     if w.microbatches == 1:
@@ -368,7 +398,7 @@ def memory_per_rank(sp: Any, r: int, psi: float) -> dict[str, float]:
     work = DeviceWork(
         params=psi, layers=tuple(tuple(ch.layers) for ch in chunks),
         held=in_flight(plan.schedule, sp.pp, sp.v, sp.m, r), microbatches=sp.m, dp=sp.dp,
-        mixes=backward_mixes(plan.schedule, sp.pp, sp.v, sp.m, r) if interleaved else (),
+        mixes=backward_mixes(plan.schedule, sp.pp, sp.v, sp.m, r, bool(sends)) if interleaved else None,
         zero_stage=plan.zero_stage if sp.dp > 1 else 0, precision=plan.precision, pipelined=sp.pp > 1,
         # executor.parallel.apply_ddp: DDP unless parameters are DTensors (tp) or the module is a pipeline stage
         ddp=sp.dp > 1 and sp.tp == 1 and sp.pp == 1,

@@ -178,10 +178,14 @@ def test_interleaved_backwards_walked_one_by_one():
     and {0: 3} at its first of chunk 0. A chunk-0 layer whose backward works on a large set (its re-run) sits
     beside three chunk-0 micro-batches, not beside the head's: the model took the first backward's mix for every
     chunk (2 x 1000 + 5000 held, one chunk-0 micro-batch its own: 6000 beside the 20000)."""
+    every = backward_mixes("interleaved", 2, 2, 4, 1, passes=True)
+    assert [(c, list(held)) for c, held in zip(every.chunk, every.held)] == [
+        (1, [2, 1]), (1, [2, 1]), (0, [3, 0]), (0, [3, 0]), (1, [2, 1]), (1, [2, 1]), (0, [2, 0]), (0, [1, 0])]
+    assert list(every.fwds[2]) == [3, 2] and list(every.bwds[2]) == [0, 2]  # before chunk 0's first: 5 forwards, 2 back
+    # without the passes (GPUs: no sends to count) the first backward, then each later (chunk, mix) once
     mixes = backward_mixes("interleaved", 2, 2, 4, 1)
-    assert [(c, dict(mix)) for c, mix, _, _ in mixes] == [
-        (1, {0: 2, 1: 1}), (1, {0: 2, 1: 1}), (0, {0: 3}), (0, {0: 3}), (1, {0: 2, 1: 1}), (1, {0: 2, 1: 1}),
-        (0, {0: 2}), (0, {0: 1})]
+    assert [(c, list(held)) for c, held in zip(mixes.chunk, mixes.held)] == [
+        (1, [2, 1]), (1, [2, 1]), (0, [3, 0]), (0, [2, 0]), (0, [1, 0])]
     head = _layer(0.0, 5000.0)
     rerun = dataclasses.replace(_layer(0.0, 1000.0), act_full_bytes=20_000.0)
     w = _work(layers=((rerun,), (head,)), microbatches=4, held=in_flight("interleaved", 2, 2, 4, 1), mixes=mixes,
@@ -196,7 +200,7 @@ def test_gloo_keeps_an_interleaved_steps_sent_tensors_to_its_end():
     them)."""
     act, m = 1000.0, 4
     chunks = ((_layer(0.0, act),), (_layer(0.0, act),))
-    mixes = backward_mixes("interleaved", 2, 2, m, 0)  # rank 0: stages 0 and 2 of 4
+    mixes = backward_mixes("interleaved", 2, 2, m, 0, passes=True)  # rank 0: stages 0 and 2 of 4
     w = _work(layers=chunks, microbatches=m, held=in_flight("interleaved", 2, 2, m, 0), mixes=mixes, pipelined=True,
               sends=((100.0, 0.0), (100.0, 10.0)))  # stage 0 sends no input gradient
     mem = peak_memory(w)
