@@ -80,6 +80,20 @@ def check_inputs(plan_path: str, model_path: str, cluster_spec: str | None = Non
     return plan
 
 
+def oversubscribed(world: int, threads: int) -> str | None:
+    """A note when CPU ranks (no CUDA) would need more cores than this process may use: they then take turns on
+    the cores, and every step runs long against a prediction that gives each rank its own."""
+    import torch
+    if torch.cuda.is_available():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if world * threads <= cores:
+        return None
+    return (f"{world} rank(s) x {threads} thread(s) on {cores} CPU core(s): the ranks take turns on the cores, so "
+            "measured step times run long against the prediction, which gives each rank cores of its own; plan "
+            f"for at most {cores // threads} rank(s) here (cpu-local: --nodes, or a `plan profile` of this machine)")
+
+
 def check_cpu_plan(plan, plan_path: str, cluster_spec: str | None = None) -> None:
     """On a machine without CUDA, refuse a plan made for a GPU cluster: its ranks would train on CPUs over gloo
     (in the plan's precision) and measure nothing the plan predicted. CPU profiles link their ranks over loopback
@@ -275,6 +289,9 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
     from planner.plan import write_atomic
     print(f"plan measure: {plan.world_size} rank(s) (dp {plan.mesh.dp} x tp {plan.mesh.tp} x pp {plan.mesh.pp}), "
           f"{args.steps} steps ({args.warmup} warm-up)", flush=True)
+    crowded = oversubscribed(plan.world_size, args.threads)
+    if crowded:
+        print(f"note: {crowded}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="shardwise-measure-") as tmp:
         result = os.path.join(tmp, "measured.json")
         t0 = time.perf_counter()
@@ -291,6 +308,8 @@ def main(argv: Sequence[str] | None = None, predicted_timeline=None) -> int:
             return 2 if MODEL_CODE in why else 1  # the model file's own code raised: bad input
         with open(result) as f:
             measured = json.load(f)
+        if crowded:
+            measured.setdefault("notes", []).append(crowded)
         if rc != 0:  # rank 0 writes the result only after every rank's measurement arrived: the run is complete
             note = (f"a rank exited abnormally after the measurement was complete (during shutdown): "
                     f"{failure_reason(err, rc)}")

@@ -63,13 +63,20 @@ def stage_modules(model: nn.Module, plan: Plan) -> list[list[str]]:
     stages: tuple[StageSpec, ...] = plan.stages
     layers = layer_modules(model)
     if stages:
+        if all(s.modules for s in stages):  # the modules cut the model; the layer ranges price the plan, over
+            # `OpGraph.layers()`, which also has layers of the root's own ops (no module): at most one between two
+            # blocks, one before the first and one after the last
+            most = 2 * len(block_paths) + 1
+            if stages[-1].end_layer > most:
+                raise ExecutorError(f"plan stages end at layer {stages[-1].end_layer} but the model has at most "
+                                    f"{most} layers ({len(block_paths)} blocks, and the modules or ops between "
+                                    "them); re-plan for this model")
+            return check_stage_modules(model, [list(s.modules) for s in stages])
         if layers and layers[-1][0] in block_paths:
             layers.append([])  # `OpGraph.layers()` ends with the loss (root ops after the last block): no module
-        if stages[-1].end_layer > len(layers):  # the ranges price the plan even where the modules cut it
+        if stages[-1].end_layer > len(layers):
             raise ExecutorError(f"plan stages end at layer {stages[-1].end_layer} but the model has {len(layers)} "
                                 "layers (blocks and the modules between them); re-plan for this model")
-        if all(s.modules for s in stages):
-            return check_stage_modules(model, [list(s.modules) for s in stages])
         return [[m for layer in layers[s.start_layer:s.end_layer] for m in layer] for s in stages]
     if len(block_paths) < n:
         raise ExecutorError(f"{n} pipeline stages need >= {n} blocks; the model has {len(block_paths)}")
@@ -476,6 +483,16 @@ class RecvOnDemandStage(PipelineStage):
             with torch.no_grad():
                 for b, value in saved:
                     b.copy_(value)
+
+    def _to_tensor(self, arg):
+        """An input of torch's metadata inference: a received one is made of its metadata, uninitialised; an
+        integer one (position ids, targets passed through the model) is zeroed, a valid index wherever it indexes
+        (uninitialised, it sent garbage ids into the stage's embeddings and losses: IndexError)."""
+        t = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor) and not (t.is_floating_point() or t.is_complex()):
+            with torch.no_grad():
+                t.zero_()
+        return t
 
     def _prepare_backward_infra(self, *args, **kwargs):
         out = super()._prepare_backward_infra(*args, **kwargs)

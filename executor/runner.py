@@ -367,14 +367,14 @@ class Runner:
     def _tp_context(self):
         """Under tp, forward and backward run with plain tensors the model creates treated as replicated
         (`implicit_replication`) and cross-entropy over vocabulary-sharded logits vocabulary-parallel
-        (`loss_parallel`; it must also cover the backward)."""
+        (`loss_parallel`, which must also cover the backward; cross-entropy over replicated logits, as a loss inside
+        the model's forward has them, by DTensor's own rules: `tp.loss_parallel_where_sharded`)."""
         if self.plan.mesh.tp <= 1:
             return contextlib.nullcontext()
         from torch.distributed.tensor.experimental import implicit_replication
-        from torch.distributed.tensor.parallel import loss_parallel
         stack = contextlib.ExitStack()
         stack.enter_context(implicit_replication())
-        stack.enter_context(loss_parallel())
+        stack.enter_context(tp.loss_parallel_where_sharded())
         if self.plan.sequence_parallel:
             stack.enter_context(tp.keep_shards())
         return stack

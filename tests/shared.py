@@ -52,6 +52,14 @@ SMALL_GPT = textwrap.dedent("""
 """A 2-layer h=32 GPT from examples/gpt.py, as a model file's text (format `examples` with the examples folder)."""
 
 
+def call(model, x):
+    """The model on one batch's inputs as the executor passes them: a dict as keyword arguments, a tuple as
+    positional ones, a tensor alone."""
+    if isinstance(x, dict):
+        return model(**x)
+    return model(*x) if isinstance(x, tuple) else model(x)
+
+
 def reference_losses(model_path, steps: int, batch_size: int, evaluated: list | None = None) -> list[float]:
     """Same seeds, same data, AdamW(lr=1e-3) (the worker's defaults), the model file's loss; one loss per step.
     `evaluated`: appended the loss on the first batch after the last step in eval mode (`Runner.evaluate`)."""
@@ -67,7 +75,7 @@ def reference_losses(model_path, steps: int, batch_size: int, evaluated: list | 
     for _ in range(steps):
         x, y = batches(batch_size)
         first = first or (x, y)
-        loss = mf.loss_fn(model(**x) if isinstance(x, dict) else model(x), y)
+        loss = mf.loss_fn(call(model, x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -76,14 +84,14 @@ def reference_losses(model_path, steps: int, batch_size: int, evaluated: list | 
         x, y = first
         model.eval()
         with torch.no_grad():
-            evaluated.append(mf.loss_fn(model(**x) if isinstance(x, dict) else model(x), y).item())
+            evaluated.append(mf.loss_fn(call(model, x), y).item())
     return losses
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "zoo_worker.py")
 LAUNCH_TIMEOUT_S = 900
-"""One launch (tests/test_zoo.py: 14 models per mesh, two meshes at world 4, about two minutes here)."""
+"""One launch (tests/test_zoo.py: 15 models per mesh, two meshes at world 4, about two minutes here)."""
 MAX_LAUNCHES = 3
 """Launches of one call when one dies (see `train_in_one_launch`)."""
 

@@ -514,6 +514,49 @@ def test_plan_check_says_how_many_pipeline_stages_ran(tmp_path, capsys):
     assert "on rank 0 of 4 of the 6 pipeline stages (each other one holds the same blocks" in said, said
 
 
+ROOT_OPS_MLP = """\
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Res(nn.Module):
+    def __init__(self, din, dout):
+        super().__init__()
+        self.norm, self.fc, self.skip = nn.LayerNorm(din), nn.Linear(din, dout), nn.Linear(din, dout)
+
+    def forward(self, x):
+        return self.skip(x) + self.fc(self.norm(x))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.c, self.out = (nn.Linear(16, 64), Res(64, 64), Res(64, 32), Res(32, 32),
+                                                       nn.Linear(32, 4))
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))  # the root's own op, between two modules
+        return self.out(self.c(self.b(self.a(x))))
+
+def build_model():
+    return Net()
+
+def sample_batch(b):
+    return torch.randn(b, 16), torch.randn(b, 4)
+"""
+
+
+def test_pipeline_stages_of_a_model_with_its_own_ops_between_modules(tmp_path, capsys):
+    """A forward with ops of its own between its modules (`F.relu(self.stem(x))`) has a layer of them in the
+    graph that no module holds, so the plan's layer ranges count more layers than the modules: the executor cut
+    the stages by the plan's modules only after checking the ranges against its module count, and refused every
+    pp plan ("plan stages end at layer 9 but the model has 8 layers"); `plan` then wrote no plan at all."""
+    from planner.cli import main
+    model = tmp_path / "root_ops.py"
+    model.write_text(ROOT_OPS_MLP)
+    out = tmp_path / "pp.json"
+    assert main([str(model), "--cluster", "cpu-local", "--batch-size", "8", "--precision", "fp32",
+                 "--force", "pp=2", "-o", str(out)]) == 0
+    assert "dry run: ok" in capsys.readouterr().out
+
+
 def test_a_loss_that_cannot_take_sharded_logits_is_said_by_the_dry_run(tmp_path, capsys):
     """The runner gathers the logits when the loss function fails on vocabulary-sharded ones; the plan priced a
     vocabulary-parallel loss, so `plan check` says so instead of passing silently."""

@@ -1,5 +1,6 @@
 """`plan measure` says why a launched job failed, in one line, even when a rank dies below Python."""
 import pytest
+import torch
 
 from executor.cli import failure_reason
 
@@ -222,3 +223,17 @@ def test_a_quoted_message_is_cut_at_a_word():
     from executor.errors import shorten
     said = shorten("DTensor does not support this op. Please use the full_tensor() method " + "x" * 200, 60)
     assert said == "DTensor does not support this op. Please use the ..." and shorten("short\nmore", 60) == "short"
+
+
+def test_more_cpu_ranks_than_cores_is_said(monkeypatch):
+    """4 gloo ranks on 2 cores take turns on them: plan measure says so (a fresh user read 3.8x the prediction with
+    nothing saying why)."""
+    import os
+
+    from executor.cli import oversubscribed
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert oversubscribed(2, 1) is None
+    note = oversubscribed(4, 1)
+    assert note.startswith("4 rank(s) x 1 thread(s) on 2 CPU core(s)") and "at most 2 rank(s)" in note
+    assert oversubscribed(1, 2) is None and "at most 1 rank(s)" in oversubscribed(2, 2)

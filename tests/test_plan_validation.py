@@ -207,11 +207,11 @@ def test_plan_check_refuses_stages_the_model_does_not_have(tmp_path, capsys, mlp
     from planner.cli import main
     path = tmp_path / "mlp.json"
     beyond = _good(mlp_model)
-    beyond["stages"][1]["end_layer"] = 9
+    beyond["stages"][1]["end_layer"] = 19
     alien = _good()  # no fingerprint: a pp=1 plan naming another model's modules
     alien.update(mesh={"dp": 2, "tp": 1, "pp": 1}, schedule="1f1b", microbatch_size=4,
                  stages=[{"start_layer": 0, "end_layer": 3, "modules": ["wte", "h", "lm_head"]}])
-    for plan, words in ((beyond, "plan stages end at layer 9 but the model has 6 layers"),
+    for plan, words in ((beyond, "plan stages end at layer 19 but the model has at most "),
                         (alien, "stage 0 of the plan lists module 'wte', which this model does not have")):
         path.write_text(json.dumps(plan))
         assert main(["check", str(path), MLP]) == 2

@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 import yaml
-from shared import reference_losses, train_in_one_launch
+from shared import call, reference_losses, train_in_one_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "zoo")
@@ -40,6 +40,7 @@ MODELS = {
     "resnet": os.path.join(EXAMPLES, "resnet.py"),  # convolutions, BatchNorm
     "mlp": os.path.join(EXAMPLES, "mlp.py"),  # nn.Sequential of Linears
     "aux_loss": os.path.join(ZOO, "aux_loss.py"),  # 0-dim aux loss, dict outputs and targets, root-read tied head
+    "own_loss": os.path.join(ZOO, "own_loss.py"),  # nanoGPT's forward(idx, targets): the loss inside the model
 }
 """The zoo: model name -> model file, each unmodified (examples/gpt2_xl.py and gpt3_175b.py are gpt.py's code at
 sizes a CPU cannot train)."""
@@ -277,6 +278,7 @@ def _chunked_reference(path: str, dp: int, microbatches: int, stage_starts: tupl
     the executor slices it), each its own forward; every replica's forwards start from the same random state (each
     dp rank draws its dropout masks from the same seed), a replica's micro-batches draw one after another, each
     pipeline stage from its own stream (`_stage_streams`)."""
+    from executor.batches import slice_batch
     from executor.worker import BUILD_SEED, DATA_SEED, STEP_SEED
     from planner.model_file import Batches, build, load_model_file
     mf = load_model_file(path)
@@ -294,8 +296,7 @@ def _chunked_reference(path: str, dp: int, microbatches: int, stage_starts: tupl
             torch.set_rng_state(start)
             for k in range(microbatches):
                 i = (r * microbatches + k) * n
-                xs = {key: v[i:i + n] for key, v in x.items()} if isinstance(x, dict) else x[i:i + n]
-                total = total + mf.loss_fn(model(**xs) if isinstance(xs, dict) else model(xs), y[i:i + n])
+                total = total + mf.loss_fn(call(model, slice_batch(x, i, n)), slice_batch(y, i, n))
         loss = total / (dp * microbatches)
         loss.backward()
         opt.step()
