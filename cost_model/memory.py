@@ -298,10 +298,10 @@ def _held_bytes(w: DeviceWork, mix: Counter, acts_mb: list[float]) -> float:
 
 
 def _steady(w: DeviceWork) -> bool:
-    """Whether a backward after the first holds as many micro-batches as the first: without pipelining (one at a
-    time), and in a pipeline schedule's steady state, where each backward is followed by another forward (1F1B and
-    interleaved with more forwards to run than the rank holds at its first backward). Else (GPipe, or a 1F1B rank
-    that holds every micro-batch) each backward holds one micro-batch fewer than the one before."""
+    """Whether a backward after the first holds as many micro-batches as the first (one chunk a rank; the
+    interleaved schedule is walked backward by backward): without pipelining (one at a time), and in 1F1B's steady
+    state, where each backward is followed by another forward. Else (GPipe, or a 1F1B rank that holds every
+    micro-batch) each backward holds one micro-batch fewer than the one before."""
     return not w.pipelined or w.microbatches * len(w.layers) > sum(w.held.values())
 
 
