@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cost_model.ops import loss_op
 from planner.graph import OpGraph
 from planner.plan import Plan
 
@@ -436,7 +437,7 @@ def _logit_bytes(sp: Any) -> float:
     from cost_model.dtypes import autocast_dtypes
     from cost_model.kernels import PRECISION_BYTES
     plan, graph = sp.plan, sp.graph
-    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    loss = loss_op(graph)
     d = autocast_dtypes(graph, plan.precision, plan.precision if plan.fsdp_mixed_precision else "fp32",
                         sp.cm.cluster.cpu_ranks).get(loss.inputs[0]) if loss is not None and loss.inputs else None
     return float(PRECISION_BYTES[d.output]) if d is not None else FP32
@@ -446,7 +447,7 @@ def loss_input_elems(graph: OpGraph, plan: Plan) -> float:
     """Elements per device of the loss's input (the logits) for one micro-batch: the vocabulary shard when a
     column-parallel head's sharded logits go to a cross-entropy on class indices (the executor's
     `loss_parallel`), else the whole tensor; 0 when the graph has no loss op."""
-    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    loss = loss_op(graph)
     if loss is None or not loss.input_meta:
         return 0.0
     logits = loss.input_meta[0]

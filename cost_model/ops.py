@@ -60,9 +60,17 @@ def logits_producer(graph: OpGraph, loss: OpNode) -> str | None:
     return None
 
 
+def loss_op(graph: OpGraph) -> OpNode | None:
+    """The loss that reads the logits: the last loss op whose input is more than one number (a loss function that
+    returns the loss the model computed, `outputs.loss` or nanoGPT's `(logits, loss)[1]`, reads a scalar; the
+    model's own cross-entropy before it reads the logits); None without one."""
+    losses = [op for op in reversed(graph.ops) if op.kind == "loss"]
+    return next((op for op in losses if op.input_meta and op.input_meta[0].numel > 1), losses[0] if losses else None)
+
+
 def lm_head(graph: OpGraph) -> str | None:
     """The LM head: the linear whose output (through views only) the loss reads as its logits; None without one."""
-    loss = next((op for op in reversed(graph.ops) if op.kind == "loss"), None)
+    loss = loss_op(graph)
     name = logits_producer(graph, loss) if loss is not None else None
     while name is not None and name in graph.index:
         op = graph.op(name)

@@ -438,3 +438,33 @@ def test_a_pipelines_last_stage_lets_each_micro_batchs_logits_go(tmp_path, capsy
         assert abs(rows[force]["peak"]["error"]) <= 0.08, (force, rows[force]["peak"])
         for rank, (predicted, measured) in enumerate(rows[force]["ranks"]):
             assert abs(predicted / measured - 1) <= 0.05, (force, rank, predicted, measured)
+
+
+def test_a_loss_the_model_computes_itself_is_priced_on_its_logits(tmp_path):
+    """A loss function that returns the loss the model computed (HF's `outputs.loss` when given labels) reads a
+    scalar; the loss that reads the logits is the model's own cross-entropy before it. The memory model took the
+    last loss op, so an HF GPT-2 given labels had no loss temporaries (tp2 on 2 CPU ranks: 18.68 MiB predicted,
+    20.65 measured, -10.6 %; +1.1 % now, the 2.00 MiB of the fp32 logits' gradients as measured)."""
+    from cost_model.memory import loss_input_elems
+    from cost_model.ops import loss_op
+    from planner.model_file import load_model_file
+    from planner.trace import trace_model
+    model = tmp_path / "hf_labels.py"
+    model.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.join(ROOT, "examples")!r})
+        import torch
+        from hf_gpt2 import CONFIG, SEQ_LEN, build_model
+
+        def sample_batch(batch_size):
+            tokens = torch.randint(0, CONFIG.vocab_size, (batch_size, SEQ_LEN))
+            return {{"input_ids": tokens, "labels": tokens}}, tokens
+
+        def loss_fn(outputs, targets):
+            return outputs.loss
+    """))
+    graph = trace_model(load_model_file(str(model)), batch_size=1, progress=False)
+    assert graph.ops[-1].kind == "loss" and graph.ops[-1].input_meta[0].numel == 1  # outputs.loss
+    assert loss_op(graph) is not graph.ops[-1] and loss_op(graph).kind == "loss"
+    plan = Plan(mesh=Mesh(), global_batch_size=1, microbatch_size=1, num_microbatches=1, precision="fp32")
+    assert loss_input_elems(graph, plan) == 64 * 512  # the logits, 64 positions x the vocabulary, not the scalar
