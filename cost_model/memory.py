@@ -90,7 +90,8 @@ def backward_mixes(schedule: str, p: int, v: int, m: int, rank: int, passes: boo
         if is_b:
             key = (chunk, *held)
             if passes or not rows or key not in seen:
-                seen.update([key] if rows else [])
+                if rows:  # (the first backward is listed apart from later ones of its mix)
+                    seen.add(key)
                 rows.append((chunk, tuple(held), tuple(fwds), tuple(bwds)))
             held[chunk] -= 1
             bwds[chunk] += 1
@@ -240,7 +241,7 @@ def peak_memory(w: DeviceWork) -> dict[str, float]:
     static = dict(parameters=resident + gathered, optimizer=opt, buffers=buffers)
     acts_mb = [sum(l.act_bytes for l in ch) + (w.stage_outputs[c] if c < len(w.stage_outputs) else 0.0)
                for c, ch in enumerate(w.layers)]
-    held = _held_bytes(w, w.held, acts_mb)
+    held = sum(k * acts_mb[c] for c, k in w.held.items()) + w.schedule_output
     starts = _backward_starts(w, held, acts_mb)
     phases = []
     if all_casts > cast_weights:  # forward end, inside autocast: the checkpointed blocks' copies still cached
@@ -290,12 +291,6 @@ def _backward_starts(w: DeviceWork, held: float, acts_mb: list[float]) -> dict[t
     else:
         rounds = [(held, False), (held - max(acts_mb, default=0.0), True)]
     return {(c, later): (total, 0.0) for total, later in rounds for c in chunks}
-
-
-def _held_bytes(w: DeviceWork, mix: Counter, acts_mb: list[float]) -> float:
-    """Activation bytes a backward holds as it starts, for `mix` (micro-batches of each chunk), with the model
-    output the schedule keeps (`DeviceWork.schedule_output`)."""
-    return sum(k * acts_mb[c] for c, k in mix.items()) + w.schedule_output
 
 
 def _steady(w: DeviceWork) -> bool:

@@ -422,47 +422,6 @@ _KEEPING = False
 """Whether `keep_shards` is active (gathers are noted only then)."""
 
 
-_LOSS_INPUT = {  # op name -> (argument index of the logits, their class dim: an int, or "nll" for nll_loss's)
-    "_log_softmax.default": (0, 1), "_log_softmax_backward_data.default": (1, 2),
-    "nll_loss_forward.default": (0, "nll"), "nll_loss2d_forward.default": (0, "nll"),
-    "nll_loss_backward.default": (1, "nll"), "nll_loss2d_backward.default": (1, "nll")}
-
-
-@contextlib.contextmanager
-def loss_parallel_where_sharded():
-    """torch's `loss_parallel` (cross-entropy vocabulary-parallel, forward and backward) for logits sharded on their
-    class dim, DTensor's own rules for any other: under `loss_parallel` itself a cross-entropy over replicated
-    logits raises ("loss_parallel() requires exactly one mesh dim to shard tensor dimension 1"), so every tp plan of
-    a model that computes its loss inside forward (nanoGPT's `forward(idx, targets)`) failed."""
-    from torch.distributed.tensor.parallel import loss as tp_loss
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-
-    def where_sharded(op, vocab_parallel):
-        arg, dim = _LOSS_INPUT[str(op).removeprefix("aten.")]
-
-        def handler(op_call, args, kwargs):
-            x = args[arg]
-            d = (0 if x.dim() == 1 else 1) if dim == "nll" else args[dim] % x.dim()
-            if isinstance(x, DTensor) and any(p.is_shard(d) for p in x.placements):
-                return vocab_parallel(op_call, args, kwargs)
-            mine = handlers.pop(op_call)  # DTensor's own propagation for this call
-            try:
-                return op_call(*args, **kwargs)
-            finally:
-                handlers[op_call] = mine
-        return handler
-    before = {op: handlers.get(op) for op in tp_loss.customized_loss_ops}
-    handlers.update({op: where_sharded(op, h) for op, h in tp_loss.customized_loss_ops.items()})
-    try:
-        yield
-    finally:
-        for op, h in before.items():
-            if h is None:
-                handlers.pop(op, None)
-            else:
-                handlers[op] = h
-
-
 @contextlib.contextmanager
 def keep_shards():
     """Megatron-LM's sequence-parallel memory: a tensor all-gathered from a sequence shard (a norm's output on its
@@ -572,6 +531,56 @@ def check_output(t: torch.Tensor, planned: str, op: str, path: str) -> None:
     raise ExecutorError(f"op {op} (module {path}): DTensor propagated the output as "
                         f"{placement_text(have) or have}, the plan says {planned}; re-plan (plan writes the "
                         "placement DTensor propagates)")
+
+
+_LOSS_INPUT = {  # loss op -> (argument index of the logits, their class dim: an int, or "nll" for nll_loss's)
+    torch.ops.aten._log_softmax.default: (0, 1), torch.ops.aten._log_softmax_backward_data.default: (1, 2),
+    torch.ops.aten.nll_loss_forward.default: (0, "nll"), torch.ops.aten.nll_loss2d_forward.default: (0, "nll"),
+    torch.ops.aten.nll_loss_backward.default: (1, "nll"), torch.ops.aten.nll_loss2d_backward.default: (1, "nll")}
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_handlers_where_sharded() -> dict:
+    """DTensor custom-op handlers for the cross-entropy ops: torch's `loss_parallel` ones (vocabulary-parallel) on
+    logits sharded on their class dim, DTensor's own propagation on any other."""
+    from torch.distributed.tensor.parallel import loss as tp_loss
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+
+    def where_sharded(op, vocab_parallel):
+        arg, dim = _LOSS_INPUT[op]
+
+        def handler(op_call, args, kwargs):
+            x = args[arg]
+            d = (0 if x.dim() == 1 else 1) if dim == "nll" else args[dim] % x.dim()
+            if isinstance(x, DTensor) and any(p.is_shard(d) for p in x.placements):
+                return vocab_parallel(op_call, args, kwargs)
+            mine = handlers.pop(op_call)  # DTensor's own propagation for this call
+            try:
+                return op_call(*args, **kwargs)
+            finally:
+                handlers[op_call] = mine
+        return handler
+    return {op: where_sharded(op, h) for op, h in tp_loss.customized_loss_ops.items()}
+
+
+@contextlib.contextmanager
+def loss_parallel_where_sharded():
+    """torch's `loss_parallel` (cross-entropy vocabulary-parallel, forward and backward) for logits sharded on their
+    class dim, DTensor's own rules for any other: under `loss_parallel` itself a cross-entropy over replicated
+    logits raises ("loss_parallel() requires exactly one mesh dim to shard tensor dimension 1"), so every tp plan of
+    a model that computes its loss inside forward (nanoGPT's `forward(idx, targets)`) failed."""
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    mine = _loss_handlers_where_sharded()
+    before = {op: handlers.get(op) for op in mine}
+    handlers.update(mine)
+    try:
+        yield
+    finally:
+        for op, h in before.items():
+            if h is None:
+                handlers.pop(op, None)
+            else:
+                handlers[op] = h
 
 
 def to_plain(x: Any, keep_vocab_sharded: bool = False) -> Any:
