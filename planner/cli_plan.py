@@ -137,20 +137,25 @@ def calibrate(result: Any, scale: float, source: str) -> Any:
     cands = [(plan, pred.calibrated(scale, source)) for plan, pred in result.candidates]
     best_pred = result.best_prediction.calibrated(scale, source)
     best = replace(result.best, predicted=best_pred.to_dict())
+    fallbacks = [(plan, pred.calibrated(scale, source)) for plan, pred in result.fallbacks]
     evaluated = [replace(e, step_time_s=e.step_time_s * scale) for e in result.evaluated]
-    return replace(result, best=best, best_prediction=best_pred, candidates=cands, evaluated=evaluated)
+    return replace(result, best=best, best_prediction=best_pred, candidates=cands, fallbacks=fallbacks,
+                   evaluated=evaluated)
 
 
 def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
     """Before `-o` writes: dry-run the best plan (`executor.dry_run`: the executor's own apply_plan on fake tensors
-    under a fake process group); when it fails, the next-best candidate that passes, with a note. Returns the
-    result to report and write, and a status line; PlanError (nothing written) when no candidate passes."""
+    under a fake process group); when it fails, the next-best candidate that passes, then the search's fallbacks
+    (other configurations), with a note. Returns the result to report and write, and a status line; PlanError
+    (nothing written) when none passes."""
     import time
     from dataclasses import replace
 
     from executor.dry_run import first_that_runs
+    from planner.search.outer import candidate_label
     t0 = time.perf_counter()
-    plans = [result.best] + [plan for plan, _ in result.candidates[1:]]
+    tried = [(result.best, result.best_prediction)] + result.candidates[1:] + result.fallbacks
+    plans = [plan for plan, _ in tried]
     unchecked: list[str] = []
 
     def say(i: int, plan: Any, stage: int | None = None, stages: int = 0) -> None:
@@ -172,12 +177,16 @@ def dry_run_gate(result: Any, model_file: Any, output: str) -> tuple[Any, str]:
     ok = "ok, partly (see the note)" if unchecked else "ok"
     if i == 0:
         return result, f"dry run: {ok} ({took:.1f} s)"
-    plan, pred = result.candidates[i]
-    note = (f"the best plan failed the dry run, so candidate {i + 1} of the top {len(plans)} (the best that passes) "
-            f"is the plan: {failures[0]}")
+    plan, pred = tried[i]
+    top = len(result.candidates)
+    failed = "the only candidate" if top == 1 else f"all {top} candidates"
+    which = (f"candidate {i + 1} of the top {top} (the best that passes)" if i < top else
+             f"{candidate_label(plan)}, the fastest plan of a configuration no candidate had ({failed} failed),")
+    note = f"the best plan failed the dry run, so {which} is the plan: {failures[0]}"
     result = replace(result, best=replace(plan, predicted=pred.to_dict()), best_prediction=pred,
                      notes=[*result.notes, note])
-    return result, f"dry run: {ok} for candidate {i + 1} ({took:.1f} s; the best failed, see the note)"
+    passed = f"candidate {i + 1}" if i < top else candidate_label(plan)
+    return result, f"dry run: {ok} for {passed} ({took:.1f} s; the best failed, see the note)"
 
 
 def memory_ignored_note(pred: Any, cluster: Any) -> str:

@@ -609,6 +609,46 @@ def test_the_gate_falls_back_to_the_next_candidate_that_passes(const_heads, cpu2
         dry_run_gate(replace(runs[0], candidates=runs[0].candidates[:1]), mf, "plan.json")
 
 
+
+def test_the_gate_tries_other_configurations_when_every_candidate_fails(const_heads, cpu2, monkeypatch):
+    """Every top candidate fails (all tp): the gate goes on to the search's fallbacks, a configuration none of the
+    candidates had, instead of writing nothing."""
+    from dataclasses import replace
+
+    from planner.cli_plan import dry_run_gate
+    from planner.model_file import load_model_file
+    from planner.search import search
+    from planner.search.outer import candidate_label
+    from planner.trace import trace_model
+    mf = load_model_file(const_heads)
+    graph = trace_model(mf, progress=False)
+    tp, dp = (search(graph, *cpu2, batch_size=BATCH, precision="fp32", forced=f, top_k=2, model_path=mf.path)
+              for f in ({"tp": 2}, {"dp": 2}))
+    _tp_fails(monkeypatch)
+    result, status = dry_run_gate(replace(tp, fallbacks=dp.candidates[:1]), mf, "plan.json")
+    assert (result.best.mesh.dp, result.best.mesh.tp) == (2, 1)
+    assert result.best_prediction is dp.candidates[0][1]
+    label = candidate_label(result.best)
+    assert label in status and "the best failed" in status
+    assert f"{label}, the fastest plan of a configuration no candidate had (all 2 candidates failed)" in \
+        result.notes[-1] and "cannot run under tp" in result.notes[-1]
+
+
+def test_the_search_keeps_one_fallback_per_configuration_beyond_the_top(const_heads, cpu2):
+    """search's fallbacks: fitting plans beyond the top K, the fastest of each configuration the top K lacks."""
+    from planner.model_file import load_model_file
+    from planner.search import MAX_FALLBACKS, configuration, search
+    from planner.trace import trace_model
+    mf = load_model_file(const_heads)
+    graph = trace_model(mf, progress=False)
+    result = search(graph, *cpu2, batch_size=BATCH, precision="fp32", top_k=1, model_path=mf.path)
+    kinds = [configuration(plan) for plan, _ in result.fallbacks]
+    assert 1 <= len(kinds) <= MAX_FALLBACKS
+    assert len(set(kinds)) == len(kinds) and configuration(result.best) not in kinds
+    times = [pred.step_time_s for _, pred in result.fallbacks]
+    assert times == sorted(times) and times[0] >= result.best_prediction.step_time_s
+    assert all(pred.fits and plan.predicted for plan, pred in result.fallbacks)
+
 CUSTOM_OP = '''\
 import torch, torch.nn as nn
 

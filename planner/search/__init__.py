@@ -35,6 +35,11 @@ class SearchResult:
     """Search counters: groups, groups_evaluated, groups_bounded, predictions, ilp_solves, seconds."""
     evaluated: list = field(default_factory=list)
     """Every candidate predicted (`outer.Evaluated`: step time, peak memory, fits, label), fitting or not."""
+    fallbacks: list = field(default_factory=list)
+    """(Plan, Prediction) pairs beyond the candidates: the fastest fitting one of each `configuration` (tp, pp,
+    sequence parallelism, ZeRO, recompute) the candidates do not have, fastest first. What `plan`'s dry run tries
+    when every candidate fails it: a failure is usually one configuration's (tp on an op the model reshapes, a
+    pipeline cut the model's forward cannot take), which its mbs and schedule variants share."""
 
 
 def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int, precision: str = "bf16",
@@ -59,9 +64,28 @@ def search(graph: OpGraph, cluster: Cluster, cost_model: Any, *, batch_size: int
                              max_grad_norm=max_grad_norm).run()
     top = result.ranked[:max(1, top_k)]
     candidates = [(with_prediction(s.plan, s.prediction), s.prediction) for s in top]
+    seen = {configuration(s.plan) for s in top}
+    fallbacks = []
+    for s in result.ranked[len(top):]:
+        if len(fallbacks) == MAX_FALLBACKS:
+            break
+        if configuration(s.plan) not in seen:
+            seen.add(configuration(s.plan))
+            fallbacks.append((with_prediction(s.plan, s.prediction), s.prediction))
     best, best_prediction = candidates[0]
     return SearchResult(best=best, best_prediction=best_prediction, candidates=candidates, notes=result.notes,
-                        stats=result.stats, evaluated=result.evaluated)
+                        stats=result.stats, evaluated=result.evaluated, fallbacks=fallbacks)
 
 
-__all__ = ["SearchResult", "search", "replace"]
+MAX_FALLBACKS = 5
+"""Fallbacks kept: a dry run takes seconds (minutes for a deep pipeline of a large model), so a few."""
+
+
+def configuration(plan: Plan) -> tuple:
+    """What a dry-run failure usually hangs on: tp, pp and the stages per rank, sequence parallelism, ZeRO stage and
+    recompute policy (not dp or the micro-batch size, which change no code path the model's forward takes)."""
+    return (plan.mesh.tp, plan.mesh.pp, plan.virtual_stages, plan.sequence_parallel, plan.zero_stage,
+            plan.recompute)
+
+
+__all__ = ["SearchResult", "configuration", "search", "replace"]
