@@ -285,7 +285,7 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     from executor.batches import to_device
     from executor.runner import apply_plan
     where.strategies = {p.module: p.strategy for p in plan.ops.values() if p.module}
-    inputs, targets = batch(mf, plan.microbatch_size)
+    inputs, targets = _sample(mf, plan.microbatch_size)
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh,  # default AdamW
                         example_inputs=inputs)
     inputs, targets = to_device((inputs, targets), runner.device)  # as Runner.step does (planning on a GPU host: cuda)
@@ -304,6 +304,16 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     if runner.gather_logits:
         where.gathered_logits = next((n for n in runner.notes if "logits are gathered" in n), None)
     return out
+
+
+def _sample(mf: ModelFile, batch_size: int):
+    """sample_batch(batch_size) on fake tensors, or on real ones where fake ones fail (its ops need values:
+    masked-LM labels drawn by boolean indexing run `nonzero`); the fake run takes real inputs as constants."""
+    try:
+        return batch(mf, batch_size)
+    except ModelError:  # a sample_batch that fails for real too raises again here, as the model file's error
+        with unset_fake_temporarily():
+            return batch(mf, batch_size)
 
 
 def _run_stage(runner, where: _Where, inputs, targets, boundary: tuple | None) -> tuple | None:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
+from torch.utils._pytree import tree_map
 
 from executor.errors import ExecutorError, shorten
 from executor.parallel import blocks
@@ -329,6 +330,13 @@ def _stage_graph(model: nn.Module, graph: fx.Graph, stage: dict[fx.Node, int], k
         outs = live(k)
         g.output(env[outs[0]] if len(outs) == 1 else tuple(env[n] for n in outs))
     return fx.GraphModule(model, g)
+
+
+def dense_outputs(module: nn.Module, args: tuple, output: object) -> object:
+    """A stage's outputs, the tensors made contiguous (a batch-first LSTM's output is not): a forward hook on every
+    stage but the last, registered after any other (tp's local shards), since gloo and NCCL send and receive only
+    contiguous tensors and the receiver allocates its buffer with the strides the sender's output had."""
+    return tree_map(lambda x: x.contiguous() if isinstance(x, torch.Tensor) else x, output)
 
 
 def boundary_placements(graphs: list[fx.GraphModule], plan: Plan, block_paths: list[str]) -> list[list[str]]:

@@ -267,6 +267,8 @@ class Runner:
                                         sent=crossing[i] if i < len(crossing) else None)
                 part.register_forward_pre_hook(lambda *_: tp.forget_gathered())  # a stage's forward begins
                 part.register_forward_hook(lambda *_: tp.forget_gathered())  # and ends
+            if i < len(graphs) - 1:
+                part.register_forward_hook(pipeline.dense_outputs)
             self.parts.append(part)
 
         def make_stages():

@@ -557,6 +557,36 @@ def test_pipeline_stages_of_a_model_with_its_own_ops_between_modules(tmp_path, c
     assert "dry run: ok" in capsys.readouterr().out
 
 
+def test_a_sample_batch_that_needs_values_runs_for_real(tmp_path):
+    """Masked-LM targets drawn by boolean indexing (`nonzero`) cannot be made on fake tensors: the dry run draws
+    that batch for real, and the plan passes (it failed with the sample_batch's DynamicOutputShapeException, and
+    `plan` wrote no plan of such a model)."""
+    from executor.dry_run import dry_run
+    from planner.defaults import megatron_placements
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, Plan
+    from planner.trace import trace_model
+    from shared import SMALL_GPT
+    path = tmp_path / "masked_lm.py"
+    path.write_text(SMALL_GPT.format(examples=EXAMPLES) + textwrap.dedent("""
+        import torch
+        def sample_batch(b):
+            x, y = _sample(b, CFG)
+            picked = torch.rand(x.shape) < 0.5
+            y = torch.full_like(y, -100)
+            y[picked] = x[picked]
+            return x, y
+    """))
+    graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
+    for tp in (1, 2):
+        ops = megatron_placements(graph, tp, False)
+        plan = Plan(mesh=Mesh(tp=tp), global_batch_size=2, microbatch_size=2, num_microbatches=1,
+                    precision="fp32", ops=ops, parameters=parameter_placements(graph, ops))
+        notes: list[str] = []
+        assert dry_run(plan, str(path), notes=notes) == [] and notes == [], (tp, notes)
+
+
 def test_a_loss_that_cannot_take_sharded_logits_is_said_by_the_dry_run(tmp_path, capsys):
     """The runner gathers the logits when the loss function fails on vocabulary-sharded ones; the plan priced a
     vocabulary-parallel loss, so `plan check` says so instead of passing silently."""

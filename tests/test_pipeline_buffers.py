@@ -78,3 +78,22 @@ def test_pipelined_batch_norms_keep_one_process_running_statistics(tmp_path):
     assert max(abs(a - b) for a, b in zip(got["losses"], losses)) <= 1e-4, (got["losses"], losses)
     # before: the last stage's statistics had taken in a forward of uninitialised tensors (eval loss nan)
     assert abs(got["eval"] - evaluated) <= 1e-4, (got["eval"], evaluated)
+
+
+def test_a_stage_output_that_is_not_contiguous_is_sent(tmp_path):
+    """A batch-first LSTM's output (a transposed view) crosses the pp=2 boundary: every stage's outputs go out
+    contiguous, and the run's losses are one process's (the first send died: 'input tensor has to be
+    contiguous')."""
+    from shared import reference_losses, train_in_one_launch
+
+    from planner.cli import main
+    model = os.path.join(ROOT, "tests", "zoo", "batch_first_lstm.py")
+    plan = tmp_path / "pp2.json"
+    assert main([model, "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force",
+                 "pp=2,mbs=2,schedule=gpipe", "-o", str(plan)]) == 0
+    assert [s["modules"] for s in json.loads(plan.read_text())["stages"]] == [["encoder", "rnn"], ["decoder"]]
+    got = train_in_one_launch([{"name": "lstm", "model": model, "plan": str(plan)}], 2,
+                              str(tmp_path), 3)["lstm"]
+    assert "error" not in got, got
+    ref = reference_losses(model, 3, 4)
+    assert max(abs(a - b) for a, b in zip(got["losses"], ref)) < 1e-5, (got["losses"], ref)
