@@ -270,7 +270,7 @@ def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) 
         device = init_distributed(rank, plan.world_size)
         mesh = build_mesh(plan, device)  # its rank grid is real: built before fake mode starts
         with FakeTensorMode(allow_non_fake_inputs=True), _OpRecorder(where):
-            model = build(mf, device)
+            model = _build(mf, device)
             hooks = _track_modules(model, where)
             try:
                 return _apply_and_run(plan, mf, mesh, model, where, boundary)
@@ -304,6 +304,30 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
     if runner.gather_logits:
         where.gathered_logits = next((n for n in runner.notes if "logits are gathered" in n), None)
     return out
+
+
+def _build(mf: ModelFile, device) -> nn.Module:
+    """build_model() on fake tensors. A build that converts its parameters (`.to(torch.bfloat16)`) fails there:
+    torch's `Module._apply` swaps every fake parameter for its converted one, which the fake mode's weak
+    reference to it forbids ("Couldn't swap"). Such a model is built on meta and given fake storage on `device`,
+    a parameter or buffer shared by several modules staying shared."""
+    try:
+        return build(mf, device)
+    except ModelError as e:
+        if "Couldn't swap" not in str(e):
+            raise
+    with unset_fake_temporarily():
+        model = build(mf, "meta")
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table, wrap in ((module._parameters, True), (module._buffers, False)):
+            for name, t in table.items():
+                if t is not None:
+                    if id(t) not in made:
+                        empty = torch.empty_like(t, device=device)
+                        made[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if wrap else empty
+                    table[name] = made[id(t)]
+    return model
 
 
 def _sample(mf: ModelFile, batch_size: int):

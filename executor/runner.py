@@ -121,6 +121,7 @@ class Runner:
         self.example_inputs = to_device(example_inputs, device)  # exported with the model, on the model's device
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
+        self.flat_graph = None  # then: the exported model's flat graph (the ops it calls)
         # the plan's ops name the torch.export graph's nodes (the planner's default): under tp run that graph, and
         # cut pipeline stages from it (without tp and without an example, from the fx trace: no op is placed)
         self.export_graph = plan_graph(plan) == "export" and (
@@ -182,9 +183,9 @@ class Runner:
             tp.apply_tp(module, plan, self.mesh["tp"], self.canonical)
             if flat is not None:
                 graph_ops.place_exported_ops(module, flat, plan, self.mesh["tp"], tp.local_modules(plan, module))
-            if tp.REPLICATED_OPS and not any(n.startswith("custom ops") for n in self.notes):
-                self.notes.append("custom ops without a DTensor sharding rule run replicated over tp where "
-                                  f"called (inputs gathered): {', '.join(tp.REPLICATED_OPS)}")
+            note = tp.replicated_ops_note(flat if flat is not None else self.flat_graph)
+            if note and note not in self.notes:
+                self.notes.append(note)
         for policy, paths in self.recomputed_paths.items():
             parallel.apply_ac(module, policy, paths)
         if self.compile:
@@ -240,6 +241,7 @@ class Runner:
         self.flat_inputs = bool(getattr(graphs[0], "flat_inputs", False))
         self.out_spec = getattr(graphs[-1], "out_spec", None)
         root = getattr(graphs[0], "exported_root", None)
+        self.flat_graph = None if root is None else root.flat_graph
         if root is not None and plan.mesh.tp == 1:  # nothing to place: the stages' modules run as eager code
             graph_ops.run_generated(root)
         if root is not None and plan.mesh.tp > 1:

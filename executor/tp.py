@@ -192,6 +192,16 @@ def replicate_custom_ops() -> list[str]:
     return new
 
 
+def replicated_ops_note(graph: torch.fx.Graph | None) -> str | None:
+    """The note naming the `REPLICATED_OPS` the model calls: those `graph` (its exported flat graph) calls, or,
+    without one (a model run from its torch.fx trace), every custom op given the rule in this process (a library
+    such as transformers registers its own on import, called or not)."""
+    called = None if graph is None else {str(n.target) for n in graph.nodes if n.op == "call_function"}
+    ops = [op for op in REPLICATED_OPS if called is None or op in called]
+    return ("custom ops without a DTensor sharding rule run replicated over tp where called (inputs gathered): "
+            + ", ".join(ops)) if ops else None
+
+
 def apply_tp(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh, canonical: Mapping[str, str] | None = None) -> None:
     """Distribute `model`'s parameters per the plan and install the hooks (see the module docstring). `model` may
     be a pipeline stage holding some of the plan's parameters (checked on the whole model by `check_parameters`);

@@ -587,6 +587,35 @@ def test_a_sample_batch_that_needs_values_runs_for_real(tmp_path):
         assert dry_run(plan, str(path), notes=notes) == [] and notes == [], (tp, notes)
 
 
+def test_a_model_built_in_bf16_is_dry_run(tmp_path):
+    """build_model() returning `model.to(torch.bfloat16)` cannot run on fake tensors (torch swaps each fake
+    parameter, and the fake mode's weak reference forbids it: "Couldn't swap Embedding.weight"); every dry run
+    failed, and plan wrote a plan only once earlier failures in its process had warmed torch up, which `plan check`
+    then refused. Built on meta and given fake storage, it passes, its tied head still tied."""
+    from executor import dry_run as dr
+    from planner.defaults import megatron_placements
+    from planner.layout import parameter_placements
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, Plan
+    from planner.trace import trace_model
+    from shared import SMALL_GPT
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    path = tmp_path / "bf16_built.py"
+    path.write_text(SMALL_GPT.format(examples=EXAMPLES).replace("return GPT(CFG)", "return GPT(CFG).to(torch.bfloat16)")
+                    .replace("import sys", "import sys, torch"))
+    mf = load_model_file(str(path))
+    with FakeTensorMode(allow_non_fake_inputs=True):  # as the dry run's
+        model = dr._build(mf, "cpu")
+    assert isinstance(model.wte.weight, FakeTensor) and model.wte.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.wte.weight
+    graph = trace_model(mf, batch_size=2, progress=False)
+    for tp in (1, 2):
+        ops = megatron_placements(graph, tp, False)
+        plan = Plan(mesh=Mesh(tp=tp), global_batch_size=2, microbatch_size=2, num_microbatches=1,
+                    precision="fp32", ops=ops, parameters=parameter_placements(graph, ops))
+        assert dr.dry_run(plan, str(path)) == [], tp
+
+
 def test_a_loss_that_cannot_take_sharded_logits_is_said_by_the_dry_run(tmp_path, capsys):
     """The runner gathers the logits when the loss function fails on vocabulary-sharded ones; the plan priced a
     vocabulary-parallel loss, so `plan check` says so instead of passing silently."""
@@ -744,6 +773,25 @@ def test_an_op_without_a_sharding_rule_is_replicated_and_said(tmp_path):
     assert sum(1 for p in plan.parameters.values() if p == "S(0)") == 4  # up's weight and bias, 2 blocks
     assert dry_run(plan, str(path)) == []
     assert "shardwise_dry_run_test.scale.default" in tp_mod.REPLICATED_OPS
+
+
+def test_the_replicated_ops_note_names_the_ops_the_model_calls(monkeypatch):
+    """transformers registers custom ops on import; the note named them under every tp plan of a model that never
+    calls them. With the model's exported graph it names those the graph calls; without one, all."""
+    from executor import tp as tp_mod
+    monkeypatch.setattr(tp_mod, "REPLICATED_OPS", ["aten.relu.default", "transformers.grouped_mm_fallback.default"])
+
+    class Relu(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.relu.default(x)
+
+    class Neg(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.neg.default(x)
+    note = tp_mod.replicated_ops_note(torch.fx.symbolic_trace(Relu()).graph)
+    assert note.endswith("(inputs gathered): aten.relu.default"), note
+    assert tp_mod.replicated_ops_note(torch.fx.symbolic_trace(Neg()).graph) is None
+    assert tp_mod.replicated_ops_note(None).endswith("aten.relu.default, transformers.grouped_mm_fallback.default")
 
 
 UNEVEN = '''\
