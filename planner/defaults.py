@@ -185,52 +185,48 @@ def _structural_pairs(graph: OpGraph) -> tuple[dict[str, str], set[str]]:
     return pairs, between
 
 
-def _layer_modules(graph: OpGraph, layer) -> list[str]:
-    if layer.block_type is not None:
-        return [layer.name]
-    mods = []
-    for op in graph.layer_ops(layer):
-        if op.module_path and op.module_path not in mods:
-            mods.append(op.module_path)
-    return mods
-
-
 def even_stages(graph: OpGraph, pp: int, virtual_stages: int = 1) -> tuple[StageSpec, ...]:
     """pp * virtual_stages contiguous stages of `graph.layers()` balanced by layer FLOPs (minimising the largest
-    stage); stage i runs on pipeline rank i % pp."""
+    stage), cut only where `graph.cut_points` allows; stage i runs on pipeline rank i % pp."""
     layers = graph.layers()
     n = pp * virtual_stages
-    if n > len(layers):
-        raise PlanError(f"pp x vp = {n} stages but the model has only {len(layers)} layers to split; use a smaller "
-                        "pp or vp")
+    starts = [j for j in range(1, len(layers)) if graph.cut_points[j]]
+    if n > len(starts) + 1:
+        why = "" if len(starts) + 1 == len(layers) else \
+            f" (of its {len(layers)}, a module called in several places stays in one stage)"
+        raise PlanError(f"pp x vp = {n} stages but the model has only {len(starts) + 1} layers to split{why}; use a "
+                        "smaller pp or vp")
     w = [float(sum(op.flops for op in graph.layer_ops(l))) or 1.0 for l in layers]
     lo, hi = max(w), sum(w)
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _cut(w, n, mid) is None:
+        if _cut(w, n, mid, graph.cut_points) is None:
             lo = mid
         else:
             hi = mid
-    bounds = _cut(w, n, hi)
+    bounds = _cut(w, n, hi, graph.cut_points)
     assert bounds is not None
     stages = []
     for i, (a, b) in enumerate(bounds):
-        mods = tuple(m for l in layers[a:b] for m in _layer_modules(graph, l))
+        mods = tuple(dict.fromkeys(m for l in layers[a:b] for m in graph.layer_modules(l)))
         stages.append(StageSpec(start_layer=a, end_layer=b, modules=mods, rank=i % pp))
     return tuple(stages)
 
 
-def _cut(w: list[float], n: int, cap: float) -> list[tuple[int, int]] | None:
-    """Greedy split of w into exactly n non-empty contiguous groups of sum <= cap, or None."""
+def _cut(w: list[float], n: int, cap: float, cuttable: tuple[bool, ...]) -> list[tuple[int, int]] | None:
+    """Greedy split of w into exactly n non-empty contiguous groups of sum <= cap, each starting where `cuttable`
+    allows, or None."""
     out, start, acc = [], 0, 0.0
+    later = [0] * (len(w) + 1)  # later[i]: the cut positions after i
+    for i in range(len(w) - 1, 0, -1):
+        later[i - 1] = later[i] + cuttable[i]
     for i, x in enumerate(w):
-        left_layers, left_groups = len(w) - i, n - len(out)
-        if i > start and (acc + x > cap or left_layers < left_groups):
+        if i > start and cuttable[i] and (acc + x > cap or later[i] < n - len(out) - 1):
             out.append((start, i))
             start, acc = i, 0.0
-        if x > cap:
-            return None
         acc += x
+        if acc > cap:
+            return None
     out.append((start, len(w)))
     return out if len(out) == n else None
 

@@ -293,3 +293,31 @@ class OpGraph:
         """The ops of one layer."""
         for i in layer.ops:
             yield self.ops[i]
+
+    def layer_modules(self, layer: Layer) -> list[str]:
+        """The module paths a layer's ops come from (the block instance itself for blocks): what a pipeline stage
+        holding the layer lists."""
+        if layer.block_type is not None:
+            return [layer.name]
+        out: list[str] = []
+        for op in self.layer_ops(layer):
+            if op.module_path and op.module_path not in out:
+                out.append(op.module_path)
+        return out
+
+    @cached_property
+    def cut_points(self) -> tuple[bool, ...]:
+        """Per layer position 0..L, whether a pipeline stage may start there: not between two calls of one module
+        (a dropout applied after the embedding and again before the head), which would list the module in two
+        stages, and the executor's stages hold modules."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for k, layer in enumerate(self.layers()):
+            for m in self.layer_modules(layer):
+                first.setdefault(m, k)
+                last[m] = k
+        ok = [True] * (len(self.layers()) + 1)
+        for m, a in first.items():
+            for j in range(a + 1, last[m] + 1):
+                ok[j] = False
+        return tuple(ok)

@@ -106,3 +106,64 @@ def test_every_stage_holds_parameters():
     assert cut_stages([1] * 5, param, [0] * 5, 4) is None
     assert cut_stages_reference([1] * 5, param, [0] * 5, 4) is None
     assert cut.bounds == cut_stages_reference([1, 1, 1, 1, 1], param, [0] * 5, 3).bounds
+
+
+def test_stages_start_only_where_allowed():
+    """`cuttable`: no stage starts at a forbidden layer, and the DP's answer is the reference's over the cuts
+    allowed."""
+    t, p, a = [1.0, 1.0, 1.0, 1.0, 1.0], [1.0] * 5, [0.0] * 5
+    assert cut_stages(t, p, a, 2).bottleneck == 3.0
+    allowed = (True, False, False, False, True, True)
+    assert cut_stages(t, p, a, 2, cuttable=allowed).bounds == ((0, 4), (4, 5))
+    assert cut_stages(t, p, a, 3, cuttable=allowed) is None  # one place left to start a stage
+    allowed = (True, True, False, True, True, True)
+    assert cut_stages(t, p, a, 3, cuttable=allowed).bounds == ((0, 1), (1, 3), (3, 5))
+
+
+REUSED_DROPOUT = '''
+import torch, torch.nn as nn
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.emb = nn.Embedding(32, 16)
+        self.mid = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 32)
+
+    def forward(self, x):
+        return self.head(self.drop(self.mid(self.drop(self.emb(x)))))
+
+def build_model():
+    return M()
+
+def sample_batch(b):
+    x = torch.randint(0, 32, (b, 8))
+    return x, x
+'''
+
+
+def test_a_module_called_twice_stays_in_one_stage(tmp_path):
+    """One dropout applied after the embedding and again before the head: no stage boundary falls between its
+    two calls (the stages would both list it, a plan the executor refuses), in the search and in the default."""
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from planner.defaults import even_stages
+    from planner.model_file import load_model_file
+    from planner.search import search
+    from planner.trace import trace_model
+    path = tmp_path / "reused.py"
+    path.write_text(REUSED_DROPOUT)
+    mf = load_model_file(str(path))
+    graph = trace_model(mf, batch_size=2, progress=False)
+    mods = [graph.layer_modules(l) for l in graph.layers()]
+    calls = [k for k, m in enumerate(mods) if m == ["drop"]]
+    assert len(calls) == 2
+    assert not any(graph.cut_points[calls[0] + 1:calls[1] + 1]) and graph.cut_points[calls[0]]
+    for stages in (even_stages(graph, 2),):
+        assert sum("drop" in s.modules for s in stages) == 1, stages
+    cluster = load_cluster("cpu-local")
+    result = search(graph, cluster, CostModel(cluster), batch_size=4, precision="fp32",
+                    forced={"pp": 2, "mbs": 2}, top_k=3, model_path=mf.path)
+    for plan, _ in result.candidates:
+        assert sum("drop" in s.modules for s in plan.stages) == 1, plan.stages

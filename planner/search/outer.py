@@ -125,7 +125,7 @@ class OuterSearch:
         self._placed: dict[tuple, tuple[PlacementResult, LayerArrays] | None] = {}
         self._leanest: tuple[float, Plan] | None = None
         self.evaluated: list[Evaluated] = []
-        self._modules = [_layer_modules(graph, layer) for layer in self.layers]
+        self._modules = [graph.layer_modules(layer) for layer in self.layers]
         self._fingerprint = model_fingerprint((p.name, p.shape) for p in graph.parameters)
         self._num_params = graph.num_parameters  # a sum over every parameter: once, not per candidate
         self._problems: dict[tuple, list[str]] = {}
@@ -494,7 +494,8 @@ class OuterSearch:
         # arrays live as long as the search (held in _placed / _tight), so their id is a stable key
         key = (id(arrays), n_stages, g.pp, tuple(infl) if mem_limit != math.inf else None, mem_limit)
         if key not in self._cuts:
-            cut = cut_stages(arrays.time, arrays.param, arrays.act, n_stages, mem_limit, infl)
+            cut = cut_stages(arrays.time, arrays.param, arrays.act, n_stages, mem_limit, infl,
+                             cuttable=self.graph.cut_points)
             self._cuts[key] = None if cut is None else tuple(
                 StageSpec(start_layer=a, end_layer=b, modules=self._stage_modules(a, b), rank=k % g.pp)
                 for k, (a, b) in enumerate(cut.bounds))
@@ -646,17 +647,6 @@ def format_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
-
-
-def _layer_modules(graph: OpGraph, layer) -> list[str]:
-    """The module paths a layer's ops come from (the block instance itself for blocks)."""
-    if layer.block_type is not None:
-        return [layer.name]
-    out: list[str] = []
-    for op in graph.layer_ops(layer):
-        if op.module_path and op.module_path not in out:
-            out.append(op.module_path)
-    return out
 
 
 def with_prediction(plan: Plan, prediction: Any) -> Plan:

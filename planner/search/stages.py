@@ -46,12 +46,13 @@ def stage_memory(param: np.ndarray, act: np.ndarray, inflight: np.ndarray, bound
 
 
 def cut_stages(time: np.ndarray, param: np.ndarray, act: np.ndarray, num_stages: int, mem_limit: float = np.inf,
-               inflight: np.ndarray | None = None) -> StageCut | None:
+               inflight: np.ndarray | None = None, cuttable=None) -> StageCut | None:
     """The cut minimising the bottleneck stage time under the memory limit, every stage holding parameters when
     the layers have any (a stage of parameter-free layers, say a lone ReLU, has nothing for its optimizer, which
     torch refuses); None when no cut fits.
 
-    `inflight[k]` is the micro-batches whose activations stage k holds (1F1B: S - k; GPipe: all); default 1."""
+    `inflight[k]` is the micro-batches whose activations stage k holds (1F1B: S - k; GPipe: all); default 1.
+    `cuttable[j]` (j = 0..L): whether a stage may start at layer j (`OpGraph.cut_points`); default everywhere."""
     time, param, act = (np.asarray(x, dtype=float) for x in (time, param, act))
     n = len(time)
     if num_stages < 1 or num_stages > n:
@@ -65,6 +66,9 @@ def cut_stages(time: np.ndarray, param: np.ndarray, act: np.ndarray, num_stages:
     # T[i, j] = time of a stage holding layers [i, j); only i < j is a stage
     span = ct[None, :] - ct[:, None]
     valid = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
+    if cuttable is not None:
+        at = np.asarray(cuttable, dtype=bool)
+        valid &= at[:, None] & at[None, :]
     for k in range(1, num_stages + 1):
         mem = (cp[None, :] - cp[:, None]) + infl[k - 1] * (ca[None, :] - ca[:, None])
         ok = valid & (mem <= mem_limit) & ((cp[None, :] - cp[:, None] > 0) | (cp[-1] <= 0))
