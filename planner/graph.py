@@ -309,15 +309,19 @@ class OpGraph:
     def cut_points(self) -> tuple[bool, ...]:
         """Per layer position 0..L, whether a pipeline stage may start there: not between two calls of one module
         (a dropout applied after the embedding and again before the head), which would list the module in two
-        stages, and the executor's stages hold modules."""
+        stages, and the executor's stages hold modules. A module whose own ops surround its children's (HF's
+        GPT2Model around its blocks) is not called twice: the executor cuts its forward between stages."""
+        mods = [self.layer_modules(layer) for layer in self.layers()]
         first: dict[str, int] = {}
         last: dict[str, int] = {}
-        for k, layer in enumerate(self.layers()):
-            for m in self.layer_modules(layer):
+        for k, names in enumerate(mods):
+            for m in names:
                 first.setdefault(m, k)
                 last[m] = k
-        ok = [True] * (len(self.layers()) + 1)
+        ok = [True] * (len(mods) + 1)
         for m, a in first.items():
-            for j in range(a + 1, last[m] + 1):
-                ok[j] = False
+            b = last[m]
+            if b > a and not any(n.startswith(m + ".") for names in mods[a + 1:b] for n in names):
+                for j in range(a + 1, b + 1):
+                    ok[j] = False
         return tuple(ok)

@@ -55,14 +55,13 @@ def test_graph_layers_follow_the_rule(example):
     """The traced graph's layers (what the search cuts and the cost model prices) are the executor's layers: each
     graph layer's modules lie in one executor layer, in the same order, and every executor layer with ops has its
     graph layer (the root's own ops, e.g. the loss, ride along without modules)."""
-    from planner.search.outer import _layer_modules
     mf = load_model_file(os.path.join(EXAMPLES, example))
     graph = trace_model(mf, batch_size=2, progress=False)
     executor = layer_modules(build(mf, "meta"))
 
     def where(path: str) -> int:
         return next(k for k, layer in enumerate(executor) if any(path == m or path.startswith(m + ".") for m in layer))
-    traced = [{where(m) for m in mods} for mods in (_layer_modules(graph, l) for l in graph.layers()) if mods]
+    traced = [{where(m) for m in mods} for mods in (graph.layer_modules(l) for l in graph.layers()) if mods]
     assert all(len(k) == 1 for k in traced), traced
     with_ops = sorted({where(op.module_path) for op in graph.ops if op.module_path})
     assert [k.pop() for k in traced] == with_ops
