@@ -474,7 +474,7 @@ def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
         op, args = where.ops[-1]
         shapes = _args_text(args)
         parts.append(str(op) + (f" on {shapes}" if shapes else ""))
-    msg = first_line(str(e))
+    msg = first_line(str(e)) or _no_message(e, where)
     text = f"{type(e).__name__}: {msg}"
     if isinstance(e, NotImplementedError) and "sharding strategy" in msg and where.ops:
         text = (f"NotImplementedError: DTensor has no sharding rule for {where.ops[-1][0]} (a custom kernel?); "
@@ -484,6 +484,31 @@ def _describe(e: BaseException, where: _Where, mf: ModelFile) -> str:
     if found:
         text += f" at {os.path.basename(mf.path)}:{found[0]}"
     return ": ".join(parts + [text])
+
+
+def _no_message(e: BaseException, where: _Where) -> str:
+    """What an exception raised without a message (a bare assert in torch) can still say: where it was raised,
+    and for DTensor's in-place check, what it checks."""
+    from torch.distributed.tensor import DTensor
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f"raised without a message at {_short_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else \
+        "raised without a message"
+    if where.ops:
+        op, args = where.ops[-1]
+        if op._schema.is_mutable and args and not isinstance(args[0], DTensor) and any(
+                isinstance(a, DTensor) for a in args[1:]):
+            return (f"{at}: DTensor cannot update a plain tensor in place from a DTensor ({op} writes its plain "
+                    "first argument, say a state the module made itself, with a DTensor one)")
+    return at
+
+
+def _short_path(path: str) -> str:
+    """A file path from its package down (`torch/distributed/tensor/_dispatch.py`), else its name."""
+    parts = path.replace(os.sep, "/").split("/")
+    for top in ("torch", "executor", "planner", "transformers"):
+        if top in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(top):])
+    return os.path.basename(path)
 
 
 def _placement_text(path: str, strategies: dict[str, str]) -> str:

@@ -794,6 +794,45 @@ def test_the_replicated_ops_note_names_the_ops_the_model_calls(monkeypatch):
     assert tp_mod.replicated_ops_note(None).endswith("aten.relu.default, transformers.grouped_mm_fallback.default")
 
 
+def test_an_assert_without_a_message_says_where_and_what(tmp_path):
+    """A plain state the model makes and updates in place from a DTensor output (`state.add_(x)`): DTensor
+    raises a bare AssertionError; the line says where it was raised and what DTensor refuses, not 'AssertionError: '."""
+    from executor.dry_run import dry_run
+    path = tmp_path / "state.py"
+    path.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+            def forward(self, x):
+                return x + self.down(torch.relu(self.up(x)))
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.h = nn.ModuleList(Block() for _ in range(2))
+
+            def forward(self, x):
+                for b in self.h:
+                    x = b(x)
+                state = torch.zeros(x.shape, device=x.device)
+                state.add_(x)
+                return state
+
+        def build_model():
+            return Model()
+
+        def sample_batch(batch_size):
+            return torch.randn(batch_size, 8, 16), torch.randn(batch_size, 8, 16)
+    """))
+    problems = dry_run(_megatron_plan(path), str(path))
+    assert len(problems) == 1 and "AssertionError: raised without a message at torch/" in problems[0], problems
+    assert "DTensor cannot update a plain tensor in place from a DTensor (aten.add_.Tensor" in problems[0], problems
+
+
 UNEVEN = '''\
 import torch, torch.nn as nn
 
