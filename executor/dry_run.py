@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import traceback
 import warnings
@@ -265,7 +266,8 @@ def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) 
     without pipelining)."""
     from executor.runner import build_mesh, init_distributed
     rank = where.pp_rank * plan.mesh.dp * plan.mesh.tp + where.tp_rank
-    with fake_world(plan.world_size, rank), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with fake_world(plan.world_size, rank), torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
+            _quiet(QUIET_LOGGERS):
         warnings.simplefilter("ignore")  # the run's own warnings belong to the real run, not to `plan`
         device = init_distributed(rank, plan.world_size)
         mesh = build_mesh(plan, device)  # its rank grid is real: built before fake mode starts
@@ -277,6 +279,25 @@ def _run_rank(plan: Plan, mf: ModelFile, where: _Where, boundary: tuple | None) 
             finally:
                 for h in hooks:
                     h.remove()
+
+
+QUIET_LOGGERS = ("torch.distributed.tensor._collective_utils",)
+"""torch loggers whose warnings are the real run's, not the dry run's (DTensor's 'CPU process group does not
+support alltoall yet, falling back with allgather + chunk!' under sequence parallelism on a CPU host)."""
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    """The named loggers at ERROR while the block runs, then as they were."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Where,

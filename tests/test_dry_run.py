@@ -1084,3 +1084,20 @@ def test_a_plan_whose_parameters_contradict_its_ops_is_refused(cpu2):
     assert len(problems) == 1 and "parameter 0 is placed S(1) (the plan's `parameters`), but the op's `params` say " \
         "S(0): the plan contradicts itself" in problems[0], problems
     assert dry_run(plan, mf) == []
+
+
+def test_torchs_warnings_for_the_real_run_stay_out_of_the_dry_run(caplog):
+    """DTensor's 'CPU process group does not support alltoall yet' (sequence parallelism on a CPU host) is the
+    real run's: during the dry run its logger is at ERROR, and afterwards as it was."""
+    import logging
+
+    from executor.dry_run import QUIET_LOGGERS, _quiet
+    logger = logging.getLogger("torch.distributed.tensor._collective_utils")
+    assert logger.name in QUIET_LOGGERS
+    before = logger.level
+    with caplog.at_level(logging.WARNING):
+        with _quiet(QUIET_LOGGERS):
+            logger.warning("CPU process group does not support alltoall yet")
+        assert logger.level == before
+        logger.warning("after")
+    assert [r.getMessage() for r in caplog.records if r.name == logger.name] == ["after"]
