@@ -98,10 +98,17 @@ def local_modules(plan: Plan, model: nn.Module) -> list[str]:
         if not path or path in busy or any(path.startswith(o + ".") for o in out):
             continue  # the root, a placed module or an ancestor of one, or inside a subtree already taken
         if type(mod) is nn.Module or isinstance(mod, (nn.ModuleList, nn.ModuleDict, nn.ParameterList,
-                                                      nn.ParameterDict)):
+                                                      nn.ParameterDict)) or _uncalled_unflattened(mod):
             continue  # never called itself (a container, or one fx made for a pipeline stage): its children are
         out.append(path)
     return out
+
+
+def _uncalled_unflattened(mod: nn.Module) -> bool:
+    """A container as torch.export unflattens it (an nn.ModuleList becomes an InterpreterModule with an empty
+    graph): never called, so hooks on it never run; its children are called."""
+    graph = getattr(mod, "graph", None)
+    return isinstance(graph, torch.fx.Graph) and len(graph.nodes) == 0
 
 
 def check_parameters(plan: Plan, model: nn.Module) -> None:

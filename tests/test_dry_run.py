@@ -1101,3 +1101,32 @@ def test_torchs_warnings_for_the_real_run_stay_out_of_the_dry_run(caplog):
         assert logger.level == before
         logger.warning("after")
     assert [r.getMessage() for r in caplog.records if r.name == logger.name] == ["after"]
+
+
+
+def test_modules_in_an_unflattened_container_run_on_plain_tensors():
+    """Under tp the GRUs of a ModuleList run locally (plain tensors in, replicated out). torch.export unflattens the
+    ModuleList into an InterpreterModule with an empty graph, which local_modules took for the local subtree: its
+    hooks never ran, the GRUs got DTensors, and every tp plan of the model failed ('aten.add_.Tensor on local [8,
+    64], [8, 64] R: AssertionError')."""
+    import warnings
+
+    from executor.dry_run import dry_run
+    from executor.graph_ops import exported
+    from executor.tp import local_modules
+    from planner.defaults import megatron_placements
+    from planner.layout import parameter_placements
+    from planner.model_file import batch, build, load_model_file
+    from planner.plan import Mesh, Plan
+    from planner.trace import trace_model
+    model = os.path.join(ROOT, "tests", "zoo", "gru_layers.py")
+    mf = load_model_file(model)
+    graph = trace_model(mf, batch_size=4, progress=False)
+    ops = megatron_placements(graph, 2, False)
+    plan = Plan(mesh=Mesh(tp=2), global_batch_size=4, microbatch_size=4, num_microbatches=1, precision="fp32",
+                ops=ops, parameters=parameter_placements(graph, ops))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the GRUs' _flat_weights, "assigned during export"
+        unflat, _ = exported(build(mf), batch(mf, 4)[0], plan)
+    assert [m for m in local_modules(plan, unflat) if m.startswith("layers")] == ["layers.0", "layers.1", "layers.2"]
+    assert dry_run(plan, model) == []
