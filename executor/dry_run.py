@@ -516,7 +516,8 @@ def _no_message(e: BaseException, where: _Where) -> str:
         "raised without a message"
     if where.ops:
         op, args = where.ops[-1]
-        if op._schema.is_mutable and args and not isinstance(args[0], DTensor) and any(
+        schema = getattr(op, "_schema", None)
+        if schema is not None and schema.is_mutable and args and not isinstance(args[0], DTensor) and any(
                 isinstance(a, DTensor) for a in args[1:]):
             return (f"{at}: DTensor cannot update a plain tensor in place from a DTensor ({op} writes its plain "
                     "first argument, say a state the module made itself, with a DTensor one)")
