@@ -174,6 +174,8 @@ class OpGraph:
     """Which tracer produced the graph: `export` (torch.export's aten training IR) or `fx` (where export fails)."""
     inputs: tuple[TensorMeta, ...] = field(default=())
     """Model inputs as traced."""
+    checkpoint_calls: int = 0
+    """Calls the model's own forward makes to torch.utils.checkpoint (its graph holds their ops once, as saved)."""
 
     @cached_property
     def index(self) -> Mapping[str, int]:

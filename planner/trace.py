@@ -498,9 +498,12 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     errors: list[tuple[str, BaseException]] = []
     traced = None
     by_name = {"export": ("torch.export", _trace_export), "fx": ("torch.fx", _trace_fx)}
+    checkpoints = [0]
     for name, tracer in (by_name[t] for t in tracers):
         try:
-            traced = tracer(model, args, kwargs)
+            checkpoints[0] = 0
+            with _counting_checkpoints(checkpoints):
+                traced = tracer(model, args, kwargs)
             break
         except ModelError:
             raise
@@ -528,7 +531,35 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     builder.add_loss(output_node, outputs, targets, model_file.path)
     flat_inputs = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
     return OpGraph(model_name=model_file.path, ops=tuple(builder.ops), parameters=tuple(builder.params),
-                   batch_size=batch_size, tracer=traced.tracer, inputs=tuple(_tensor_meta(t) for t in flat_inputs))
+                   batch_size=batch_size, tracer=traced.tracer, inputs=tuple(_tensor_meta(t) for t in flat_inputs),
+                   checkpoint_calls=checkpoints[0])
+
+
+@contextlib.contextmanager
+def _counting_checkpoints(count: list[int]) -> Iterator[None]:
+    """Count the model's own torch.utils.checkpoint calls while it is traced, at the two functions checkpoint()
+    looks up when called (non-reentrant and reentrant), whatever name the model imported it under. torch.export
+    inlines the checkpointed ops without a trace of the call; without these functions nothing is counted."""
+    import torch.utils.checkpoint as cp
+    gen, function = getattr(cp, "_checkpoint_without_reentrant_generator", None), getattr(cp, "CheckpointFunction", None)
+    if gen is None or function is None:
+        yield
+        return
+
+    def counted_gen(*args, **kwargs):
+        count[0] += 1
+        return gen(*args, **kwargs)
+
+    class Counted(function):
+        @classmethod
+        def apply(cls, *args, **kwargs):
+            count[0] += 1
+            return function.apply(*args, **kwargs)
+    cp._checkpoint_without_reentrant_generator, cp.CheckpointFunction = counted_gen, Counted
+    try:
+        yield
+    finally:
+        cp._checkpoint_without_reentrant_generator, cp.CheckpointFunction = gen, function
 
 
 def _run_with_progress(builder: _Builder, show: bool) -> Any:

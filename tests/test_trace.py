@@ -260,3 +260,50 @@ def test_integer_inputs_to_a_matmul_are_a_model_file_error(tmp_path, tracers):
     with pytest.raises(ModelError, match=r"ints.py: forward\(\) failed on the inputs from sample_batch\(\).* dtype "
                                          r"int64.*floating-point inputs"):
         trace_model(load_model_file(str(path)), tracers=tracers)
+
+
+USER_CHECKPOINT = '''
+import torch, torch.nn as nn
+from torch.utils.checkpoint import checkpoint as ckpt
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(3))
+
+    def forward(self, x):
+        x = ckpt(self.blocks[0], x, use_reentrant=False)
+        x = ckpt(self.blocks[1], x, use_reentrant=True)
+        return self.blocks[2](x)
+
+def build_model():
+    return M()
+
+def sample_batch(b):
+    return torch.randn(b, 16), torch.randn(b, 16)
+'''
+
+
+def test_the_models_own_checkpoint_calls_are_counted_and_said(tmp_path):
+    """torch.export inlines a checkpointed block's ops with no trace of the call, so the memory model keeps their
+    activations; the tracer counts the calls (non-reentrant and reentrant, under whatever name the model imported
+    checkpoint) and the search says what that means."""
+    import warnings
+
+    import torch.utils.checkpoint as cp
+
+    from cost_model.model import CostModel
+    from hardware_profiles.load import load_cluster
+    from planner.search import search
+    path = tmp_path / "user_ckpt.py"
+    path.write_text(USER_CHECKPOINT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reentrant checkpoint's "none of the inputs have requires_grad"
+        graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
+    assert graph.checkpoint_calls == 2
+    assert cp.CheckpointFunction.__name__ == "CheckpointFunction"  # put back
+    cluster = load_cluster("cpu-local")
+    notes = search(graph, cluster, CostModel(cluster), batch_size=4, precision="fp32", top_k=1).notes
+    assert any(n.startswith("the model calls torch.utils.checkpoint itself (2 call(s) per forward)") for n in notes)
+    plain = trace_model(load_model_file(os.path.join(EXAMPLES, "mlp.py")), batch_size=2, progress=False)
+    assert plain.checkpoint_calls == 0

@@ -147,6 +147,8 @@ class OuterSearch:
         start = time.monotonic()
         check_batch_size(self.batch)
         self.notes += check_forced(self.forced, self.cluster, self.batch)
+        if self.graph.checkpoint_calls:
+            self.notes.append(user_checkpoint_note(self.graph.checkpoint_calls))
         check_forced_stages(self.forced, len(self.layers))
         check_forced_recompute_blocks(self.forced, sum(1 for l in self.layers if l.block_type))
         if "recompute_blocks" in self.forced and not self.graph.repeats_blocks:
@@ -647,6 +649,14 @@ def format_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def user_checkpoint_note(calls: int) -> str:
+    """What a plan of a model that calls torch.utils.checkpoint itself means for its memory."""
+    return (f"the model calls torch.utils.checkpoint itself ({calls} call(s) per forward): predictions keep those "
+            "activations (the checkpointed blocks' memory is over-predicted), and under tp or pp the executor runs "
+            "the model's torch.export graph, without the recomputation; take the calls out and let the plan "
+            "recompute (the search tries it; --force recompute=full)")
 
 
 def with_prediction(plan: Plan, prediction: Any) -> Plan:
