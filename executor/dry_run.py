@@ -303,13 +303,12 @@ def _quiet(names: tuple[str, ...]) -> Iterator[None]:
 def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Where,
                    boundary: tuple | None) -> tuple | None:
     """`apply_plan`, then forward, backward, tied-gradient sum and optimizer step of one micro-batch."""
-    from executor.batches import to_device
     from executor.runner import apply_plan
     where.strategies = {p.module: p.strategy for p in plan.ops.values() if p.module}
     inputs, targets = _sample(mf, plan.microbatch_size)
     runner = apply_plan(model, plan, loss_fn=mf.loss_fn, sync_init=False, mesh=mesh,  # default AdamW
                         example_inputs=inputs)
-    inputs, targets = to_device((inputs, targets), runner.device)  # as Runner.step does (planning on a GPU host: cuda)
+    inputs, targets = runner.on_device((inputs, targets))  # as Runner.step does (planning on a GPU host: cuda)
     where.uneven = _uneven(runner)
     out = None
     if plan.mesh.pp == 1:

@@ -30,7 +30,8 @@ from executor.measure import PassClock, SavedActivations, Timings, format_report
 from executor.plan_checks import (check_example, check_plan_matches_model, check_runnable, check_tp_plan,
                                   check_world, load_plan, plan_graph)
 from executor.trace import annotate_stage, pass_name, record
-from planner.model_file import IGNORE_INDEX, class_targets, default_loss, logits_of, summed_cross_entropy
+from planner.model_file import (IGNORE_INDEX, class_targets, default_loss, hold_fp32, logits_of,
+                                summed_cross_entropy, widen_floats)
 from planner.plan import Plan
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -118,7 +119,8 @@ class Runner:
                  compile: str | None = None, track_memory: bool = True):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
         self.compile = compile
-        self.example_inputs = to_device(example_inputs, device)  # exported with the model, on the model's device
+        self.widened = hold_fp32(model)  # fp32 master weights, as the planner traced and priced them
+        self.example_inputs = self.on_device(example_inputs)  # exported with the model, on the model's device
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
         self.flat_graph = None  # then: the exported model's flat graph (the ops it calls)
@@ -143,7 +145,7 @@ class Runner:
         self.canonical = _canonical_names(model)
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
         self.vocab_parallel_loss = False  # set once a loss ran on vocabulary-sharded logits
-        self.notes: list[str] = []  # said in the measurement (`executor.measure`)
+        self.notes: list[str] = [self.widened] if self.widened else []  # said in the measurement (`executor.measure`)
         self.saved = SavedActivations()
         self.timings = Timings()
         self.memory = StepMemory(track_memory)  # peak memory by category, from torch's MemTracker
@@ -203,6 +205,10 @@ class Runner:
         if plan.fsdp_mixed_precision:  # dp = 1 with tp or pp: 16-bit compute weights, over a one-rank mesh
             return parallel.apply_replicate(module, self.mesh["dp"], self.block_paths, self.amp)
         return module
+
+    def on_device(self, batch: Any) -> Any:
+        """A batch on this rank's device, its 16-bit tensors widened where the model's were (`hold_fp32`)."""
+        return to_device(widen_floats(batch) if self.widened else batch, self.device)
 
     def _recomputed_paths(self, model: nn.Module) -> dict[str, list[str]]:
         """The blocks activation checkpointing wraps, by policy: every block under the plan's; with
@@ -411,7 +417,7 @@ class Runner:
         if self.memory.wants_step():  # the 2nd and 3rd (executor.measure.StepMemory)
             return self.memory.tracked_step(self, inputs, targets)
         self._scale = self._token_scale(inputs, targets)
-        inputs, targets = to_device(self.local_batch(inputs, targets), self.device)
+        inputs, targets = self.on_device(self.local_batch(inputs, targets))
         if not self.timings.step:
             check_same_batch(self, inputs, targets)
             if self.export_graph and self.example_inputs is not None:
@@ -438,7 +444,7 @@ class Runner:
         mode restored after), no gradients, no optimizer step, the plan's micro-batches (through the pipeline
         schedule's forward-only `eval` under pp). Takes the batch as `step` does."""
         self._scale = self._token_scale(inputs, targets)
-        inputs, targets = to_device(self.local_batch(inputs, targets), self.device)
+        inputs, targets = self.on_device(self.local_batch(inputs, targets))
         modes = [(m, m.training) for part in self.parts for m in part.modules()]
         for part in self.parts:
             part.eval()

@@ -207,6 +207,46 @@ def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn
     return model
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+"""Parameter dtypes `hold_fp32` widens."""
+
+
+def hold_fp32(model: torch.nn.Module) -> str | None:
+    """Hold a model built in 16 bits (`.to(torch.bfloat16)`, `torch_dtype=torch.bfloat16`) in fp32, in place: its
+    bf16/fp16 parameters and buffers become fp32 ones, a tensor shared by several modules staying shared. Every
+    plan trains fp32 master weights and Adam state (bf16/fp16 plans compute under autocast, as torchtitan and
+    Megatron-LM do), and the planner prices that, so the planner's trace, the dry run and the executor all widen
+    the model the same way. The tensors are replaced, not converted through `Module._apply`, which fails on the
+    dry run's fake parameters ("Couldn't swap"). Returns what was widened, for a note; None when nothing was."""
+    made: dict[int, torch.Tensor] = {}
+    widened: dict[str, int] = {}
+    for module in model.modules():
+        for table, wrap in ((module._parameters, True), (module._buffers, False)):
+            for name, t in table.items():
+                if t is None or t.dtype not in LOW_PRECISION:
+                    continue
+                if id(t) not in made:
+                    wide = t.detach().float()
+                    made[id(t)] = torch.nn.Parameter(wide, requires_grad=t.requires_grad) if wrap else wide
+                    if wrap:
+                        key = str(t.dtype).removeprefix("torch.")
+                        widened[key] = widened.get(key, 0) + t.numel()
+                table[name] = made[id(t)]
+    if not made:
+        return None
+    kinds = " and ".join(f"{n / 1e6:.3g}M {d}" for d, n in widened.items()) or "buffers"
+    return (f"the model holds {kinds} parameters: they are trained as fp32 master weights with fp32 Adam state, "
+            "as the plan prices them (a bf16/fp16 plan computes in 16 bits under autocast), and bf16/fp16 batch "
+            "tensors are widened to fp32 with them")
+
+
+def widen_floats(x: Any) -> Any:
+    """`x` (a batch: tensors in dicts, lists and tuples) with its bf16/fp16 tensors in fp32: the batch of a model
+    `hold_fp32` widened, whose first layer would otherwise meet fp32 weights with 16-bit inputs."""
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION else t, x)
+
+
 def _check_trainable(path: str, model: torch.nn.Module) -> None:
     """Refuse a model with no parameter to train (also on meta): training would fail later naming no fix."""
     params = list(model.parameters())

@@ -30,7 +30,8 @@ from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
 from planner.exporting import export_training
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
-from planner.model_file import ModelFile, batch, build, default_loss, frame_in_file
+from planner.model_file import (ModelFile, batch, build, default_loss, frame_in_file, hold_fp32,
+                                widen_floats)
 from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
 
 
@@ -491,8 +492,11 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     """Trace a model file into an OpGraph on the meta device (no weights allocated), with the first of `tracers`
     that succeeds; raises ModelError."""
     model = build(model_file, "meta")
+    widened = hold_fp32(model)  # as the executor holds it
     model.train()
     inputs, targets = batch(model_file, batch_size)
+    if widened:
+        inputs, targets = widen_floats((inputs, targets))
     inputs, targets = _meta(inputs), _meta(targets)
     args, kwargs = _call_args(inputs)
     errors: list[tuple[str, BaseException]] = []
@@ -532,7 +536,7 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     flat_inputs = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
     return OpGraph(model_name=model_file.path, ops=tuple(builder.ops), parameters=tuple(builder.params),
                    batch_size=batch_size, tracer=traced.tracer, inputs=tuple(_tensor_meta(t) for t in flat_inputs),
-                   checkpoint_calls=checkpoints[0])
+                   checkpoint_calls=checkpoints[0], widened=widened)
 
 
 @contextlib.contextmanager

@@ -149,6 +149,8 @@ class OuterSearch:
         self.notes += check_forced(self.forced, self.cluster, self.batch)
         if self.graph.checkpoint_calls:
             self.notes.append(user_checkpoint_note(self.graph.checkpoint_calls))
+        if self.graph.widened:
+            self.notes.append(self.graph.widened)
         check_forced_stages(self.forced, len(self.layers))
         check_forced_recompute_blocks(self.forced, sum(1 for l in self.layers if l.block_type))
         if "recompute_blocks" in self.forced and not self.graph.repeats_blocks:
