@@ -58,11 +58,12 @@ def step_assumptions(sp: Any, pk: float, adam_bytes: float) -> tuple[str, ...]:
            if sp.tied_all_reduce() else ""),
         "communication: ring alpha-beta formulas (NCCL ring latency model); across nodes one ring whose members "
         "share their node's NICs; measured curves in the profile take precedence",
-        "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; under "
-        f"{plan.precision} autocast each tensor in the dtype autocast gives it ("
-        + ("losses in fp32 (CPU autocast's list)" if cl.cpu_ranks else "norms, softmax, losses, pow/rsqrt in fp32")
-        + "; linears, matmuls, SDPA in the autocast dtype after a cast of each fp32 input; the rest in the widest "
-        "input dtype: fp32 parameters give an fp32 residual stream)"
+        "dp and tp streams do not contend for links; tp collectives are not overlapped with compute; "
+        + ("every tensor in fp32 (no autocast)" if plan.precision not in ("bf16", "fp16") else
+           f"under {plan.precision} autocast each tensor in the dtype autocast gives it ("
+           + ("losses in fp32 (CPU autocast's list)" if cl.cpu_ranks else "norms, softmax, losses, pow/rsqrt in fp32")
+           + "; linears, matmuls, SDPA in the autocast dtype after a cast of each fp32 input; the rest in the widest "
+           "input dtype: fp32 parameters give an fp32 residual stream)")
         + ("; a cross-entropy over a column-parallel head runs vocabulary-parallel (no logits all-gather)"
            if sp.tp > 1 else ""),
         ("optimizer: AdamW over the local shard at the profile's measured cost per element and per tensor"

@@ -48,7 +48,7 @@ def test_16_bit_parameters_and_buffers_become_fp32_ties_and_flags_kept():
     assert out["img"].dtype == torch.float32 and out["ids"].dtype == torch.int64 and out["p"] == 0.5
 
 
-def test_a_bf16_built_model_with_bf16_inputs_traces_and_is_noted(tmp_path):
+def test_a_bf16_built_model_with_bf16_inputs_traces_and_is_noted(tmp_path, capsys):
     """Before, tracing a bf16-built CNN fed bf16 images failed ("Input type (c10::BFloat16) and bias type (float)")
     once its parameters were widened, and before that the plan priced fp32 weights the executor never held."""
     from planner.cli import main
@@ -63,6 +63,9 @@ def test_a_bf16_built_model_with_bf16_inputs_traces_and_is_noted(tmp_path):
     code = main([str(path), "--cluster", "cpu-local", "--batch-size", "4", "-o", str(out), "--force", "dp=1,pp=1",
                  "--precision", "fp32"])
     assert code == 0 and out.exists()
+    said = capsys.readouterr().out
+    assert "note: the model holds" in said and "fp32 master weights" in said
+    assert "every tensor in fp32 (no autocast)" in said and "under fp32 autocast" not in said  # (it said that)
 
 
 def test_the_executor_holds_what_the_plan_priced():
