@@ -310,11 +310,12 @@ class OpGraph:
         return out
 
     @cached_property
-    def cut_points(self) -> tuple[bool, ...]:
-        """Per layer position 0..L, whether a pipeline stage may start there: not between two calls of one module
-        (a dropout applied after the embedding and again before the head), which would list the module in two
-        stages, and the executor's stages hold modules. A module whose own ops surround its children's (HF's
-        GPT2Model around its blocks) is not called twice: the executor cuts its forward between stages."""
+    def split_modules(self) -> Mapping[str, tuple[int, int]]:
+        """Modules called in layers apart (a dropout applied after the embedding and again before the head), each
+        with the first and last layer calling it: a pipeline stage may not start between them, since it would list
+        the module in two stages, and the executor's stages hold modules. A module whose own ops surround its
+        children's (HF's GPT2Model around its blocks) is not called twice: the executor cuts its forward between
+        stages."""
         mods = [self.layer_modules(layer) for layer in self.layers()]
         first: dict[str, int] = {}
         last: dict[str, int] = {}
@@ -322,10 +323,14 @@ class OpGraph:
             for m in names:
                 first.setdefault(m, k)
                 last[m] = k
-        ok = [True] * (len(mods) + 1)
-        for m, a in first.items():
-            b = last[m]
-            if b > a and not any(n.startswith(m + ".") for names in mods[a + 1:b] for n in names):
-                for j in range(a + 1, b + 1):
-                    ok[j] = False
+        return {m: (a, last[m]) for m, a in first.items() if last[m] > a
+                and not any(n.startswith(m + ".") for names in mods[a + 1:last[m]] for n in names)}
+
+    @cached_property
+    def cut_points(self) -> tuple[bool, ...]:
+        """Per layer position 0..L, whether a pipeline stage may start there: not inside a `split_modules` span."""
+        ok = [True] * (len(self.layers()) + 1)
+        for a, b in self.split_modules.values():
+            for j in range(a + 1, b + 1):
+                ok[j] = False
         return tuple(ok)

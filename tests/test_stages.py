@@ -167,3 +167,13 @@ def test_a_module_called_twice_stays_in_one_stage(tmp_path):
                     forced={"pp": 2, "mbs": 2}, top_k=3, model_path=mf.path)
     for plan, _ in result.candidates:
         assert sum("drop" in s.modules for s in plan.stages) == 1, plan.stages
+    # a pp the cut points cannot give is refused naming the module, not after a search that built nothing (before:
+    # "no candidate plan could be built ... relax --force")
+    most = 1 + sum(graph.cut_points[1:len(mods)])
+    assert most == len(mods) - (calls[1] - calls[0]) < 8
+    from planner.errors import PlanError
+    node = load_cluster("dgx-h100")  # 8 devices: pp=8 divides them
+    with pytest.raises(PlanError, match=rf"^--force pp=8: of the model's {len(mods)} layers .* only {most} can "
+                                        rf"start a stage, .*\(drop is called in layers {calls[0]} and {calls[1]}\), so "
+                                        rf"at most pp={most} \(or give each place a module of its own"):
+        search(graph, node, CostModel(node), batch_size=8, precision="fp32", forced={"pp": 8}, model_path=mf.path)

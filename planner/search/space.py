@@ -11,7 +11,7 @@ cluster or the batch cannot satisfy raises a one-line PlanError.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hardware_profiles.schema import Cluster
 from planner.errors import PlanError
@@ -134,16 +134,25 @@ def meshes(cluster: Cluster, num_layers: int, batch_size: int, forced: Mapping[s
     return out
 
 
-def check_forced_stages(forced: Mapping[str, Any], num_layers: int) -> None:
-    """A forced pp (times vp) needs at least one of the model's layers per (virtual) stage: one-line PlanError."""
+def check_forced_stages(forced: Mapping[str, Any], num_layers: int, cuttable: Sequence[bool] | None = None,
+                        split: Mapping[str, tuple[int, int]] | None = None) -> None:
+    """A forced pp (times vp) needs at least one of the model's layers per (virtual) stage, and a stage may start
+    only where `cuttable` (`OpGraph.cut_points`, positions 0..L) allows, `split` (`OpGraph.split_modules`) naming
+    why: one-line PlanError."""
     pp, vp = forced.get("pp"), forced.get("vp", 1)
-    if pp is not None and pp > num_layers:
-        raise PlanError(f"--force pp={pp}: the model has {num_layers} layers (the units a pipeline stage holds), "
-                        f"so at most pp={num_layers}")
-    if vp > 1 and (pp or 2) * vp > num_layers:
+    starts = 1 + sum(1 for j in range(1, num_layers) if cuttable is None or cuttable[j])
+    named = "; ".join(f"{m} is called in layers {a} and {b}" for m, (a, b) in list((split or {}).items())[:3])
+    why = (f"the model has {num_layers} layers (the units a pipeline stage holds)" if starts == num_layers else
+           f"of the model's {num_layers} layers (the units a pipeline stage holds) only {starts} can start a stage, "
+           "since a module called in two places stays in one stage with every layer between" +
+           (f" ({named})" if named else ""))
+    fix = "" if starts == num_layers else " (or give each place a module of its own, two nn.Dropout, to cut there)"
+    if pp is not None and pp > starts:
+        raise PlanError(f"--force pp={pp}: {why}, so at most pp={starts}{fix}")
+    if vp > 1 and (pp or 2) * vp > starts:
         stages = f"{pp * vp} virtual stages" if pp else f"pp >= 2, so at least {2 * vp} virtual stages"
-        raise PlanError(f"--force {f'pp={pp},' if pp else ''}vp={vp} needs {stages}, but the model has {num_layers} "
-                        f"layers (the units a stage holds); force pp x vp <= {num_layers}")
+        raise PlanError(f"--force {f'pp={pp},' if pp else ''}vp={vp} needs {stages}, but {why}; force pp x vp "
+                        f"<= {starts}{fix}")
 
 
 def _pipelined(forced: Mapping[str, Any]) -> bool:
