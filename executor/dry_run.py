@@ -329,15 +329,18 @@ def _apply_and_run(plan: Plan, mf: ModelFile, mesh, model: nn.Module, where: _Wh
 def _build(mf: ModelFile, device) -> nn.Module:
     """build_model() on fake tensors. A build that converts its parameters (`.to(torch.bfloat16)`) fails there:
     torch's `Module._apply` swaps every fake parameter for its converted one, which the fake mode's weak
-    reference to it forbids ("Couldn't swap"). Such a model is built on meta and given fake storage on `device`,
-    a parameter or buffer shared by several modules staying shared."""
+    reference to it forbids ("Couldn't swap"); one that reads a tensor's values (`.item()`) fails too. Such a model
+    is built on meta (`build`: on the CPU where meta fails too) and given fake storage on `device`, a parameter or
+    buffer shared by several modules staying shared."""
     try:
         return build(mf, device)
     except ModelError as e:
-        if "Couldn't swap" not in str(e):
-            raise
+        failed = e
     with unset_fake_temporarily():
-        model = build(mf, "meta")
+        try:
+            model = build(mf, "meta")
+        except ModelError:
+            raise failed from None
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table, wrap in ((module._parameters, True), (module._buffers, False)):

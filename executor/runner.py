@@ -30,7 +30,7 @@ from executor.measure import PassClock, SavedActivations, Timings, format_report
 from executor.plan_checks import (check_example, check_plan_matches_model, check_runnable, check_tp_plan,
                                   check_world, load_plan, plan_graph)
 from executor.trace import annotate_stage, pass_name, record
-from planner.model_file import (IGNORE_INDEX, class_targets, default_loss, hold_fp32, logits_of,
+from planner.model_file import (IGNORE_INDEX, class_targets, default_loss, logits_of, prepare_for_training,
                                 summed_cross_entropy, widen_floats)
 from planner.plan import Plan
 
@@ -119,7 +119,8 @@ class Runner:
                  compile: str | None = None, track_memory: bool = True):
         self.plan, self.loss_fn, self.device = plan, loss_fn, device
         self.compile = compile
-        self.widened = hold_fp32(model)  # fp32 master weights, as the planner traced and priced them
+        prepared = prepare_for_training(model)  # as the planner traced and priced it (fp32 master weights, no KV cache)
+        self.widened = prepared.widened is not None
         self.example_inputs = self.on_device(example_inputs)  # exported with the model, on the model's device
         self.flat_inputs = False  # set when pipeline stages were cut from the exported model (`stage_args`)
         self.out_spec = None  # then: the model output's structure, which the last stage returns flattened (`_loss`)
@@ -145,7 +146,7 @@ class Runner:
         self.canonical = _canonical_names(model)
         self.gather_logits = False  # set when the loss cannot read vocabulary-sharded logits (see `_loss`)
         self.vocab_parallel_loss = False  # set once a loss ran on vocabulary-sharded logits
-        self.notes: list[str] = [self.widened] if self.widened else []  # said in the measurement (`executor.measure`)
+        self.notes: list[str] = prepared.notes  # said in the measurement (`executor.measure`)
         self.saved = SavedActivations()
         self.timings = Timings()
         self.memory = StepMemory(track_memory)  # peak memory by category, from torch's MemTracker

@@ -176,8 +176,9 @@ class OpGraph:
     """Model inputs as traced."""
     checkpoint_calls: int = 0
     """Calls the model's own forward makes to torch.utils.checkpoint (its graph holds their ops once, as saved)."""
-    widened: str | None = None
-    """What `planner.model_file.hold_fp32` widened to fp32 in a model built in 16 bits (its note), else None."""
+    build_notes: tuple[str, ...] = ()
+    """What building the model for the trace did that the user should know (`planner.model_file.build` building
+    it on the CPU, `prepare_for_training`'s changes), as notes."""
 
     @cached_property
     def index(self) -> Mapping[str, int]:

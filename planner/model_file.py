@@ -7,13 +7,14 @@ class or not callable).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +105,13 @@ def _where(exc: BaseException, path: str) -> str:
     return f" (line {found[0]})" if found else ""
 
 
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """'Type: the first non-empty line of its message', shortened."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _exit_call(e: SystemExit) -> str:
     """How the code called sys.exit: 'sys.exit(3)', 'sys.exit()'."""
     return f"sys.exit({'' if e.code is None else repr(e.code)})"
@@ -189,22 +197,56 @@ def _check_loss_fn(path: str, loss: Any) -> None:
 
 
 def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Call build_model() with `device` as the default device (use "meta" to allocate nothing)."""
+    """Call build_model() with `device` as the default device (use "meta" to allocate nothing). A build that fails
+    on meta but not on the CPU (transformers' `from_pretrained`, which refuses the meta device; an `__init__` that
+    reads a tensor's values, as `.item()` on a stochastic-depth schedule) is built on the CPU and moved to meta:
+    its weights are allocated once, for as long as the build takes."""
     try:
-        with torch.device(device):
-            model = model_file.build_model()
-    except SystemExit as e:
-        raise ModelError(f"{model_file.path}: build_model() called {_exit_call(e)}{_where(e, model_file.path)}; "
-                         "make it return the model") from None
-    except Exception as e:
-        raise ModelError(f"{model_file.path}: build_model() raised {type(e).__name__}: {e}"
-                         f"{_where(e, model_file.path)}") from None
+        model = _build_on(model_file, device)
+    except ModelError as e:
+        if torch.device(device).type != "meta":
+            raise
+        try:
+            with _env(USE_HUB_KERNELS="0"):  # transformers' hub kernels refuse a model moved to meta at .train()
+                model = _build_on(model_file, "cpu").to("meta")
+        except ModelError:
+            raise e from None
+        built_on_cpu.add(model_file.path)
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{model_file.path}: build_model() returned {type(model).__name__}, not a "
                          "torch.nn.Module")
     if model_file.user_file:
         _check_trainable(model_file.path, model)
     return model
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare_for_training` changed in a model, as notes for the user."""
+
+    widened: str | None = None
+    """`hold_fp32`'s note: the model was built in 16 bits and is held in fp32."""
+    cache_off: str | None = None
+    """The model's Hugging Face config asked for a KV cache, turned off."""
+
+    @property
+    def notes(self) -> list[str]:
+        return [n for n in (self.widened, self.cache_off) if n]
+
+
+def prepare_for_training(model: torch.nn.Module) -> Prepared:
+    """What every plan assumes of a model, done in place where the model differs; the planner's trace and the
+    executor both call it, so they run the same model: 16-bit parameters held in fp32 (`hold_fp32`), and a
+    Hugging Face model's `config.use_cache` off (its KV cache serves generation; in training its forward returns a
+    DynamicCache that torch.export cannot trace, as Hugging Face's Trainer turns it off under gradient
+    checkpointing)."""
+    config = getattr(model, "config", None)
+    cache = None
+    if getattr(config, "use_cache", None) is True:
+        config.use_cache = False
+        cache = ("the model's config.use_cache was on: turned off for training (its KV cache is for generation; set "
+                 "use_cache=False in the config to silence this)")
+    return Prepared(hold_fp32(model), cache)
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -245,6 +287,47 @@ def widen_floats(x: Any) -> Any:
     `hold_fp32` widened, whose first layer would otherwise meet fp32 weights with 16-bit inputs."""
     from torch.utils._pytree import tree_map
     return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION else t, x)
+
+
+built_on_cpu: set[str] = set()
+"""Model files `build` built on the CPU because building on meta failed (said by the planner: `built_on_cpu_note`)."""
+
+
+def built_on_cpu_note(path: str) -> str | None:
+    """The note for a model file `build` had to build on the CPU, else None."""
+    if path not in built_on_cpu:
+        return None
+    return ("build_model() fails on the meta device (transformers' from_pretrained refuses it; an __init__ may read "
+            "a tensor's values), so the planner built it on the CPU, weights and all, each time it needed the model; "
+            "build from the config (from_config) to plan without loading weights")
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """Environment variables set for the block, restored after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _build_on(model_file: ModelFile, device: str | torch.device) -> Any:
+    """build_model() under `device` as the default device; its failures as one-line ModelErrors."""
+    try:
+        with torch.device(device):
+            return model_file.build_model()
+    except SystemExit as e:
+        raise ModelError(f"{model_file.path}: build_model() called {_exit_call(e)}{_where(e, model_file.path)}; "
+                         "make it return the model") from None
+    except Exception as e:
+        raise ModelError(f"{model_file.path}: build_model() raised {first_line(e, 400)}"
+                         f"{_where(e, model_file.path)}") from None
 
 
 def _check_trainable(path: str, model: torch.nn.Module) -> None:

@@ -30,8 +30,10 @@ from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
 from planner.exporting import export_training
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
-from planner.model_file import (ModelFile, batch, build, default_loss, frame_in_file, hold_fp32,
+from planner.model_file import (ModelFile, batch, build, default_loss, frame_in_file, prepare_for_training,
                                 widen_floats)
+from planner.model_file import built_on_cpu_note
+from planner.model_file import first_line as _first_line
 from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
 
 
@@ -93,13 +95,6 @@ def plain_args(call_args: tuple[tuple, dict]) -> tuple:
     if not isinstance(kwargs, dict):  # the loss op: (outputs, targets)
         return tuple(_plain(a) for a in call_args)
     return tuple(_plain(a) for a in args) + tuple((k, _plain(v)) for k, v in kwargs.items())
-
-
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    """The first non-empty line of an exception message, shortened."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _tensor_meta(t: torch.Tensor) -> TensorMeta:
@@ -492,10 +487,10 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     """Trace a model file into an OpGraph on the meta device (no weights allocated), with the first of `tracers`
     that succeeds; raises ModelError."""
     model = build(model_file, "meta")
-    widened = hold_fp32(model)  # as the executor holds it
+    prepared = prepare_for_training(model)  # as the executor does
     model.train()
     inputs, targets = batch(model_file, batch_size)
-    if widened:
+    if prepared.widened:
         inputs, targets = widen_floats((inputs, targets))
     inputs, targets = _meta(inputs), _meta(targets)
     args, kwargs = _call_args(inputs)
@@ -536,7 +531,8 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     flat_inputs = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
     return OpGraph(model_name=model_file.path, ops=tuple(builder.ops), parameters=tuple(builder.params),
                    batch_size=batch_size, tracer=traced.tracer, inputs=tuple(_tensor_meta(t) for t in flat_inputs),
-                   checkpoint_calls=checkpoints[0], widened=widened)
+                   checkpoint_calls=checkpoints[0],
+                   build_notes=tuple(n for n in (built_on_cpu_note(model_file.path), *prepared.notes) if n))
 
 
 @contextlib.contextmanager

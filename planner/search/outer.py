@@ -149,8 +149,7 @@ class OuterSearch:
         self.notes += check_forced(self.forced, self.cluster, self.batch)
         if self.graph.checkpoint_calls:
             self.notes.append(user_checkpoint_note(self.graph.checkpoint_calls))
-        if self.graph.widened:
-            self.notes.append(self.graph.widened)
+        self.notes += self.graph.build_notes
         check_forced_stages(self.forced, len(self.layers), self.graph.cut_points, self.graph.split_modules)
         check_forced_recompute_blocks(self.forced, sum(1 for l in self.layers if l.block_type))
         if "recompute_blocks" in self.forced and not self.graph.repeats_blocks:

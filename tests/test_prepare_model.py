@@ -1,6 +1,7 @@
-"""A model built in 16 bits (`.to(torch.bfloat16)`) is planned and trained as fp32 master weights with fp32 Adam
-state, the precision every plan prices (`planner.model_file.hold_fp32`): the trace, the dry run and the executor
-widen it alike, its 16-bit batch tensors with it."""
+"""What the planner's trace and the executor both do to a model before training it (`planner.model_file`):
+a model built in 16 bits (`.to(torch.bfloat16)`) is held as fp32 master weights with fp32 Adam state, the precision
+every plan prices (`hold_fp32`), its 16-bit batch tensors widened with it; a Hugging Face model's KV cache is
+turned off (`prepare_for_training`); a model that cannot be built on meta is built on the CPU (`build`)."""
 from __future__ import annotations
 
 import os
@@ -58,7 +59,7 @@ def test_a_bf16_built_model_with_bf16_inputs_traces_and_is_noted(tmp_path, capsy
     graph = trace_model(load_model_file(str(path)), batch_size=2, progress=False)
     assert {p.dtype for p in graph.parameters} == {"float32"}
     assert [t.dtype for t in graph.inputs] == ["float32"]
-    assert graph.widened and "bfloat16" in graph.widened
+    assert len(graph.build_notes) == 1 and "bfloat16" in graph.build_notes[0]
     out = tmp_path / "plan.json"
     code = main([str(path), "--cluster", "cpu-local", "--batch-size", "4", "-o", str(out), "--force", "dp=1,pp=1",
                  "--precision", "fp32"])
@@ -97,3 +98,81 @@ def test_the_executor_holds_what_the_plan_priced():
         assert peaks[torch.bfloat16][cat] == peaks[torch.float32][cat], (cat, peaks)
     assert any("bfloat16 parameters" in n for n in wide.notes) and not runners[torch.float32].notes
     assert all(isinstance(v, float) for v in losses[torch.bfloat16])
+
+
+ITEM_IN_INIT = """
+import torch, torch.nn as nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rates = [x.item() for x in torch.linspace(0, 0.1, 2)]  # a stochastic-depth schedule, as timm's ViTs
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        return self.body(x)
+
+def build_model():
+    return Net()
+
+def sample_batch(batch_size):
+    return torch.randn(batch_size, 8), torch.randn(batch_size, 4)
+"""
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_built_on_the_cpu(tmp_path, capsys):
+    """Before: 'build_model() raised RuntimeError: Tensor.item() cannot be called on meta tensors', exit 2."""
+    from planner.cli import main
+    from planner.model_file import build
+    path = tmp_path / "item_init.py"
+    path.write_text(ITEM_IN_INIT)
+    mf = load_model_file(str(path))
+    model = build(mf, "meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    out = tmp_path / "plan.json"
+    assert main([str(path), "--cluster", "cpu-local", "--batch-size", "4", "-o", str(out)]) == 0 and out.exists()
+    assert "note: build_model() fails on the meta device" in capsys.readouterr().out
+    broken = tmp_path / "broken.py"  # a build that fails on the CPU too keeps its own one-line error
+    broken.write_text(ITEM_IN_INIT.replace("return Net()", "raise ValueError('no config\\nsecond line')"))
+    assert main([str(broken), "--cluster", "cpu-local", "--batch-size", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "build_model() raised ValueError: no config (line" in err[0], err
+
+
+def test_a_hugging_face_model_with_its_kv_cache_on_is_traced_and_trained_without_it(tmp_path):
+    """LlamaConfig's default use_cache=True (every from_pretrained checkpoint's): its training forward returns a
+    DynamicCache, which torch.export refused ('cannot trace the model (torch.export: RuntimeError: Found <class
+    'transformers.cache_utils.DynamicCache'> in output ...'), a message about control flow."""
+    import pytest
+    transformers = pytest.importorskip("transformers")
+    from planner.trace import trace_model
+    path = tmp_path / "hf_cache.py"
+    path.write_text("""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def build_model():
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16))
+
+def sample_batch(n):
+    x = torch.randint(0, 64, (n, 9))
+    return x[:, :-1], x[:, 1:]
+""")
+    mf = load_model_file(str(path))
+    assert mf.build_model().config.use_cache is True
+    graph = trace_model(mf, batch_size=2, progress=False)
+    assert any("use_cache was on" in n for n in graph.build_notes)
+    from executor import apply_plan
+    from planner.plan import Mesh, Plan
+    plan = Plan(mesh=Mesh(), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32")
+    started = not dist.is_initialized()
+    try:
+        model = mf.build_model()
+        runner = apply_plan(model, plan, loss_fn=mf.loss_fn)
+        loss = runner.step(*mf.sample_batch(2))
+    finally:
+        if started and dist.is_initialized():
+            dist.destroy_process_group()
+    assert model.config.use_cache is False and loss > 0
+    assert any("use_cache was on" in n for n in runner.notes)
