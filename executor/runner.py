@@ -93,6 +93,8 @@ def apply_plan(model: nn.Module, plan_or_path: Plan | str | os.PathLike,
     (`executor.pipeline.split_model`; without tp and without it, from the model's fx trace: no op is placed).
     `compile`: a torch.compile backend ("inductor") to compile each repeated block with
     (`executor.parallel.apply_compile`); None runs eager.
+    The model is first prepared as the planner traced it (`planner.model_file.prepare_for_training`): 16-bit
+    parameters become new fp32 Parameters, so build parameter groups inside `optimizer`, not before.
     `track_memory`: run the 2nd and 3rd steps under torch's MemTracker to measure peak memory by category
     (`Runner.memory_bytes`; they are left out of the median step time); False tracks none unless
     `Runner.track_memory_next_step` asks.
