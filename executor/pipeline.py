@@ -431,10 +431,19 @@ def make_schedule(plan: Plan, stages: list, loss_fn):
 
 
 class _Released:
-    """What a released receive buffer was: enough to allocate it again (shape, strides, dtype, requires_grad)."""
+    """What a released receive buffer was: enough to allocate it again (shape, dtype, requires_grad)."""
 
     def __init__(self, t: torch.Tensor):
-        self.shape, self.stride, self.dtype, self.requires_grad = t.shape, t.stride(), t.dtype, t.requires_grad
+        self.shape, self.dtype, self.requires_grad = t.shape, t.dtype, t.requires_grad
+
+
+def _dense_sends(ops: list) -> list:
+    """torch's send ops with each tensor contiguous (a copy where it is not: gloo and NCCL send only contiguous
+    tensors; the op holds the copy until the send completes)."""
+    for op in ops:
+        if isinstance(op.tensor, torch.Tensor) and not op.tensor.is_contiguous():
+            op.tensor = op.tensor.contiguous()
+    return ops
 
 
 class RecvOnDemandStage(PipelineStage):
@@ -463,11 +472,18 @@ class RecvOnDemandStage(PipelineStage):
                 info.buffer = buf.new_empty(0)
 
     def _allocate(self, infos) -> None:
+        """Each receive buffer of `infos` allocated again if released, and contiguous: gloo and NCCL receive only
+        into contiguous tensors, and torch gives a gradient's buffer the strides of the stage output it is the
+        gradient of (a Conv1d's (B, C, T) output in channels-last strides: 'input tensor has to be contiguous' at
+        the first backward receive). The sender sends contiguous tensors (`_dense_sends`), so the elements land in
+        order."""
         for info in infos or ():
             r = self._released.pop(id(info), None)
+            buf = getattr(info, "buffer", None)
+            if r is None and isinstance(buf, torch.Tensor) and buf.numel() and not buf.is_contiguous():
+                r = _Released(buf)
             if r is not None:
-                info.buffer = torch.empty_strided(r.shape, r.stride, dtype=r.dtype, device=self.device) \
-                    .requires_grad_(r.requires_grad)
+                info.buffer = torch.empty(r.shape, dtype=r.dtype, device=self.device).requires_grad_(r.requires_grad)
 
     def _release_all(self) -> None:
         for table in (getattr(self, "args_recv_info", {}), getattr(self, "grad_recv_info", {})):
@@ -514,6 +530,12 @@ class RecvOnDemandStage(PipelineStage):
     def get_bwd_recv_ops(self, bwd_chunk_id: int):
         self._allocate(getattr(self, "grad_recv_info", {}).get(bwd_chunk_id))
         return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int):
+        return _dense_sends(super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int):
+        return _dense_sends(super().get_bwd_send_ops(bwd_chunk_id))
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)

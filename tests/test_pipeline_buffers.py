@@ -80,20 +80,26 @@ def test_pipelined_batch_norms_keep_one_process_running_statistics(tmp_path):
     assert abs(got["eval"] - evaluated) <= 1e-4, (got["eval"], evaluated)
 
 
-def test_a_stage_output_that_is_not_contiguous_is_sent(tmp_path):
-    """A batch-first LSTM's output (a transposed view) crosses the pp=2 boundary: every stage's outputs go out
-    contiguous, and the run's losses are one process's (the first send died: 'input tensor has to be
-    contiguous')."""
+def test_a_stage_output_or_gradient_that_is_not_contiguous_is_sent(tmp_path):
+    """A batch-first LSTM's output (a transposed view) crosses the pp=2 boundary, and a Conv1d tagger's output
+    gradient arrives in a buffer torch gives channels-last strides: every send and receive is contiguous, and each
+    run's losses are one process's (the LSTM's first send died, the tagger's first backward receive: 'input tensor
+    has to be contiguous', after plan and plan check had passed)."""
     from shared import reference_losses, train_in_one_launch
 
     from planner.cli import main
-    model = os.path.join(ROOT, "tests", "zoo", "batch_first_lstm.py")
-    plan = tmp_path / "pp2.json"
-    assert main([model, "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force",
-                 "pp=2,mbs=2,schedule=gpipe", "-o", str(plan)]) == 0
-    assert [s["modules"] for s in json.loads(plan.read_text())["stages"]] == [["encoder", "rnn"], ["decoder"]]
-    got = train_in_one_launch([{"name": "lstm", "model": model, "plan": str(plan)}], 2,
-                              str(tmp_path), 3)["lstm"]
-    assert "error" not in got, got
-    ref = reference_losses(model, 3, 4)
-    assert max(abs(a - b) for a, b in zip(got["losses"], ref)) < 1e-5, (got["losses"], ref)
+    jobs = []
+    for name, force in (("batch_first_lstm", "pp=2,mbs=2,schedule=gpipe"), ("conv1d_tagger", "pp=2,mbs=2,schedule=1f1b")):
+        model = os.path.join(ROOT, "tests", "zoo", f"{name}.py")
+        plan = tmp_path / f"{name}.json"
+        assert main([model, "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force", force,
+                     "-o", str(plan)]) == 0
+        jobs.append({"name": name, "model": model, "plan": str(plan)})
+    stages = [s["modules"] for s in json.loads((tmp_path / "batch_first_lstm.json").read_text())["stages"]]
+    assert stages == [["encoder", "rnn"], ["decoder"]]
+    got = train_in_one_launch(jobs, 2, str(tmp_path), 3)
+    for job in jobs:
+        run = got[job["name"]]
+        assert "error" not in run, run
+        ref = reference_losses(job["model"], 3, 4)
+        assert max(abs(a - b) for a, b in zip(run["losses"], ref)) < 1e-5, (job["name"], run["losses"], ref)
