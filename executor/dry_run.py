@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import logging
 import os
 import traceback
@@ -139,7 +140,10 @@ def dry_run(plan: Plan | str | os.PathLike, model: ModelFile | str, *, label: st
             if on_stage is not None and stage is not None:
                 on_stage(stage, len(stages))
             gathered: list[str] = []
-            out, where, error = _check_stage(run, mf, stage, boundary, gathered)
+            loud = debug or os.environ.get("SHARDWISE_DEBUG")
+            # torch.fx prints the generated code's failing lines to stderr before raising; the failure is said below
+            with contextlib.nullcontext() if loud else contextlib.redirect_stderr(io.StringIO()):
+                out, where, error = _check_stage(run, mf, stage, boundary, gathered)
             if gathered and notes is not None and gathered[0] not in notes:
                 notes.append(gathered[0])
             if error is not None:

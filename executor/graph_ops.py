@@ -454,8 +454,18 @@ def run_generated(root: nn.Module, where: Callable[[str], bool] = lambda path: T
         if where(path) and isinstance(getattr(m, "graph_module", None), torch.fx.GraphModule) \
                 and m.graph_module.graph is m.graph:
             _drop_assertions(m.graph)
+            _rename_self(m.graph)
             m.graph_module.recompile()
             m._run_with_interpreter = False
+
+
+def _rename_self(graph: torch.fx.Graph) -> None:
+    """Rename a node called `self`: the call of a submodule named so (Hugging Face's BertAttention.self), whose
+    result the generated code assigns to `self` and so loses the module whose submodules it calls next ("'Tensor'
+    object has no attribute 'output'"). Such a node is a module call, not an op a plan names."""
+    for n in graph.nodes:
+        if n.name == "self":
+            n._rename("self_module")
 
 
 def _drop_assertions(graph: torch.fx.Graph) -> None:

@@ -1130,3 +1130,61 @@ def test_modules_in_an_unflattened_container_run_on_plain_tensors():
         unflat, _ = exported(build(mf), batch(mf, 4)[0], plan)
     assert [m for m in local_modules(plan, unflat) if m.startswith("layers")] == ["layers.0", "layers.1", "layers.2"]
     assert dry_run(plan, model) == []
+
+
+SELF_NAMED = '''
+import torch, torch.nn as nn
+
+class Attention(nn.Module):  # as Hugging Face's BertAttention: a child called `self`, then one called `output`
+    def __init__(self):
+        super().__init__()
+        self.self = nn.Linear(16, 16)
+        self.output = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.output(torch.relu(self.self(x))) + x
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+        self.layers = nn.ModuleList(Attention() for _ in range(2))
+        self.head = nn.Linear(16, 32)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+def build_model():
+    return Net()
+
+def sample_batch(b):
+    x = torch.randint(0, 32, (b, 8))
+    return x, x
+'''
+
+
+def test_a_submodule_named_self_runs_in_a_pipeline_stage(tmp_path, capsys, monkeypatch):
+    """A stage cut from the exported model runs its modules' generated code, which assigned the child `self`'s
+    result to `self` and then called `self.output` on a tensor: every pp plan of HF BERT failed its dry run
+    ("'FakeTensor' object has no attribute 'output'"), after torch.fx printed four tracebacks to stderr."""
+    from executor import graph_ops
+    from executor.dry_run import dry_run
+    from planner.defaults import even_stages
+    from planner.model_file import load_model_file
+    from planner.plan import Mesh, Plan
+    from planner.trace import trace_model
+    path = tmp_path / "self_named.py"
+    path.write_text(SELF_NAMED)
+    mf = load_model_file(str(path))
+    graph = trace_model(mf, batch_size=2, progress=False)
+    plan = Plan(mesh=Mesh(pp=2), global_batch_size=4, microbatch_size=2, num_microbatches=2, precision="fp32",
+                schedule="gpipe", stages=even_stages(graph, 2))
+    assert dry_run(plan, mf) == []
+    capsys.readouterr()
+    monkeypatch.setattr(graph_ops, "_rename_self", lambda graph: None)  # as before: the failure is said in one line
+    problems = dry_run(plan, mf)
+    assert len(problems) == 1 and "has no attribute 'output'" in problems[0], problems
+    assert capsys.readouterr().err == ""
