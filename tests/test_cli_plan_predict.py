@@ -144,6 +144,16 @@ def test_a_forced_sp_the_model_cannot_use_is_an_error_not_dropped(tmp_path, caps
     err = capsys.readouterr().err
     assert "sp=1 is forced, but no op of this model can run on sequence shards" in err and "drop sp=1" in err
     assert not out.exists()
+    # a GPT whose sequence (17: 16 patches and a class token, as a ViT's) tp=2 does not divide: the note says so
+    odd = tmp_path / "odd_seq.py"
+    odd.write_text(f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'examples')!r})\n"
+                   "import torch\nfrom gpt import GPT, GPTConfig\nCFG = GPTConfig(n_layer=2, n_embd=32, n_head=4, "
+                   "vocab_size=64, block_size=17)\ndef build_model():\n    return GPT(CFG)\n"
+                   "def sample_batch(n):\n    x = torch.randint(0, 64, (n, 17))\n    return x, x\n")
+    assert main([str(odd), "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force",
+                 "tp=2,sp=1"]) == 2
+    err = capsys.readouterr().err
+    assert "its norms' sequence length 17 is not a multiple of tp=2: pad the sequence to one; or drop sp=1" in err
 
 
 def test_the_report_names_the_model_as_given_and_the_plan_keeps_its_absolute_path(tmp_path, monkeypatch, capsys):

@@ -450,10 +450,15 @@ class OuterSearch:
                                         f"{at}); skipped")
             return None
         if sp and self.forced.get("sp") and not res.sequence_parallel:  # a forced key is never dropped
+            lengths = sorted({op.output_meta[0].shape[1] for op in self.graph.ops if op.kind == "norm"
+                              and op.output_meta and len(op.output_meta[0].shape) >= 3
+                              and op.output_meta[0].shape[1] % tp})
+            why = (f"; its norms' sequence length {', '.join(map(str, lengths))} is not a multiple of tp={tp}: pad "
+                   f"the sequence to one" if lengths else "")
             self._note(("no-sequence", tp), f"tp={tp}: sp=1 is forced, but no op of this model can run on sequence "
                                             "shards (sequence parallelism splits the norms, dropouts and residual "
                                             "adds between tp regions on dim 1, the sequence of a (batch, sequence, "
-                                            "features) activation; drop sp=1; "
+                                            f"features) activation{why}; or drop sp=1; "
                                             f"{at}); skipped")
             return None
         return res
