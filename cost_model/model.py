@@ -105,7 +105,8 @@ class CostModel:
             dtypes = autocast_dtypes(graph, precision, held, self.cluster.cpu_ranks).get(op.name)
             grads = input_grads(graph).get(op.name)
         precision = op_precision(op.kind, precision, self.cluster.cpu_ranks)
-        work = op_work(op, placement, tp, microbatch_size / traced_batch_size, precision, dtensor, dtypes, grads)
+        scale = 1.0 if op.batch_free else microbatch_size / traced_batch_size  # (a weight-norm weight: one a pass)
+        work = op_work(op, placement, tp, scale, precision, dtensor, dtypes, grads)
         return self.compute.op_parts(op.kind, work, precision)
 
     def grad_accumulation_time(self, op: OpNode, placement: OpPlacement | None, tp: int, precision: str,
@@ -208,7 +209,7 @@ class CostModel:
         # autocast runs norms, softmax and losses (and saves) in fp32; on CPU ranks only the losses
         saved_at = op_precision(op.kind, precision, self.cluster.cpu_ranks)
         total = 0.0
-        for t in op.saved:
+        for n, t in enumerate(op.saved):
             k = next((k for k, m in enumerate(metas) if m.shape == t.shape), None)
             at = saved_at
             if k is not None:
@@ -224,7 +225,7 @@ class CostModel:
                 sharded = placement is not None and placement.output.startswith("S")
             else:
                 sharded = split
-            total += tensor_bytes(t, at) * scale / (tp if sharded and tp > 1 else 1)
+            total += tensor_bytes(t, at) * (1.0 if n in op.fixed_saved else scale) / (tp if sharded and tp > 1 else 1)
         for i in recast if dtypes is not None and not inputs_only else ():
             k = acts.index(i) if i in acts else None
             if k is None:

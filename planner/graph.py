@@ -127,6 +127,12 @@ class OpNode:
     copies: bool = False
     """The op's output does not alias any input's storage: for a `reshape`-kind op (cat, stack, repeat,
     repeat_interleave, contiguous or reshape of a non-contiguous tensor) a memory-bound copy, not a free view."""
+    batch_free: bool = False
+    """Computed from parameters, buffers and constants only, never from the batch (a weight-norm weight, RoPE
+    tables made in forward): its work is the same at any micro-batch size."""
+    fixed_saved: tuple[int, ...] = ()
+    """Indices into `saved` of tensors that do not depend on the batch (the weight-norm weight a convolution saves):
+    each forward keeps one, whatever the micro-batch size."""
 
     @property
     def flops(self) -> int:
@@ -218,12 +224,14 @@ class OpGraph:
         return sum(p.bytes for p in self.parameters)
 
     def flops_per_sample(self) -> float:
-        """Forward plus backward FLOPs per sample."""
-        return sum(op.flops for op in self.ops) / self.batch_size
+        """Forward plus backward FLOPs per sample (ops that do not read the batch left out)."""
+        return sum(op.flops for op in self.ops if not op.batch_free) / self.batch_size
 
     def saved_bytes_per_sample(self) -> float:
-        """Activation bytes saved for backward per sample (no recomputation)."""
-        return sum(op.saved_bytes for op in self.ops) / self.batch_size
+        """Activation bytes saved for backward per sample (no recomputation; tensors that do not depend on the batch
+        left out)."""
+        return sum(t.bytes for op in self.ops for i, t in enumerate(op.saved) if i not in op.fixed_saved) \
+            / self.batch_size
 
     @property
     def repeats_blocks(self) -> bool:

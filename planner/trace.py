@@ -249,6 +249,8 @@ class _Builder:
         self.op_names: set[str] = set()
         self.saved_seen: set[int] = set()
         self.owner: dict[int, TensorMeta] = {}
+        self.from_batch: set[str] = set()  # nodes whose value depends on the model's inputs
+        self.batch_storages: set[int] = set()  # the storages of those values
 
     def _callee(self, node: torch.fx.Node) -> tuple[Callable[..., Any], Hashable, nn.Module | None, str]:
         """What a node calls: (callable, cache identity, module for call_module, readable target)."""
@@ -290,6 +292,11 @@ class _Builder:
             if node.op == "placeholder":
                 self.env[node.name] = self.traced.placeholders.get(node.name)
                 self._note_outputs(self.env[node.name])
+                inputs = [storage_key(t) for t in tree_flatten(self.env[node.name])[0]
+                          if isinstance(t, torch.Tensor) and t.layout == torch.strided]
+                if any(k not in self.state_storages for k in inputs):  # a model input, not a lifted parameter
+                    self.from_batch.add(node.name)
+                    self.batch_storages.update(inputs)
             elif node.op == "get_attr":
                 self.env[node.name] = _fetch_attr(self.traced.root, node.target)
             elif node.op == "output":
@@ -316,6 +323,9 @@ class _Builder:
             raise _NodeFailed(node, label, e) from e
         self.env[node.name] = value
         outs = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+        if any(n.name in self.from_batch for n in node.all_input_nodes):
+            self.from_batch.add(node.name)
+            self.batch_storages.update(storage_key(t) for t in outs if t.layout == torch.strided)
         if not outs:
             return  # sizes, shapes and other plain values: not an op
         self._note_outputs(value)
@@ -355,8 +365,11 @@ class _Builder:
                 params.setdefault(pname, self.param_info[pname])
         saved: list[TensorMeta] = []
         elsewhere: list[int] = []
+        fixed: list[int] = []  # saved tensors that do not depend on the batch
+        batch_free = name not in self.from_batch
         for where, what in cost.saved:
             if where == "internal":
+                fixed += [len(saved)] if batch_free else []
                 saved.append(what)
                 continue
             t = (ins if where == "input" else outs)[what]
@@ -366,6 +379,7 @@ class _Builder:
                     elsewhere.append(what)
                 continue
             self.saved_seen.add(k)
+            fixed += [len(saved)] if batch_free or k not in self.batch_storages else []
             saved.append(self.owner.get(k) or storage_meta(t))
         block, block_type = block_of(path, self.blocks)
         in_meta = tuple(_tensor_meta(t) for t in read)
@@ -376,7 +390,8 @@ class _Builder:
             bytes_read=sum(m.bytes for m in in_meta), bytes_written=sum(m.bytes for m in out_meta),
             params=tuple(params.values()), saved=tuple(saved), saved_elsewhere=tuple(elsewhere), block=block,
             block_type=block_type,
-            args=plain_args(call_args), causal=causal, copies=copies,
+            args=plain_args(call_args), causal=causal, copies=copies, batch_free=batch_free,
+            fixed_saved=tuple(fixed),
             input_sources=tuple(sources) + (-1,) * (len(read) - len(ins)) if sources is not None
             and len(sources) == len(ins) else ()))
         self.op_names.add(name)
@@ -408,6 +423,9 @@ class _Builder:
         name = "loss" if "loss" not in self.op_names else "loss_fn"
         producers = tuple(dict.fromkeys(n.name for n in output_node.all_input_nodes if n.name in self.op_names))
         label = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
+        self.from_batch.add(name)  # the loss reads the targets
+        self.batch_storages.update(storage_key(t) for t in tree_flatten(targets)[0]
+                                   if isinstance(t, torch.Tensor) and t.layout == torch.strided)
         self._add_op(name, label, "", producers, (outputs, targets), [value], cost, None, lambda _: "loss")
 
 
