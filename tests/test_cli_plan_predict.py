@@ -185,3 +185,17 @@ def test_max_grad_norm_is_planned_priced_and_checked(tmp_path, capsys):
         rc = main([GPT, "--cluster", "dgx-a100-80gb", "--batch-size", "16", "--max-grad-norm", bad])
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and "--max-grad-norm must be a positive number" in err, err
+
+
+def test_a_forced_tp_over_computed_weights_says_why_nothing_shards(tmp_path, capsys):
+    # weight_norm computes each Linear's weight in forward: the audit was told only that no Linear can be sharded
+    path = tmp_path / "wn.py"
+    path.write_text("import torch, torch.nn as nn\nfrom torch.nn.utils.parametrizations import weight_norm\n"
+                    "def build_model():\n    return nn.Sequential(weight_norm(nn.Linear(16, 64)), nn.ReLU(), "
+                    "weight_norm(nn.Linear(64, 4)))\ndef sample_batch(n):\n    return torch.randn(n, 16), "
+                    "torch.randn(n, 4)\n")
+    assert main([str(path), "--cluster", "cpu-local", "--batch-size", "4", "--precision", "fp32", "--force",
+                 "tp=2"]) == 2
+    err = capsys.readouterr().err
+    assert "no Linear of this model can be sharded over tp=2 (the weights of 2 of its 2 Linears are computed in " \
+           "forward, as torch.nn.utils.parametrize and weight_norm do, and tp shards parameters only)" in err, err

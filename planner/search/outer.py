@@ -436,7 +436,12 @@ class OuterSearch:
                                            "Linears, colwise or rowwise, and the layout between)")
                 res = self.placer.solve(tp, mbs, self.precision, sp, budget_scale=budget_scale, shard_a_linear=True)
                 if res is not None and _shards_nothing(res):
-                    self._note(("none", tp), f"tp={tp}: no Linear of this model can be sharded over tp={tp}; "
+                    linears = [op for op in self.graph.ops if op.kind == "linear"]
+                    computed = [op for op in linears if not any(len(p.shape) == 2 for p in op.params)]
+                    why = (f" (the weights of {len(computed)} of its {len(linears)} Linears are computed in forward, "
+                           "as torch.nn.utils.parametrize and weight_norm do, and tp shards parameters only)"
+                           if computed else "")
+                    self._note(("none", tp), f"tp={tp}: no Linear of this model can be sharded over tp={tp}{why}; "
                                              "skipped")
                     return None
         except ILPError as e:
