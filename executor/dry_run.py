@@ -50,7 +50,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from executor.errors import ExecutorError, first_line
 from executor.pipeline import shared_exports
 from planner.errors import ModelError
-from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file
+from planner.model_file import ModelFile, batch, build, frame_in_file, load_model_file, replace_tensors
 from planner.plan import Plan
 
 class _Unchecked(RuntimeError):
@@ -345,15 +345,7 @@ def _build(mf: ModelFile, device) -> nn.Module:
             model = build(mf, "meta")
         except ModelError:
             raise failed from None
-    made: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for table, wrap in ((module._parameters, True), (module._buffers, False)):
-            for name, t in table.items():
-                if t is not None:
-                    if id(t) not in made:
-                        empty = torch.empty_like(t, device=device)
-                        made[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if wrap else empty
-                    table[name] = made[id(t)]
+    replace_tensors(model, lambda t: torch.empty_like(t, device=device))
     return model
 
 

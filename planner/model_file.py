@@ -208,7 +208,9 @@ def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn
             raise
         try:
             with _env(USE_HUB_KERNELS="0"):  # transformers' hub kernels refuse a model moved to meta at .train()
-                model = _build_on(model_file, "cpu").to("meta")
+                model = _build_on(model_file, "cpu")
+            if isinstance(model, torch.nn.Module):
+                replace_tensors(model, lambda t: torch.empty_like(t, device="meta"))
         except ModelError:
             raise e from None
         built_on_cpu.add(model_file.path)
@@ -260,26 +262,42 @@ def hold_fp32(model: torch.nn.Module) -> str | None:
     Megatron-LM do), and the planner prices that, so the planner's trace, the dry run and the executor all widen
     the model the same way. The tensors are replaced, not converted through `Module._apply`, which fails on the
     dry run's fake parameters ("Couldn't swap"). Returns what was widened, for a note; None when nothing was."""
-    made: dict[int, torch.Tensor] = {}
     widened: dict[str, int] = {}
-    for module in model.modules():
-        for table, wrap in ((module._parameters, True), (module._buffers, False)):
-            for name, t in table.items():
-                if t is None or t.dtype not in LOW_PRECISION:
-                    continue
-                if id(t) not in made:
-                    wide = t.detach().float()
-                    made[id(t)] = torch.nn.Parameter(wide, requires_grad=t.requires_grad) if wrap else wide
-                    if wrap:
-                        key = str(t.dtype).removeprefix("torch.")
-                        widened[key] = widened.get(key, 0) + t.numel()
-                table[name] = made[id(t)]
+
+    def wide(t: torch.Tensor) -> torch.Tensor | None:
+        if t.dtype not in LOW_PRECISION:
+            return None
+        if isinstance(t, torch.nn.Parameter):
+            key = str(t.dtype).removeprefix("torch.")
+            widened[key] = widened.get(key, 0) + t.numel()
+        return t.detach().float()
+    made = replace_tensors(model, wide)
     if not made:
         return None
     kinds = " and ".join(f"{n / 1e6:.3g}M {d}" for d, n in widened.items()) or "buffers"
     return (f"the model holds {kinds} parameters: they are trained as fp32 master weights with fp32 Adam state, "
             "as the plan prices them (a bf16/fp16 plan computes in 16 bits under autocast), and bf16/fp16 batch "
             "tensors are widened to fp32 with them")
+
+
+def replace_tensors(model: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
+    """Replace, in place, each parameter and buffer `t` of `model` for which `fn(t)` gives a tensor by that tensor
+    (a Parameter with `t`'s requires_grad for a parameter), once per tensor: one shared by several modules (a tied
+    head) stays shared, which `Module._apply` does not keep across devices (`.to("meta")` of a CPU model unties
+    it) and cannot do at all on fake parameters ("Couldn't swap"). Returns the new tensors by the old ones' ids."""
+    made: dict[int, Any] = {}
+    for module in model.modules():
+        for table, wrap in ((module._parameters, True), (module._buffers, False)):
+            for name, t in table.items():
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    new = fn(t)
+                    if new is None:
+                        continue
+                    made[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) if wrap else new
+                table[name] = made[id(t)]
+    return made
 
 
 def widen_floats(x: Any) -> Any:

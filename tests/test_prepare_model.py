@@ -107,16 +107,19 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.rates = [x.item() for x in torch.linspace(0, 0.1, 2)]  # a stochastic-depth schedule, as timm's ViTs
-        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.emb = nn.Embedding(32, 16)
+        self.head = nn.Linear(16, 32, bias=False)
+        self.head.weight = self.emb.weight  # tied, as GPT-2's head
 
     def forward(self, x):
-        return self.body(x)
+        return self.head(torch.relu(self.emb(x)))
 
 def build_model():
     return Net()
 
 def sample_batch(batch_size):
-    return torch.randn(batch_size, 8), torch.randn(batch_size, 4)
+    x = torch.randint(0, 32, (batch_size, 8))
+    return x, x
 """
 
 
@@ -129,6 +132,7 @@ def test_a_model_that_cannot_be_built_on_meta_is_built_on_the_cpu(tmp_path, caps
     mf = load_model_file(str(path))
     model = build(mf, "meta")
     assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert model.head.weight is model.emb.weight  # still tied (.to("meta") unties a CPU model's weights)
     out = tmp_path / "plan.json"
     assert main([str(path), "--cluster", "cpu-local", "--batch-size", "4", "-o", str(out)]) == 0 and out.exists()
     assert "note: build_model() fails on the meta device" in capsys.readouterr().out
