@@ -8,6 +8,7 @@ class or not callable).
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import os
 import re
@@ -200,11 +201,14 @@ def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn
     """Call build_model() with `device` as the default device (use "meta" to allocate nothing). A build that fails
     on meta but not on the CPU (transformers' `from_pretrained`, which refuses the meta device; an `__init__` that
     reads a tensor's values, as `.item()` on a stochastic-depth schedule) is built on the CPU and moved to meta:
-    its weights are allocated once, for as long as the build takes."""
+    its weights are allocated for as long as the build takes, once per process: later meta builds copy it."""
+    meta = torch.device(device).type == "meta"
+    if meta and model_file.path in _meta_copies:
+        return copy.deepcopy(_meta_copies[model_file.path])
     try:
         model = _build_on(model_file, device)
     except ModelError as e:
-        if torch.device(device).type != "meta":
+        if not meta:
             raise
         try:
             with _env(USE_HUB_KERNELS="0"):  # transformers' hub kernels refuse a model moved to meta at .train()
@@ -214,6 +218,8 @@ def build(model_file: ModelFile, device: str | torch.device = "cpu") -> torch.nn
         except ModelError:
             raise e from None
         built_on_cpu.add(model_file.path)
+        if isinstance(model, torch.nn.Module):
+            _meta_copies[model_file.path] = copy.deepcopy(model)
     if not isinstance(model, torch.nn.Module):
         raise ModelError(f"{model_file.path}: build_model() returned {type(model).__name__}, not a "
                          "torch.nn.Module")
@@ -307,6 +313,8 @@ def widen_floats(x: Any) -> Any:
     return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION else t, x)
 
 
+_meta_copies: dict[str, torch.nn.Module] = {}
+"""Per model file `build` built on the CPU, its model on meta, which later meta builds copy."""
 built_on_cpu: set[str] = set()
 """Model files `build` built on the CPU because building on meta failed (said by the planner: `built_on_cpu_note`)."""
 

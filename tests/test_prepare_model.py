@@ -133,6 +133,8 @@ def test_a_model_that_cannot_be_built_on_meta_is_built_on_the_cpu(tmp_path, caps
     model = build(mf, "meta")
     assert {p.device.type for p in model.parameters()} == {"meta"}
     assert model.head.weight is model.emb.weight  # still tied (.to("meta") unties a CPU model's weights)
+    again = build(mf, "meta")  # a copy of the first: the weights are not loaded again
+    assert again is not model and again.head.weight is again.emb.weight and again.head.weight.device.type == "meta"
     out = tmp_path / "plan.json"
     assert main([str(path), "--cluster", "cpu-local", "--batch-size", "4", "-o", str(out)]) == 0 and out.exists()
     assert "note: build_model() fails on the meta device" in capsys.readouterr().out
