@@ -37,8 +37,12 @@ def _pyplot():
 
 def _save(fig, path: str | os.PathLike) -> None:
     """Save as PNG via `atomic_output` (a failed write leaves the old file; a symlink's target is written)."""
-    with atomic_output(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    try:
+        with atomic_output(path, suffix=".png") as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    except OSError as e:
+        raise ExecutorError(f"--plot {os.fspath(path)}: cannot write it ({e.strerror or e}); give a file path in a "
+                            "folder you can write to") from None
 
 
 def _lanes(doc: Mapping[str, Any]) -> dict[tuple[int, str], list[tuple[float, float]]]:

@@ -25,6 +25,12 @@ def unwritable(path: str) -> str | None:
         return f"{above} is a file, not a folder"
     if not os.access(above, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         return "no permission to write there"
+    try:  # where access() says yes and no file can be made (/proc, /sys, a read-only mount): make one to see
+        fd, probe = tempfile.mkstemp(prefix=".tmp-", dir=above)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        return f"no file can be made in {above} ({e.strerror or e})"
     return None
 
 

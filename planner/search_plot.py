@@ -180,5 +180,9 @@ def _save(fig: Any, path: str | os.PathLike) -> None:
     """savefig via `atomic_output` (a failed write leaves the old file; a symlink's target is written)."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
-    with atomic_output(path, suffix=ext) as tmp:
-        fig.savefig(tmp, format=ext[1:] if ext in FORMATS else "png")
+    try:
+        with atomic_output(path, suffix=ext) as tmp:
+            fig.savefig(tmp, format=ext[1:] if ext in FORMATS else "png")
+    except OSError as e:
+        raise PlanError(f"--plot {path}: cannot write it ({e.strerror or e}); give a file path in a folder you can "
+                        "write to") from None

@@ -75,6 +75,25 @@ def test_plan_refuses_unwritable_outputs_before_searching(tmp_path, capsys):
     assert main([str(model)] + PLAN[1:] + ["-o", str(model)]) == 2
     assert "would destroy it" in _one_line(capsys) and model.read_text() == open(MLP).read()
 
+    # a folder access() calls writable where no file can be made (/proc, /sys, a read-only mount): the audit's
+    # --plot /sys/p.png searched, wrote -o over kept.json, then died with a traceback (exit 1)
+    import tempfile
+    real = tempfile.mkstemp
+    sealed = tmp_path / "sealed"
+    sealed.mkdir()
+
+    def mkstemp(*a, dir=None, **k):
+        if dir is not None and os.path.realpath(dir) == os.path.realpath(sealed):
+            raise PermissionError(13, "Permission denied")
+        return real(*a, dir=dir, **k)
+    import unittest.mock
+    with unittest.mock.patch("tempfile.mkstemp", mkstemp):
+        for flag in ("--plot", "--timeline", "-o"):
+            extra = ["-o", str(kept)] if flag != "-o" else []
+            assert main(PLAN + extra + [flag, str(sealed / "out.png")]) == 2
+            assert f"{flag} {sealed / 'out.png'}: no file can be made in {sealed} (Permission denied)" \
+                in _one_line(capsys) and kept.read_text() == "mine"
+
 
 @pytest.mark.parametrize("flags,match", [
     (["--top", "0"], "--top must be >= 1"),
@@ -159,6 +178,25 @@ def test_export_never_writes_over_the_model_file_its_plan_names(tmp_path, capsys
     for target in ("megatron", "deepspeed"):
         assert main(["export", str(plan), "--to", target, "-o", str(model)]) == 2
         assert "would destroy it" in _one_line(capsys) and model.read_text() == open(MLP).read()
+
+    # a folder access() calls writable where no file can be made (/proc, /sys, a read-only mount): the audit's
+    # --plot /sys/p.png searched, wrote -o over kept.json, then died with a traceback (exit 1)
+    import tempfile
+    real = tempfile.mkstemp
+    sealed = tmp_path / "sealed"
+    sealed.mkdir()
+
+    def mkstemp(*a, dir=None, **k):
+        if dir is not None and os.path.realpath(dir) == os.path.realpath(sealed):
+            raise PermissionError(13, "Permission denied")
+        return real(*a, dir=dir, **k)
+    import unittest.mock
+    with unittest.mock.patch("tempfile.mkstemp", mkstemp):
+        for flag in ("--plot", "--timeline", "-o"):
+            extra = ["-o", str(kept)] if flag != "-o" else []
+            assert main(PLAN + extra + [flag, str(sealed / "out.png")]) == 2
+            assert f"{flag} {sealed / 'out.png'}: no file can be made in {sealed} (Permission denied)" \
+                in _one_line(capsys) and kept.read_text() == "mine"
     model.unlink()  # a model file that is gone: said, not silently left out
     assert main(["export", str(plan), "--to", "deepspeed", "-o", str(tmp_path / "ds.json")]) == 0
     assert f"note: the plan's model file {model} does not exist" in capsys.readouterr().err
