@@ -208,9 +208,14 @@ def _integer_operand(fn: Any, module: nn.Module | None, args: tuple, kwargs: dic
             return None
     elif str(getattr(fn, "__name__", "")).split(".")[0] not in _MATMULS:
         return None
-    for t in tree_flatten((args, kwargs))[0]:
-        if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex()):
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        if not (t.is_floating_point() or t.is_complex()):
             return str(t.dtype).removeprefix("torch.")
+    floats = {t.dtype for t in [*tensors, *(module.parameters() if module is not None else ())]
+              if t.is_floating_point()}
+    if torch.float64 in floats and len(floats) > 1:  # meta kernels let it through; autocast never casts float64
+        return "float64"
     return None
 
 
@@ -314,8 +319,9 @@ class _Builder:
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n.name])
         wrong = _integer_operand(fn, module, args, kwargs)
         if wrong is not None:
-            raise _NodeFailed(node, label, _IntegerOperand(f"{label} got an operand of dtype {wrong}, which it "
-                                                           "cannot multiply"))
+            raise _NodeFailed(node, label, _IntegerOperand(
+                f"{label} got an operand of dtype {wrong}, which it cannot multiply"
+                + (" with the float32 weights" if wrong == "float64" else "")))
         try:
             with torch.enable_grad():
                 value = fn(*args, **kwargs)
@@ -535,10 +541,11 @@ def trace_model(model_file: ModelFile, batch_size: int = 1, progress: bool | Non
     except _NodeFailed as failed:
         module = builder._module_path(failed.node) or "<root>"
         if isinstance(failed.exc, _IntegerOperand):  # meta tensors would run it; the real kernel refuses
+            wide = "float64" in str(failed.exc)
             raise ModelError(f"{model_file.path}: forward() failed on the inputs from sample_batch() "
                              f"[{_meta_str(inputs)}] at op {failed.node.name} (module {module}): {failed.exc}; make "
-                             "sample_batch return floating-point inputs where they reach a matmul (e.g. .float()), "
-                             "or give token ids to an embedding") from None
+                             "sample_batch return float32 inputs where they reach a matmul (e.g. .float())"
+                             + ("" if wide else ", or give token ids to an embedding")) from None
         eager = _eager_failure(model, args, kwargs)
         if eager is not None:
             raise _batch_error(model_file.path, eager, inputs,

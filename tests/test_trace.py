@@ -258,7 +258,13 @@ def test_integer_inputs_to_a_matmul_are_a_model_file_error(tmp_path, tracers):
             return torch.randint(0, 5, (b, 8)), torch.randint(0, 3, (b,))
     """))
     with pytest.raises(ModelError, match=r"ints.py: forward\(\) failed on the inputs from sample_batch\(\).* dtype "
-                                         r"int64.*floating-point inputs"):
+                                         r"int64.*float32 inputs where they reach a matmul .*token ids"):
+        trace_model(load_model_file(str(path)), tracers=tracers)
+    # float64 inputs to float32 weights: the same (autocast never casts float64; plan check passed, measure failed)
+    path.write_text(path.read_text().replace("torch.randint(0, 5, (b, 8))", "torch.randn(b, 8, dtype=torch.float64)"))
+    with pytest.raises(ModelError, match=r"dtype float64, which it cannot multiply with the float32 weights; make "
+                                         r"sample_batch return float32 inputs where they reach a matmul \(e.g. "
+                                         r"\.float\(\)\)$"):
         trace_model(load_model_file(str(path)), tracers=tracers)
 
 
