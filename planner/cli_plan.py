@@ -235,8 +235,8 @@ def build_parser() -> ArgParser:
                         "torch.nn.utils.clip_grad_norm_ (Megatron-LM's --clip-grad, nanoGPT's grad_clip, "
                         "usually 1.0); the plan records it, the executor applies it and the prediction prices it "
                         "(one pass over the gradients and one scalar all-reduce); default: no clipping")
-    p.add_argument("--force", metavar="K=V,...",
-                   help="pin choices: dp, tp, pp, zero (0-3), mbs, recompute (none|attention|selective|full; "
+    p.add_argument("--force", metavar="K=V,...", action="append",
+                   help="pin choices (repeatable: --force dp=2 --force pp=2 pins both): dp, tp, pp, zero (0-3), mbs, recompute (none|attention|selective|full; "
                         "attention: only the SDPA calls re-run, Megatron-LM's selective), schedule "
                         "(gpipe|1f1b|interleaved), vp (virtual stages), sp (0|1), recompute_blocks (N: full "
                         "recomputation of only the first N blocks of each pipeline stage, as Megatron-LM's "
@@ -274,7 +274,7 @@ def build_parser() -> ArgParser:
 def main(argv: Sequence[str]) -> int:
     """Run `plan MODEL.py ...`; returns the exit status."""
     args = build_parser().parse_args(argv)
-    forced = parse_force(args.force)
+    forced = parse_force(",".join(args.force) if args.force is not None else None)
     if args.batch_size is not None:
         check_batch_size(args.batch_size)  # before tracing
     if args.summary and not args.cluster:

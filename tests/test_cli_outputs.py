@@ -469,3 +469,13 @@ def test_a_batch_no_dp_divides_is_named_as_the_cause(capsys):
     assert "with dp dividing --batch-size 7" in line and "(forced: tp=1)" in line
 
 
+
+
+def test_force_may_be_repeated_and_a_key_given_twice_is_refused(tmp_path, capsys):
+    # a second --force replaced the first: --force dp=2 --force pp=2 planned pp=2 alone, dp=2 dropped unsaid
+    assert main(PLAN + ["--force", "dp=2", "--force", "dp=1"]) == 2
+    assert "--force: dp given twice" in _one_line(capsys)
+    out = tmp_path / "plan.json"
+    assert main(PLAN + ["--force", "dp=1", "--force", "pp=2", "-o", str(out), "--no-check"]) == 0
+    mesh = json.loads(out.read_text())["mesh"]
+    assert (mesh["dp"], mesh["pp"]) == (1, 2)
