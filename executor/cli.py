@@ -52,11 +52,21 @@ def _parser():
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw predicted vs measured step time with its compute / exposed comm / bubble / optimizer "
                         "split (the measured split needs --trace); needs matplotlib (pip install 'shardwise[plot]')")
-    p.add_argument("--compile", metavar="BACKEND", nargs="?", const="inductor",
+    p.add_argument("--compile", metavar="BACKEND", nargs="?", const="inductor", type=_backend,
                    help="torch.compile each repeated block (backend: inductor when not named; aot_eager, eager "
                         "...) to compare with the eager step: the prediction prices eager kernels")
     p.add_argument("--debug", action="store_true", help="tracebacks instead of one-line errors")
     return p
+
+
+def _backend(value: str) -> str:
+    """--compile's value, refused where it is one of the command's files: `--compile plan.json model.py` took the
+    plan as the backend and then said only that the model argument was missing."""
+    import argparse
+    if value.endswith((".json", ".py")) or os.path.isfile(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is a file, not a torch.compile backend: put --compile after the "
+                                         "plan and model files, or name a backend (--compile inductor)")
+    return value
 
 
 def check_inputs(plan_path: str, model_path: str, cluster_spec: str | None = None):

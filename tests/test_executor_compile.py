@@ -52,3 +52,16 @@ def test_an_unknown_backend_is_one_line_exit_2(tmp_path, capsys):
     code = main(["measure", str(path), os.path.join(ROOT, "examples", "gpt.py"), "--compile", "nosuch"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "nosuch" in err[0] and "inductor" in err[0], err
+
+
+def test_compile_before_the_files_says_it_took_the_plan(tmp_path, capsys):
+    # `--compile plan.json model.py`: argparse gave --compile the plan and said only "required: model"
+    from planner.cli import main
+    plan = Plan(mesh=Mesh(), global_batch_size=2, microbatch_size=2, num_microbatches=1, precision="fp32")
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+    with pytest.raises(SystemExit) as exit_:  # argparse's own exit, status 2
+        main(["measure", "--compile", str(path), os.path.join(ROOT, "examples", "gpt.py")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert "is a file, not a torch.compile backend: put --compile after" in err[0]
