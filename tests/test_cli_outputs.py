@@ -479,3 +479,11 @@ def test_force_may_be_repeated_and_a_key_given_twice_is_refused(tmp_path, capsys
     assert main(PLAN + ["--force", "dp=1", "--force", "pp=2", "-o", str(out), "--no-check"]) == 0
     mesh = json.loads(out.read_text())["mesh"]
     assert (mesh["dp"], mesh["pp"]) == (1, 2)
+
+
+def test_a_forced_schedule_with_pp_1_is_refused(capsys):
+    # it was planned with a note saying the schedule was ignored (exit 0), while sp=1 with tp=1 was refused
+    assert main(PLAN + ["--force", "schedule=interleaved,pp=1"]) == 2
+    assert "--force schedule=interleaved needs a pipeline, and pp=1 is forced too" in _one_line(capsys)
+    assert main(PLAN + ["--force", "vp=2,pp=1"]) == 2
+    assert "--force vp=2 needs a pipeline" in _one_line(capsys)

@@ -101,7 +101,8 @@ def check_forced(forced: Mapping[str, Any], cluster: Cluster, batch_size: int) -
     if forced.get("sp") and forced.get("tp") == 1:
         raise PlanError("--force sp=1 needs tp > 1 (sequence parallelism shards over the tensor-parallel axis)")
     if forced.get("pp") == 1 and (forced.get("vp", 1) > 1 or forced.get("schedule", "1f1b") != "1f1b"):
-        notes.append("pp=1: the pipeline schedule and virtual stages do not apply and were ignored")
+        given = ",".join(f"{k}={forced[k]}" for k in ("schedule", "vp") if k in forced)
+        raise PlanError(f"--force {given} needs a pipeline, and pp=1 is forced too: drop {given} or force pp > 1")
     return notes
 
 
