@@ -9,6 +9,7 @@ without a dot, such as `80e9`, as strings).
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -77,7 +78,11 @@ def _resolve(spec: str) -> Path:
     if path.is_dir():
         raise ProfileError(f"--cluster {spec} is a directory; give a YAML file written by `plan profile` or a preset")
     looks_like_path = spec.endswith((".yaml", ".yml")) or os.sep in spec
+    if not spec:
+        raise ProfileError("--cluster is empty; give a preset name or the path of a YAML file written by `plan profile`")
     what = f"no such file {spec!r}" if looks_like_path else f"no preset or file named {spec!r}"
+    near = difflib.get_close_matches(spec, list_presets(), n=1)
+    what += f" (did you mean {near[0]}?)" if near and not looks_like_path else ""
     raise ProfileError(f"--cluster: {what}; presets: {', '.join(list_presets())} "
                        "(or give the path of a YAML file written by `plan profile`)")
 

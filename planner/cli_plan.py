@@ -47,7 +47,7 @@ def parse_force(text: str | None) -> dict[str, Any]:
         except ValueError:
             raise PlanError(f"--force: {key}={value!r} must be an integer") from None
         if kind is int and (v < 0 or (v == 0 and key not in ("zero", "sp"))):
-            raise PlanError(f"--force: {key}={v} must be positive")
+            raise PlanError(f"--force: {key}={v} must be {'0 or more' if key in ('zero', 'sp') else 'positive'}")
         if key == "zero" and v > 3:
             raise PlanError(f"--force: zero={v}; ZeRO stages are 0, 1, 2, 3")
         if key == "sp" and v not in (0, 1):
@@ -289,6 +289,9 @@ def main(argv: Sequence[str]) -> int:
         if ignored:
             raise PlanError(f"--summary alone only inspects the model, so {', '.join(ignored)} would do nothing; "
                             "add --cluster to plan as well")
+    if args.cluster == "":
+        raise PlanError("--cluster is empty; give a preset name (e.g. dgx-a100-80gb) or the path of a YAML file "
+                        "written by `plan profile`")
     if not args.summary and not args.cluster:
         raise PlanError("--cluster is required to plan (a preset such as dgx-a100-80gb, or a YAML file); "
                         "use --summary alone to only inspect the model")

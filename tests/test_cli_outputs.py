@@ -178,25 +178,6 @@ def test_export_never_writes_over_the_model_file_its_plan_names(tmp_path, capsys
     for target in ("megatron", "deepspeed"):
         assert main(["export", str(plan), "--to", target, "-o", str(model)]) == 2
         assert "would destroy it" in _one_line(capsys) and model.read_text() == open(MLP).read()
-
-    # a folder access() calls writable where no file can be made (/proc, /sys, a read-only mount): the audit's
-    # --plot /sys/p.png searched, wrote -o over kept.json, then died with a traceback (exit 1)
-    import tempfile
-    real = tempfile.mkstemp
-    sealed = tmp_path / "sealed"
-    sealed.mkdir()
-
-    def mkstemp(*a, dir=None, **k):
-        if dir is not None and os.path.realpath(dir) == os.path.realpath(sealed):
-            raise PermissionError(13, "Permission denied")
-        return real(*a, dir=dir, **k)
-    import unittest.mock
-    with unittest.mock.patch("tempfile.mkstemp", mkstemp):
-        for flag in ("--plot", "--timeline", "-o"):
-            extra = ["-o", str(kept)] if flag != "-o" else []
-            assert main(PLAN + extra + [flag, str(sealed / "out.png")]) == 2
-            assert f"{flag} {sealed / 'out.png'}: no file can be made in {sealed} (Permission denied)" \
-                in _one_line(capsys) and kept.read_text() == "mine"
     model.unlink()  # a model file that is gone: said, not silently left out
     assert main(["export", str(plan), "--to", "deepspeed", "-o", str(tmp_path / "ds.json")]) == 0
     assert f"note: the plan's model file {model} does not exist" in capsys.readouterr().err
@@ -487,3 +468,15 @@ def test_a_forced_schedule_with_pp_1_is_refused(capsys):
     assert "--force schedule=interleaved needs a pipeline, and pp=1 is forced too" in _one_line(capsys)
     assert main(PLAN + ["--force", "vp=2,pp=1"]) == 2
     assert "--force vp=2 needs a pipeline" in _one_line(capsys)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--cluster", "dgx-h10", "--batch-size", "8"], "no preset or file named 'dgx-h10' (did you mean dgx-h100?)"),
+    (["--cluster", "", "--batch-size", "8"], "--cluster is empty; give a preset name"),
+    (["--cluster", "cpu-local", "--batch-size", "8", "--force", "zero=-1"], "--force: zero=-1 must be 0 or more"),
+])
+def test_a_near_preset_name_an_empty_cluster_and_a_negative_zero_stage(argv, match, capsys):
+    # the audit got a list of presets without a guess, '--cluster is required' for an empty one, and 'zero=-1 must be
+    # positive' (0 is a ZeRO stage)
+    assert main([MLP] + argv) == 2
+    assert match in _one_line(capsys)
