@@ -30,9 +30,8 @@ from planner.blocks import block_of, layer_blocks
 from planner.errors import ModelError
 from planner.exporting import export_training
 from planner.graph import OpGraph, OpNode, ParamInfo, TensorMeta
-from planner.model_file import (ModelFile, batch, build, default_loss, frame_in_file, prepare_for_training,
-                                widen_floats)
-from planner.model_file import built_on_cpu_note
+from planner.model_file import (ModelFile, batch, build, built_on_cpu_note, default_loss, frame_in_file,
+                                prepare_for_training, widen_floats)
 from planner.model_file import first_line as _first_line
 from planner.op_analysis import SDPA_TARGETS, OpAnalyser, fused_sdpa, storage_key, storage_meta
 
